@@ -1,0 +1,200 @@
+"""One run configuration for every execution path.
+
+The Flower app reads it from ``context.run_config`` (``[tool.flwr.app.config]`` in
+pyproject.toml, overridable with ``flwr run . --run-config "..."``), the ``dpadmm`` CLI
+builds one flag per field, and the engine takes the object itself. Keys are the field
+names in kebab-case, so ``local_steps`` is ``local-steps`` everywhere. A run is a
+function of this object (the seed included): nothing else enters the mathematics.
+
+Validation happens here, where the values enter, and errors name the bad value and
+what is allowed (the convention of Opacus and dp-accounting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpadmm.data import DATASET_NAMES as DATASETS
+
+ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float64", "float32")
+RHO_PRESETS = ("auto", "mnist", "femnist", "custom")
+
+# eq. (24) of 003: (c1, c2, Tc) per data set.
+RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
+
+# The papers' number of local updates for ObjPM (003, Section IV).
+OBJPM_DEFAULT_LOCAL_STEPS = 10
+
+
+def _allowed(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every hyper-parameter of a DP-IADMM run (003 Algorithm 1 and the baseline OutP)."""
+
+    algorithm: str = field(
+        default="objpm",
+        metadata={"help": "iadmm (non-private), objp (E=1), objpm (E local updates), "
+                          "objt (trust region, 000), outp (output perturbation baseline)"},
+    )
+    epsilon: float = field(
+        default=1.0,
+        metadata={"help": "per-local-step privacy parameter eps-bar of eq. (9a); inf = non-private"},
+    )
+    rounds: int = field(default=50, metadata={"help": "communication rounds T"})
+    local_steps: int = field(
+        default=0,
+        metadata={"help": "local updates E per round; 0 = the algorithm's default "
+                          f"({OBJPM_DEFAULT_LOCAL_STEPS} for objpm, 1 otherwise)"},
+    )
+    num_agents: int = field(default=10, metadata={"help": "number of agents P"})
+    dataset: str = field(
+        default="default",
+        metadata={"help": "default (embedded 5,000-image MNIST sample) or mnist (IDX files)"},
+    )
+    data_dir: str = field(default="", metadata={"help": "folder with the data set's files"})
+    seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
+    device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})
+    dtype: str = field(default="float64", metadata={"help": "float64 (as the papers' code) or float32"})
+    eval_every: int = field(default=1, metadata={"help": "evaluate w every this many rounds"})
+    out: str = field(
+        default="",
+        metadata={"help": "output folder for metrics.jsonl; empty = runs/<algorithm>-eps<eps>-seed<seed>"},
+    )
+    save_weights: bool = field(
+        default=False, metadata={"help": "also write w of every evaluated round to weights.npz"}
+    )
+    prox_scale: float = field(
+        default=1.0,
+        metadata={"help": "scaling constant a of eta^t = a/sqrt(t) and the trust radius a/t^2 (000 A.11)"},
+    )
+    beta: float = field(default=1e-6, metadata={"help": "L2 regularisation beta of eq. (2c)"})
+    rho_preset: str = field(
+        default="auto",
+        metadata={"help": "rho^t constants of eq. (24): auto (by data set), mnist, femnist, custom"},
+    )
+    rho_c1: float = field(default=2.0, metadata={"help": "c1 of eq. (24), used when rho-preset=custom"})
+    rho_c2: float = field(default=5.0, metadata={"help": "c2 of eq. (24), used when rho-preset=custom"})
+    rho_tc: int = field(default=10000, metadata={"help": "Tc of eq. (24), used when rho-preset=custom"})
+    outp_delta: float = field(default=1e-6, metadata={"help": "delta of the OutP Gaussian mechanism"})
+    node_timeout: float = field(
+        default=60.0,
+        metadata={"help": "seconds the Flower server waits for num-agents nodes (Flower app only)"},
+    )
+
+    def __post_init__(self) -> None:
+        _allowed("algorithm", self.algorithm, ALGORITHMS)
+        _allowed("dataset", self.dataset, DATASETS)
+        _allowed("device", self.device, DEVICES)
+        _allowed("dtype", self.dtype, DTYPES)
+        _allowed("rho-preset", self.rho_preset, RHO_PRESETS)
+        if math.isnan(self.epsilon) or self.epsilon <= 0:
+            raise ValueError(f"epsilon={self.epsilon!r} is not allowed; it must be > 0 (inf = non-private)")
+        for name in ("rounds", "num_agents", "eval_every", "rho_tc"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be >= 1")
+        if self.local_steps < 0:
+            raise ValueError(
+                f"local-steps={self.local_steps!r} is not allowed; it must be >= 0 (0 = the default)")
+        if self.algorithm in ("objp", "outp") and self.local_steps > 1:
+            raise ValueError(
+                f"local-steps={self.local_steps} is not allowed with algorithm={self.algorithm!r}, "
+                "which makes one local update per round; use algorithm='objpm' for E > 1"
+            )
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed={self.seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
+        for name in ("prox_scale", "rho_c1"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
+        if self.beta < 0 or self.rho_c2 < 0:
+            raise ValueError(f"beta={self.beta!r} and rho-c2={self.rho_c2!r} must be >= 0")
+        if not self.node_timeout > 0:
+            raise ValueError(f"node-timeout={self.node_timeout!r} is not allowed; it must be > 0 seconds")
+        if not 0 < self.outp_delta < 1:
+            raise ValueError(f"outp-delta={self.outp_delta!r} is not allowed; it must be in (0, 1)")
+
+    # ----- derived values (computed, never stored, so they cannot disagree) -----
+
+    @property
+    def private(self) -> bool:
+        """Whether noise is drawn: iadmm is the non-private IADMM whatever epsilon says."""
+        return self.algorithm != "iadmm" and math.isfinite(self.epsilon)
+
+    @property
+    def effective_epsilon(self) -> float:
+        return self.epsilon if self.private else math.inf
+
+    @property
+    def steps(self) -> int:
+        """E, the number of local updates per round."""
+        if self.local_steps:
+            return self.local_steps
+        return OBJPM_DEFAULT_LOCAL_STEPS if self.algorithm == "objpm" else 1
+
+    @property
+    def rho_constants(self) -> tuple[float, float, int]:
+        """(c1, c2, Tc) of eq. (24)."""
+        if self.rho_preset == "custom":
+            return (self.rho_c1, self.rho_c2, self.rho_tc)
+        preset = self.rho_preset
+        if preset == "auto":
+            preset = "femnist" if self.dataset == "femnist" else "mnist"
+        return RHO_PRESET_VALUES[preset]
+
+    def default_out(self) -> str:
+        eps = "inf" if not self.private else f"{self.epsilon:g}"
+        return f"runs/{self.algorithm}-eps{eps}-E{self.steps}-seed{self.seed}"
+
+    # ----- the kebab-case mapping shared by Flower and the CLI -----
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from kebab-case keys (a Flower run config); unknown keys are an error."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in fields:
+                known = ", ".join(sorted(_key(n) for n in fields))
+                raise ValueError(f"unknown configuration key {key!r}; known keys: {known}")
+            kwargs[name] = _coerce(key, value, fields[name].type)
+        return cls(**kwargs)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, type_name: Any) -> Any:
+    """Accept what TOML and the command line give (ints for floats, 'inf' strings)."""
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    try:
+        if kind == "float":
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if kind == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        return str(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r} is not allowed; expected a {kind}") from None

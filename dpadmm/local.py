@@ -1,0 +1,122 @@
+"""The agents' side of DP-IADMM: one local round (003 Algorithm 1, lines 15-23), batched.
+
+Every function takes tensors with a leading agent dimension. A Flower client calls them
+with P = 1 (its own partition), the engine with all P agents at once; the noise comes
+from streams keyed by (seed, agent id, round, step), so both draw the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dpadmm import noise, schedules
+from dpadmm.config import RunConfig
+from dpadmm.models import AgentData, gradient, probabilities, sensitivity
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What one local round produces for each agent."""
+
+    z_sent: torch.Tensor  # [P, J, K] z_p^{t+1}, the released average (line 21)
+    z_last: torch.Tensor  # [P, J, K] z_p^{t,E+1}, where the next round's chain starts (line 16)
+    noise_magnitude: torch.Tensor  # [P] mean |noise| over the round's draws (003 Fig. 3)
+
+
+def proximal_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor,
+                  xi: torch.Tensor | float, rho: float, eta: float) -> torch.Tensor:
+    """Closed-form minimiser of the perturbed proximal subproblem, eq. (8) of 003.
+
+    argmin_z <g, z> + ||z - z^{t,e}||^2 / (2 eta) + (rho/2) ||w - z + (lambda - xi)/rho||^2
+    = (z^{t,e}/eta + rho w + lambda - xi - g) / (1/eta + rho).
+    """
+    return (z / eta + rho * w + lam - xi - g) / (1.0 / eta + rho)
+
+
+def trust_region_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor,
+                      xi: torch.Tensor | float, rho: float, radius: float) -> torch.Tensor:
+    """Closed-form minimiser of the perturbed trust-region subproblem, eq. (9) of 000.
+
+    argmin_z <g, z> + (rho/2) ||w - z + (lambda - xi)/rho||^2  s.t. ||z - z^{t,e}||_inf <= r
+    is separable per coordinate: the unconstrained minimiser w + (lambda - xi - g)/rho
+    clipped to the box [z^{t,e} - r, z^{t,e} + r].
+    """
+    target = w + (lam - xi - g) / rho
+    return torch.minimum(torch.maximum(target, z - radius), z + radius)
+
+
+def outp_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor, rho: float,
+              inverse_eta: torch.Tensor) -> torch.Tensor:
+    """OutP's proximal step before its output noise (Huang et al.; the baseline of 003).
+
+    (z/eta + rho w + lambda - g) / (rho + 1/eta) with a per-agent 1/eta ([P] tensor).
+    """
+    inv = inverse_eta.reshape(-1, 1, 1)
+    return (z * inv + rho * w + lam - g) / (rho + inv)
+
+
+def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Tensor,
+                                 lam: torch.Tensor, z_chain: torch.Tensor, t: int) -> LocalResult:
+    """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM.
+
+    Starting from the last local iterate z^{t,1} = z^{t-1,E+1}, take E steps of eq. (8)
+    (or 000's trust-region eq. (9) for objt), each with fresh Laplace noise of scale
+    Delta_p^{t,e} / eps (eq. (9a)), and release the average of the E iterates.
+    """
+    rho_t = schedules.rho_at(config, t)
+    steps = config.steps
+    z = z_chain
+    total = torch.zeros_like(z)
+    magnitude = torch.zeros(data.num_agents, dtype=z.dtype, device=z.device)
+    for e in range(1, steps + 1):
+        probs = probabilities(data.x, z)
+        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs)
+        if config.private:
+            scale = sensitivity(data, probs) / config.epsilon
+            xi = noise.laplace(config.seed, data.agents, t, e, data.shape, scale, dtype=z.dtype)
+            magnitude += xi.abs().mean(dim=(1, 2))
+        else:
+            xi = 0.0
+        if config.algorithm == "objt":
+            z = trust_region_step(z, w, lam, g, xi, rho_t, schedules.trust_radius(t, config.prox_scale))
+        else:
+            z = proximal_step(z, w, lam, g, xi, rho_t, schedules.eta(t, config.prox_scale))
+        total += z
+    return LocalResult(z_sent=total / steps, z_last=z, noise_magnitude=magnitude / steps)
+
+
+def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.Tensor,
+                              lam: torch.Tensor, z: torch.Tensor, t: int) -> LocalResult:
+    """One round of the OutP baseline for each agent (before the server's w update).
+
+    Uses the previous global model w^t: a proximal step with the local-mean gradient, then
+    Gaussian noise N(0, sigma^2) added to the output (delta = outp-delta).
+    """
+    rho_t = schedules.rho_at(config, t)
+    num_params = data.shape[0] * data.shape[1]
+    eps = config.effective_epsilon
+    inverse_eta = schedules.outp_inverse_eta(t, data.counts, num_params, eps, config.outp_delta,
+                                             config.prox_scale)
+    g = gradient(data, z, scale=1.0 / data.counts, reg=config.beta)
+    z_new = outp_step(z, w_prev, lam, g, rho_t, inverse_eta)
+    magnitude = torch.zeros(data.num_agents, dtype=z.dtype, device=z.device)
+    if config.private:
+        sigma = schedules.outp_sigma(eps, config.outp_delta, rho_t, inverse_eta)
+        nu = noise.gaussian(config.seed, data.agents, t, 1, data.shape, sigma, dtype=z.dtype)
+        z_new = z_new + nu
+        magnitude = nu.abs().mean(dim=(1, 2))
+    return LocalResult(z_sent=z_new, z_last=z_new, noise_magnitude=magnitude)
+
+
+def agent_round(config: RunConfig, data: AgentData, w: torch.Tensor, lam: torch.Tensor,
+                z_chain: torch.Tensor, t: int) -> LocalResult:
+    """One local round of the configured algorithm.
+
+    ``w`` is the model the round uses: w^{t+1} for the objective-perturbation family
+    (line 15), the previous w^t for OutP, whose server update comes after the agents'.
+    """
+    if config.algorithm == "outp":
+        return output_perturbation_round(config, data, w, lam, z_chain, t)
+    return objective_perturbation_round(config, data, w, lam, z_chain, t)

@@ -1,0 +1,113 @@
+"""The papers' model: multiclass logistic regression without bias (003 Appendix G, eq. (63)).
+
+Agents' data are held as one padded batch (``AgentData``): agent p's I_p samples occupy
+the first I_p rows of its slice and the remaining rows are zero. A zero row has x_i = 0
+and y_i = 0, so it adds nothing to X^T (H - Y), to the sensitivity max_i ||x_i||_1 ... or to
+the loss: the padding needs no mask in any formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AgentData:
+    """Training data of P agents, batched: the leading dimension is the agent."""
+
+    x: torch.Tensor  # [P, Imax, J] features
+    y: torch.Tensor  # [P, Imax, K] one-hot labels; all-zero rows are padding
+    counts: torch.Tensor  # [P] I_p, the number of real rows per agent
+    x_l1: torch.Tensor  # [P, Imax] ||x_i||_1, precomputed for eq. (9b)
+    agents: torch.Tensor  # [P] int64 agent ids (the keys of the noise streams)
+    total: int  # I, the number of samples over all agents (a public parameter)
+
+    @property
+    def num_agents(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(J, K): the shape of w, z_p and lambda_p."""
+        return (self.x.shape[2], self.y.shape[2])
+
+    @classmethod
+    def from_blocks(
+        cls,
+        xs: Sequence[torch.Tensor],
+        ys: Sequence[torch.Tensor],
+        *,
+        num_classes: int,
+        total: int,
+        agents: Sequence[int],
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ) -> AgentData:
+        """Stack per-agent blocks (x: [I_p, J], y: [I_p] int labels) into a padded batch."""
+        if not (len(xs) == len(ys) == len(agents)) or not xs:
+            raise ValueError(f"need one x, y block per agent; got {len(xs)}, {len(ys)}, {len(agents)}")
+        counts = [int(x.shape[0]) for x in xs]
+        if any(c == 0 for c in counts):
+            raise ValueError(f"every agent needs at least one sample; got counts {counts}")
+        if total < sum(counts):
+            raise ValueError(f"total={total} is smaller than the agents' {sum(counts)} samples")
+        num_features = int(xs[0].shape[1])
+        width = max(counts)
+        x = torch.zeros(len(xs), width, num_features, dtype=dtype, device=device)
+        y = torch.zeros(len(xs), width, num_classes, dtype=dtype, device=device)
+        for p, (xp, yp) in enumerate(zip(xs, ys, strict=True)):
+            x[p, : counts[p]] = xp.to(device=device, dtype=dtype)
+            y[p, : counts[p]] = torch.nn.functional.one_hot(yp.to(device).long(), num_classes).to(dtype)
+        return cls(
+            x=x,
+            y=y,
+            counts=torch.tensor(counts, dtype=dtype, device=device),
+            x_l1=x.abs().sum(dim=2),
+            agents=torch.tensor(list(agents), dtype=torch.int64, device=device),
+            total=int(total),
+        )
+
+
+def probabilities(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """h(z; x) = softmax(x z) row by row (eq. (63)); x [P, I, J], z [P, J, K] -> [P, I, K]."""
+    return torch.softmax(torch.bmm(x, z), dim=2)
+
+
+def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, reg: float,
+             probs: torch.Tensor | None = None) -> torch.Tensor:
+    """scale * X_p^T (H - Y) + 2 reg z, batched over agents.
+
+    With scale = 1/I and reg = beta/P this is grad f_p of eq. (63) in 003 (note the global I,
+    not I_p); OutP uses scale = 1/I_p and reg = beta (its local mean). ``scale`` may be a
+    [P] tensor.
+    """
+    h = probabilities(data.x, z) if probs is None else probs
+    g = torch.bmm(data.x.transpose(1, 2), h - data.y)
+    g = g * (scale.reshape(-1, 1, 1) if isinstance(scale, torch.Tensor) else scale)
+    return g + (2.0 * reg) * z
+
+
+def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:
+    """Delta_p = max_i ||x_i||_1 ||h(z; x_i) - y_i||_1 / I, eq. (9b) as 003 Section IV evaluates it.
+
+    (003 prints 1/T; the gradient carries 1/I, so 1/I is meant.) This is computed from the
+    agent's own data at the current iterate: Theorem 1 does not cover such a data-dependent
+    scale, which the privacy reports say.
+    """
+    residual_l1 = (probs - data.y).abs().sum(dim=2)  # [P, Imax]
+    return (data.x_l1 * residual_l1).amax(dim=1) / data.total
+
+
+def training_loss(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta: float) -> float:
+    """sum_p f_p(w) = -(1/I) sum_i ln h_{y_i}(w; x_i) + beta ||w||^2 (eqs. (2c), (63))."""
+    logp = torch.log_softmax(x @ w, dim=1)
+    nll = -logp.gather(1, y.reshape(-1, 1)).mean()
+    return float(nll + beta * (w * w).sum())
+
+
+def error_rate(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
+    """Fraction of samples whose arg-max class under w is wrong."""
+    return float(((x @ w).argmax(dim=1) != y).double().mean())

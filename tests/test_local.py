@@ -1,0 +1,148 @@
+"""Local updates: each closed form equals the numerical minimiser of its subproblem.
+
+eq. (8) of 003 (proximal), eq. (9) of 000 (infinity-norm trust region) and OutP's step,
+on random inputs; then the E-step round (chain, average, noise) and its batching.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+
+from dpadmm import noise, schedules
+from dpadmm.config import RunConfig
+from dpadmm.local import agent_round, outp_step, proximal_step, trust_region_step
+from dpadmm.models import AgentData, gradient, probabilities, sensitivity
+
+SHAPE = (4, 3)
+
+
+def _random(seed: int, n: int = 5) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, *SHAPE, generator=gen, dtype=torch.float64) for _ in range(n)]
+
+
+def _argmin(objective, x0: np.ndarray, bounds=None) -> np.ndarray:
+    def fun(flat: np.ndarray) -> tuple[float, np.ndarray]:
+        z = torch.tensor(flat.reshape(1, *SHAPE), requires_grad=True)
+        value = objective(z)
+        value.backward()
+        return float(value.detach()), z.grad.numpy().ravel()
+
+    result = minimize(fun, x0.ravel(), jac=True, method="L-BFGS-B", bounds=bounds,
+                      options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 10000})
+    return result.x.reshape(1, *SHAPE)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_proximal_step_minimises_eq_8(seed: int) -> None:
+    z_e, w, lam, g, xi = _random(seed)
+    rho, eta = 0.8 + seed, 1.0 / math.sqrt(seed + 1)
+
+    def g_eq8(z: torch.Tensor) -> torch.Tensor:
+        return ((g * z).sum() + ((z - z_e) ** 2).sum() / (2 * eta)
+                + rho / 2 * ((w - z + (lam - xi) / rho) ** 2).sum())
+
+    numeric = _argmin(g_eq8, np.zeros(z_e.numel()))
+    np.testing.assert_allclose(proximal_step(z_e, w, lam, g, xi, rho, eta).numpy(), numeric, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_trust_region_step_minimises_eq_9_of_000(seed: int) -> None:
+    z_e, w, lam, g, xi = _random(seed + 10)
+    rho, radius = 1.5, 1.5  # a radius that makes some constraints active and some not
+
+    def g_eq9(z: torch.Tensor) -> torch.Tensor:
+        return (g * z).sum() + rho / 2 * ((w - z + (lam - xi) / rho) ** 2).sum()
+
+    lo, hi = (z_e - radius).numpy().ravel(), (z_e + radius).numpy().ravel()
+    numeric = _argmin(g_eq9, z_e.numpy(), bounds=list(zip(lo, hi, strict=True)))
+    closed = trust_region_step(z_e, w, lam, g, xi, rho, radius)
+    np.testing.assert_allclose(closed.numpy(), numeric, atol=1e-7)
+    active = (closed - z_e).abs().isclose(torch.tensor(radius, dtype=torch.float64))
+    assert 0 < int(active.sum()) < active.numel()  # the test exercised both cases
+    assert float((closed - z_e).abs().max()) <= radius + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_outp_step_minimises_its_subproblem(seed: int) -> None:
+    z_prev, w, lam, g, _ = _random(seed + 20)
+    rho, inv_eta = 0.1, torch.tensor([3.7], dtype=torch.float64)
+
+    def subproblem(z: torch.Tensor) -> torch.Tensor:
+        return ((g * z).sum() + float(inv_eta) / 2 * ((z - z_prev) ** 2).sum()
+                + rho / 2 * ((w - z + lam / rho) ** 2).sum())
+
+    numeric = _argmin(subproblem, np.zeros(z_prev.numel()))
+    np.testing.assert_allclose(outp_step(z_prev, w, lam, g, rho, inv_eta).numpy(), numeric, atol=1e-7)
+
+
+def _data(num_agents: int = 4, seed: int = 0) -> AgentData:
+    gen = torch.Generator().manual_seed(seed)
+    counts = [5 + 2 * p for p in range(num_agents)]
+    xs = [torch.rand(c, SHAPE[0], generator=gen, dtype=torch.float64) for c in counts]
+    ys = [torch.randint(0, SHAPE[1], (c,), generator=gen) for c in counts]
+    return AgentData.from_blocks(xs, ys, num_classes=SHAPE[1], total=sum(counts) + 3,
+                                 agents=range(num_agents))
+
+
+def _state(num_agents: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(*SHAPE, generator=gen, dtype=torch.float64)
+    lam = torch.randn(num_agents, *SHAPE, generator=gen, dtype=torch.float64)
+    z = torch.randn(num_agents, *SHAPE, generator=gen, dtype=torch.float64)
+    return w, lam, z
+
+
+def test_objpm_round_follows_lines_15_to_22() -> None:
+    """E steps of eq. (8) from the last iterate, keyed Laplace noise, the average is sent."""
+    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, num_agents=4, seed=11)
+    data = _data()
+    w, lam, z0 = _state(4, 1)
+    t = 5
+    result = agent_round(config, data, w, lam, z0, t)
+    rho_t, eta_t = schedules.rho_at(config, t), schedules.eta(t, 1.0)
+    z, iterates, mags = z0, [], []
+    for e in (1, 2, 3):
+        probs = probabilities(data.x, z)
+        g = gradient(data, z, scale=1 / data.total, reg=config.beta / 4)
+        scale = sensitivity(data, probs) / 0.5
+        xi = noise.laplace(11, data.agents, t, e, SHAPE, scale)
+        z = (z / eta_t + rho_t * w + lam - xi - g) / (1 / eta_t + rho_t)
+        iterates.append(z)
+        mags.append(xi.abs().mean(dim=(1, 2)))
+    torch.testing.assert_close(result.z_sent, sum(iterates) / 3, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(result.z_last, iterates[-1], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(result.noise_magnitude, sum(mags) / 3)
+    assert float(result.noise_magnitude.min()) > 0
+
+
+@pytest.mark.parametrize("algorithm", ["objp", "objpm", "objt", "outp", "iadmm"])
+def test_one_agent_alone_equals_its_row_of_the_batch(algorithm: str) -> None:
+    """The Flower client (P = 1) and the engine (all P) compute the same numbers."""
+    config = RunConfig(algorithm=algorithm, epsilon=0.3, num_agents=4, seed=3)
+    data = _data()
+    w, lam, z = _state(4, 2)
+    batched = agent_round(config, data, w, lam, z, 7)
+    for p in range(4):
+        n = int(data.counts[p])
+        alone = AgentData.from_blocks([data.x[p, :n]], [data.y[p, :n].argmax(1)], num_classes=SHAPE[1],
+                                      total=data.total, agents=[p])
+        single = agent_round(config, alone, w, lam[p:p + 1], z[p:p + 1], 7)
+        torch.testing.assert_close(single.z_sent[0], batched.z_sent[p], rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(single.z_last[0], batched.z_last[p], rtol=1e-12, atol=1e-13)
+
+
+def test_non_private_round_draws_no_noise() -> None:
+    config = RunConfig(algorithm="objp", epsilon=math.inf, num_agents=4)
+    data = _data()
+    w, lam, z = _state(4, 3)
+    result = agent_round(config, data, w, lam, z, 2)
+    g = gradient(data, z, scale=1 / data.total, reg=config.beta / 4)
+    expected = proximal_step(z, w, lam, g, 0.0, schedules.rho_at(config, 2), schedules.eta(2, 1.0))
+    torch.testing.assert_close(result.z_sent, expected)
+    assert float(result.noise_magnitude.abs().max()) == 0.0

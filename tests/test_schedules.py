@@ -1,0 +1,41 @@
+"""rho^t of eq. (24) with both presets, eta^t, the trust radius, OutP's step and noise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpadmm import schedules
+from dpadmm.config import RunConfig
+
+
+def test_rho_eq_24_presets() -> None:
+    mnist = RunConfig(dataset="mnist", epsilon=0.05)
+    assert schedules.rho_at(mnist, 1) == pytest.approx(2.0 + 5.0 / 0.05)
+    assert schedules.rho_at(mnist, 9999) == pytest.approx(2.0 + 100.0)
+    assert schedules.rho_at(mnist, 10000) == pytest.approx(2.0 * 1.2 + 100.0)
+    assert schedules.rho_at(mnist, 20000) == pytest.approx(2.0 * 1.44 + 100.0)
+    femnist = RunConfig(rho_preset="femnist", epsilon=1.0)
+    assert schedules.rho_at(femnist, 4000) == pytest.approx(0.005 * 1.44 + 0.05)
+    non_private = RunConfig(algorithm="iadmm", epsilon=0.05)
+    assert schedules.rho_at(non_private, 1) == 2.0  # the c2 / eps term vanishes
+    assert schedules.rho(10**6, 2.0, 5.0, 1, 1.0) == 1e9  # the upper bound
+
+
+def test_eta_and_trust_radius() -> None:
+    assert schedules.eta(4, 1.0) == 0.5
+    assert schedules.eta(9, 3.0) == 1.0
+    assert schedules.trust_radius(10, 1.0) == pytest.approx(0.01)
+    assert schedules.trust_radius(2, 4.0) == 1.0
+
+
+def test_outp_step_and_sigma() -> None:
+    jk, delta = 7840, 1e-6
+    inv = schedules.outp_inverse_eta(3, 6000, jk, 0.1, delta, 1.0)
+    expected = 0.25 * 6000 + 4 * math.sqrt(jk * 3 * math.log(1.25 / delta)) / (0.1 * math.sqrt(4 * jk))
+    assert inv == pytest.approx(expected)
+    assert schedules.outp_inverse_eta(3, 6000, jk, math.inf, delta, 2.0) == pytest.approx(750.0)
+    sigma = schedules.outp_sigma(0.1, delta, 102.0, inv)
+    assert sigma == pytest.approx(2 * math.sqrt(2 * math.log(1.25 / delta)) / (0.1 * (102.0 + inv)))
+    assert schedules.outp_sigma(math.inf, delta, 2.0, inv) == 0.0
