@@ -1,0 +1,55 @@
+"""From a central data set to the agents' batched data (the papers' partition)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from dpadmm.config import RunConfig
+from dpadmm.data import Dataset, load_dataset, partition_contiguous
+from dpadmm.models import AgentData
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    """The compute device, with a clear error when CUDA is asked for but absent."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' is not available on this machine (torch.cuda.is_available() "
+                         "is False); use device='cpu'")
+    return torch.device(name)
+
+
+def agent_data(dataset: Dataset, config: RunConfig, agents: Sequence[int]) -> AgentData:
+    """The training blocks of ``agents`` (ids in 0..P-1) under the contiguous split, batched.
+
+    I (``total``) is the whole training set's size: eq. (63) divides by the global count.
+    """
+    blocks = partition_contiguous(dataset.x_train.shape[0], config.num_agents)
+    for p in agents:
+        if not 0 <= p < config.num_agents:
+            raise ValueError(f"agent id {p} is not allowed; it must be in 0..{config.num_agents - 1}")
+    return AgentData.from_blocks(
+        [dataset.x_train[blocks[p]] for p in agents],
+        [dataset.y_train[blocks[p]] for p in agents],
+        num_classes=dataset.num_classes,
+        total=dataset.x_train.shape[0],
+        agents=agents,
+        dtype=DTYPES[config.dtype],
+        device=resolve_device(config.device),
+    )
+
+
+def load_for(config: RunConfig) -> Dataset:
+    """The configured data set, loaded once per process (Flower workers host many clients).
+
+    Callers must not modify the returned tensors in place.
+    """
+    return _load(config.dataset, config.data_dir)
+
+
+@lru_cache(maxsize=2)
+def _load(name: str, data_dir: str) -> Dataset:
+    return load_dataset(name, data_dir or None)

@@ -1,0 +1,79 @@
+"""Run outputs a person can open: config.json, metrics.jsonl, optional weights.npz.
+
+Shared by the engine and the Flower ServerApp so both write the same files. Metrics are
+appended and flushed round by round, so an interrupted run keeps what it computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpadmm.config import RunConfig
+from dpadmm.data import Dataset
+from dpadmm.models import error_rate, training_loss
+
+
+def fresh_directory(path: str | Path) -> Path:
+    """``path`` if it holds no metrics yet, else ``path_1``, ``path_2``, ...: never overwrite a run."""
+    base = Path(path)
+    candidate, n = base, 0
+    while (candidate / "metrics.jsonl").exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}_{n}")
+    candidate.mkdir(parents=True, exist_ok=True)
+    return candidate
+
+
+def central_metrics(w: torch.Tensor, dataset: Dataset, beta: float) -> dict[str, float]:
+    """Test error and training objective of the global model w."""
+    x_test = dataset.x_test.to(device=w.device, dtype=w.dtype)
+    x_train = dataset.x_train.to(device=w.device, dtype=w.dtype)
+    return {
+        "test-error": error_rate(x_test, dataset.y_test.to(w.device), w),
+        "train-loss": training_loss(x_train, dataset.y_train.to(w.device), w, beta),
+    }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+class RunWriter:
+    """Writes one run's folder: config.json at the start, a metrics line per evaluation."""
+
+    def __init__(self, config: RunConfig, *, engine: str) -> None:
+        self.directory = fresh_directory(config.out or config.default_out())
+        self.save_weights = config.save_weights
+        self._weights: dict[str, np.ndarray] = {}
+        header = {key: _json_value(v) for key, v in config.to_mapping().items()}
+        header["engine"] = engine
+        (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
+        self._metrics = open(self.directory / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def record(self, metrics: dict[str, Any], w: torch.Tensor | None = None) -> None:
+        """Append one evaluated round (and keep w for weights.npz if asked)."""
+        line = {key: _json_value(v) for key, v in metrics.items()}
+        self._metrics.write(json.dumps(line) + "\n")
+        self._metrics.flush()
+        if self.save_weights and w is not None:
+            self._weights[f"round-{metrics['round']}"] = w.detach().cpu().numpy()
+
+    def close(self) -> None:
+        """Finish the run: close metrics.jsonl and write weights.npz (keys ``round-<t>``)."""
+        self._metrics.close()
+        if self._weights:
+            np.savez(self.directory / "weights.npz", **self._weights)
+
+
+def read_metrics(directory: str | Path) -> list[dict[str, Any]]:
+    """The metrics.jsonl of a run folder as a list of dicts."""
+    with open(Path(directory) / "metrics.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
