@@ -1,0 +1,1 @@
+"""Flower ClientApp of DP-IADMM (client side): ``clients.client_app:app``."""

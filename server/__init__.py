@@ -1,0 +1,1 @@
+"""Flower ServerApp of DP-IADMM: ``server.server_app:app``."""
