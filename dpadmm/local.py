@@ -31,8 +31,15 @@ def proximal_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.
 
     argmin_z <g, z> + ||z - z^{t,e}||^2 / (2 eta) + (rho/2) ||w - z + (lambda - xi)/rho||^2
     = (z^{t,e}/eta + rho w + lambda - xi - g) / (1/eta + rho).
+
+    Computed in place on one new tensor: the operands are [P, J, K] and the engine's are
+    large (195 x 784 x 62), where every temporary costs a pass over memory.
     """
-    return (z / eta + rho * w + lam - xi - g) / (1.0 / eta + rho)
+    out = lam - g
+    if isinstance(xi, torch.Tensor) or xi:
+        out.sub_(xi)
+    out.add_(w, alpha=rho).add_(z, alpha=1.0 / eta)
+    return out.div_(1.0 / eta + rho)
 
 
 def trust_region_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor,
@@ -43,8 +50,11 @@ def trust_region_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: to
     is separable per coordinate: the unconstrained minimiser w + (lambda - xi - g)/rho
     clipped to the box [z^{t,e} - r, z^{t,e} + r].
     """
-    target = w + (lam - xi - g) / rho
-    return torch.minimum(torch.maximum(target, z - radius), z + radius)
+    target = lam - g
+    if isinstance(xi, torch.Tensor) or xi:
+        target.sub_(xi)
+    target.div_(rho).add_(w)
+    return torch.minimum(torch.maximum(target, z - radius, out=target), z + radius, out=target)
 
 
 def outp_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor, rho: float,
@@ -76,7 +86,7 @@ def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Te
         if config.private:
             scale = sensitivity(data, probs) / config.epsilon
             xi = noise.laplace(config.seed, data.agents, t, e, data.shape, scale, dtype=z.dtype)
-            magnitude += xi.abs().mean(dim=(1, 2))
+            magnitude += torch.linalg.vector_norm(xi, ord=1, dim=(1, 2)) / xi[0].numel()
         else:
             xi = 0.0
         if config.algorithm == "objt":

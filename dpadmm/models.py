@@ -85,9 +85,12 @@ def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, r
     [P] tensor.
     """
     h = probabilities(data.x, z) if probs is None else probs
-    g = torch.bmm(data.x.transpose(1, 2), h - data.y)
-    g = g * (scale.reshape(-1, 1, 1) if isinstance(scale, torch.Tensor) else scale)
-    return g + (2.0 * reg) * z
+    residual = h - data.y
+    if isinstance(scale, torch.Tensor):
+        residual = residual * scale.reshape(-1, 1, 1)
+        scale = 1.0
+    # One fused kernel: 2 reg z + scale X^T (H - Y), without [P, J, K] temporaries.
+    return torch.baddbmm(z, data.x.transpose(1, 2), residual, beta=2.0 * reg, alpha=scale)
 
 
 def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,8 @@ class DPIADMM(Strategy):
 
     ``aggregate_train`` returns w^{t+1} as the round's global model (what ``evaluate_fn``
     sees) and a MetricRecord with ``consensus-violation``, ``noise-magnitude``, ``rho``,
-    ``replies`` and ``dual-mismatches``. ``shape`` is (J, K), the shape of w.
+    ``replies``, ``dual-mismatches`` and ``seconds`` (wall time of the round, from sending w
+    to the last aggregation). ``shape`` is (J, K), the shape of w.
 
     Example (in a ServerApp)::
 
@@ -49,6 +50,7 @@ class DPIADMM(Strategy):
         self.z = zeros.clone()
         self.lam = zeros.clone()
         self.last_train_metrics: MetricRecord | None = None
+        self._round_started = time.perf_counter()
 
     # ----- Strategy API -----
 
@@ -66,6 +68,7 @@ class DPIADMM(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Send the round's model to every agent (line 6); compute w^{t+1} first (line 5)."""
+        self._round_started = time.perf_counter()
         rho_t = schedules.rho_at(self.config, server_round)
         if self.config.algorithm != "outp":
             self.w = global_update(self.z, self.lam, rho_t)
@@ -112,6 +115,7 @@ class DPIADMM(Strategy):
             "rho": rho_t,
             "replies": len(received),
             "dual-mismatches": mismatches,
+            "seconds": time.perf_counter() - self._round_started,
         })
         self.last_train_metrics = metrics
         return ArrayRecord({"w": self.w.clone()}), metrics

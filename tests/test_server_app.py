@@ -75,3 +75,10 @@ def _toml(value: object) -> str:
     if isinstance(value, str):
         return f"'{value}'"
     return repr(value)
+
+
+def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """Flower simulates 2 SuperNodes unless told otherwise: the error says how to fix it."""
+    output = _flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")
+    assert "only 2 of num-agents=3 nodes connected" in output
+    assert "--federation-config 'num-supernodes=3'" in output
