@@ -529,14 +529,8 @@ def laplace(
     b log(2u) for u < 1/2 and -b log(2 - 2u) otherwise, in float64, then cast to dtype.
     Scale 0 gives zeros.
     """
-    seed, round_, step = (_u32(n, v) for n, v in (("seed", seed), ("round_", round_), ("step", step)))
-    agents = _check_agents(agents)
-    shape = _check_shape(shape)
-    scale = _check_scale("scale", scale, agents)
-    dtype = _check_dtype(dtype)
-    numel = _check_numel(math.prod(shape))
-    out = _draw(seed, agents, round_, step, STREAM_OBJECTIVE, numel, dtype, _laplace_transform, scale)
-    return out.view(agents.shape[0], *shape)
+    return _shaped(seed, agents, round_, step, shape, ("scale", scale), dtype, STREAM_OBJECTIVE,
+                   _laplace_transform)
 
 
 def gaussian(
@@ -555,11 +549,16 @@ def gaussian(
     STREAM_OUTPUT, ...): elements 2j and 2j+1 are r cos(2 pi u_2j+1) and r sin(2 pi u_2j+1)
     with r = std sqrt(-2 log u_2j), in float64, then cast to dtype.
     """
+    return _shaped(seed, agents, round_, step, shape, ("std", std), dtype, STREAM_OUTPUT, _gaussian_transform)
+
+
+def _shaped(seed, agents, round_, step, shape, named_param, dtype, stream, transform) -> torch.Tensor:
+    """Validate the arguments of a [P, *shape] draw, then draw it (shared by laplace and gaussian)."""
     seed, round_, step = (_u32(n, v) for n, v in (("seed", seed), ("round_", round_), ("step", step)))
     agents = _check_agents(agents)
     shape = _check_shape(shape)
-    std = _check_scale("std", std, agents)
+    param = _check_scale(named_param[0], named_param[1], agents)
     dtype = _check_dtype(dtype)
     numel = _check_numel(math.prod(shape))
-    out = _draw(seed, agents, round_, step, STREAM_OUTPUT, numel, dtype, _gaussian_transform, std)
+    out = _draw(seed, agents, round_, step, stream, numel, dtype, transform, param)
     return out.view(agents.shape[0], *shape)
