@@ -13,7 +13,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from dpadmm import schedules
+from dpadmm import privacy, schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import dual_digest, dual_update
 from dpadmm.federation import agent_data, load_for
@@ -24,6 +24,12 @@ STATE_ARRAYS = "dpadmm-state"
 STATE_META = "dpadmm-meta"
 
 app = ClientApp()
+
+
+@lru_cache(maxsize=8)
+def _calibrated(config: RunConfig) -> RunConfig:
+    """The run config with eps-bar calibrated to target-epsilon, computed by the agent itself."""
+    return privacy.calibrate(config)
 
 
 @lru_cache(maxsize=256)
@@ -44,7 +50,7 @@ def _read_state(context: Context, shape: tuple[int, int], dtype: torch.dtype) ->
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Receive the round's w, run E local updates, send z_p^{t+1}, update lambda_p."""
-    config = RunConfig.from_mapping(context.run_config)
+    config = _calibrated(RunConfig.from_mapping(context.run_config))
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
     if num_partitions != config.num_agents:

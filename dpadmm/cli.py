@@ -1,4 +1,5 @@
-"""The ``dpadmm`` command line: ``dpadmm train`` runs the batched engine.
+"""The ``dpadmm`` command line: ``dpadmm train`` runs the batched engine, ``dpadmm privacy``
+prints a configuration's privacy ledger.
 
 Its flags are the run-config keys of the Flower app (``--local-steps`` is
 ``local-steps``), generated from ``RunConfig`` so the two cannot drift apart.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 
@@ -45,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(train)
     train.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    ledger = commands.add_parser(
+        "privacy",
+        help="print the privacy ledger of a configuration without training",
+        description="Print what a configuration guarantees per local step, per round and for the whole "
+                    "run (PLD, RDP, basic and advanced composition), without training.",
+    )
+    _add_config_flags(ledger)
+    ledger.add_argument("--json", action="store_true", help="print the ledger as one JSON object")
     return parser
 
 
@@ -55,6 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config_from(args)
     except ValueError as err:
         parser.error(str(err))
+    if args.command == "privacy":
+        from dpadmm import privacy
+
+        try:
+            ledger = privacy.ledger(privacy.calibrate(config))
+        except ValueError as err:
+            print(f"dpadmm: error: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
+        return 0
     if args.command == "train":
         from dpadmm import engine
 
@@ -65,11 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         last = result.records[-1]
         print(
-            f"{config.algorithm} (eps-bar={config.effective_epsilon:g} per local step, E={config.steps}, "
+            f"{config.algorithm} (eps-bar={result.config.effective_epsilon:.4g} per local step, "
+            f"E={config.steps}, "
             f"P={config.num_agents}, T={config.rounds}): round {last['round']} test error "
             f"{last['test-error']:.4f}, train loss {last['train-loss']:.4f}, "
             f"consensus violation {last['consensus-violation']:.4g}"
         )
+        print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
         print(f"metrics: {(result.directory / 'metrics.jsonl').resolve()}")
     return 0
 

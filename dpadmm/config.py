@@ -24,6 +24,8 @@ ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
 RHO_PRESETS = ("auto", "mnist", "femnist", "custom")
+SENSITIVITIES = ("clipped", "data-dependent")
+NEIGHBOURING = ("replace-one", "add-remove")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -86,6 +88,23 @@ class RunConfig:
     rho_c2: float = field(default=5.0, metadata={"help": "c2 of eq. (24), used when rho-preset=custom"})
     rho_tc: int = field(default=10000, metadata={"help": "Tc of eq. (24), used when rho-preset=custom"})
     outp_delta: float = field(default=1e-6, metadata={"help": "delta of the OutP Gaussian mechanism"})
+    sensitivity: str = field(
+        default="clipped",
+        metadata={"help": "Laplace calibration: clipped (per-sample L1 clipping to clip-norm, Delta = 2C/I, "
+                          "covered by Theorem 1) or data-dependent (the papers' eq. (9b), not covered)"},
+    )
+    clip_norm: float = field(
+        default=200.0, metadata={"help": "C: L1 bound of each sample's gradient term x_i (h_i - y_i)^T"}
+    )
+    neighbouring: str = field(
+        default="replace-one",
+        metadata={"help": "neighbouring data sets: replace-one (one sample replaced) or add-remove"},
+    )
+    delta: float = field(default=1e-5, metadata={"help": "delta at which the privacy ledger reports epsilon"})
+    target_epsilon: float = field(
+        default=0.0,
+        metadata={"help": "whole-run epsilon at delta to calibrate eps-bar for before training; 0 = off"},
+    )
     node_timeout: float = field(
         default=60.0,
         metadata={"help": "seconds the Flower server waits for num-agents nodes (Flower app only)"},
@@ -97,6 +116,17 @@ class RunConfig:
         _allowed("device", self.device, DEVICES)
         _allowed("dtype", self.dtype, DTYPES)
         _allowed("rho-preset", self.rho_preset, RHO_PRESETS)
+        _allowed("sensitivity", self.sensitivity, SENSITIVITIES)
+        _allowed("neighbouring", self.neighbouring, NEIGHBOURING)
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip-norm={self.clip_norm!r} is not allowed; it must be > 0")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
+        if math.isnan(self.target_epsilon) or self.target_epsilon < 0:
+            raise ValueError(
+                f"target-epsilon={self.target_epsilon!r} is not allowed; it must be > 0 (0 = off)")
+        if self.target_epsilon and self.algorithm == "iadmm":
+            raise ValueError("target-epsilon is not allowed with algorithm='iadmm', which is non-private")
         if math.isnan(self.epsilon) or self.epsilon <= 0:
             raise ValueError(f"epsilon={self.epsilon!r} is not allowed; it must be > 0 (inf = non-private)")
         for name in ("rounds", "num_agents", "eval_every", "rho_tc"):
@@ -132,6 +162,11 @@ class RunConfig:
     @property
     def effective_epsilon(self) -> float:
         return self.epsilon if self.private else math.inf
+
+    @property
+    def clipped(self) -> bool:
+        """Whether per-sample clipping and the data-independent Laplace scale are in force."""
+        return self.private and self.sensitivity == "clipped" and self.algorithm != "outp"
 
     @property
     def steps(self) -> int:

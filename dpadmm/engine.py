@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from dpadmm import schedules
+from dpadmm import privacy, schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.data import Dataset
 from dpadmm.federation import agent_data, load_for
 from dpadmm.local import agent_round
+from dpadmm.privacy import Ledger
 from dpadmm.results import RunWriter, central_metrics
 
 
@@ -42,6 +43,8 @@ class EngineResult:
     records: list[dict[str, Any]]
     state: EngineState
     directory: Path | None
+    config: RunConfig  # as run: epsilon calibrated when target-epsilon was set
+    ledger: Ledger | None  # None for non-private runs
 
 
 def run(
@@ -58,11 +61,15 @@ def run(
     (sum_p |w - z_p| / P), ``noise-magnitude`` (mean |noise| over agents, steps and
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
     """
+    config = privacy.calibrate(config)
+    ledger = privacy.ledger(config) if config.private else None
     dataset = load_for(config) if dataset is None else dataset
     data = agent_data(dataset, config, range(config.num_agents))
     zeros = torch.zeros((config.num_agents, *data.shape), dtype=data.x.dtype, device=data.x.device)
     state = EngineState(w=zeros[0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
     writer = RunWriter(config, engine="batched") if write else None
+    if writer and ledger:
+        writer.write_ledger(ledger)
     records: list[dict[str, Any]] = []
     bar = _progress(config.rounds, progress)
     try:
@@ -95,7 +102,8 @@ def run(
             bar.close()
         if writer:
             writer.close()
-    return EngineResult(records=records, state=state, directory=writer.directory if writer else None)
+    return EngineResult(records=records, state=state, directory=writer.directory if writer else None,
+                        config=config, ledger=ledger)
 
 
 def step(config: RunConfig, data: Any, state: EngineState, t: int) -> float:

@@ -13,7 +13,7 @@ import torch
 
 from dpadmm import noise, schedules
 from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, gradient, probabilities, sensitivity
+from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilities, sensitivity
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,22 @@ def outp_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tens
     return (z * inv + rho * w + lam - g) / (rho + inv)
 
 
+def laplace_scale(config: RunConfig, data: AgentData, probs: torch.Tensor) -> torch.Tensor:
+    """Delta / eps-bar per agent, the scale of eq. (9a): Delta = 2C/I (or C/I) when clipped, else eq. (9b)."""
+    if config.clipped:
+        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
+        return torch.full((data.num_agents,), delta / config.epsilon, dtype=probs.dtype, device=probs.device)
+    return sensitivity(data, probs) / config.epsilon
+
+
 def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Tensor,
                                  lam: torch.Tensor, z_chain: torch.Tensor, t: int) -> LocalResult:
     """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM.
 
     Starting from the last local iterate z^{t,1} = z^{t-1,E+1}, take E steps of eq. (8)
     (or 000's trust-region eq. (9) for objt), each with fresh Laplace noise of scale
-    Delta_p^{t,e} / eps (eq. (9a)), and release the average of the E iterates.
+    Delta / eps (eq. (9a)), and release the average of the E iterates. Delta is 2C/I with
+    clipped gradients (``sensitivity="clipped"``) or the papers' data-dependent eq. (9b).
     """
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
@@ -82,10 +91,11 @@ def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Te
     magnitude = torch.zeros(data.num_agents, dtype=z.dtype, device=z.device)
     for e in range(1, steps + 1):
         probs = probabilities(data.x, z)
-        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs)
+        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs,
+                     clip=config.clip_norm if config.clipped else None)
         if config.private:
-            scale = sensitivity(data, probs) / config.epsilon
-            xi = noise.laplace(config.seed, data.agents, t, e, data.shape, scale, dtype=z.dtype)
+            xi = noise.laplace(config.seed, data.agents, t, e, data.shape, laplace_scale(config, data, probs),
+                               dtype=z.dtype)
             magnitude += torch.linalg.vector_norm(xi, ord=1, dim=(1, 2)) / xi[0].numel()
         else:
             xi = 0.0

@@ -77,20 +77,43 @@ def probabilities(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, reg: float,
-             probs: torch.Tensor | None = None) -> torch.Tensor:
+             probs: torch.Tensor | None = None, clip: float | None = None) -> torch.Tensor:
     """scale * X_p^T (H - Y) + 2 reg z, batched over agents.
 
     With scale = 1/I and reg = beta/P this is grad f_p of eq. (63) in 003 (note the global I,
     not I_p); OutP uses scale = 1/I_p and reg = beta (its local mean). ``scale`` may be a
-    [P] tensor.
+    [P] tensor. With ``clip = C`` each sample's term x_i (h_i - y_i)^T is first scaled to
+    L1 norm at most C (``clip_factors``), which bounds the sensitivity independently of the data.
     """
     h = probabilities(data.x, z) if probs is None else probs
     residual = h - data.y
+    if clip is not None:
+        residual = residual * clip_factors(data, residual, clip).unsqueeze(2)
     if isinstance(scale, torch.Tensor):
         residual = residual * scale.reshape(-1, 1, 1)
         scale = 1.0
     # One fused kernel: 2 reg z + scale X^T (H - Y), without [P, J, K] temporaries.
     return torch.baddbmm(z, data.x.transpose(1, 2), residual, beta=2.0 * reg, alpha=scale)
+
+
+def clip_factors(data: AgentData, residual: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(1, C / ||x_i (h_i - y_i)^T||_1) per sample, [P, Imax].
+
+    The L1 norm of the rank-one term factorises, ||x_i||_1 ||h_i - y_i||_1, so clipping needs
+    no per-sample gradient tensors. Padding rows (x_i = 0) get factor 1 (their term is zero).
+    """
+    norms = data.x_l1 * residual.abs().sum(dim=2)
+    return (clip / norms).clamp(max=1.0)
+
+
+def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
+    """L1 sensitivity of the clipped gradient: 2C/I if one sample is replaced, C/I if added or removed.
+
+    Replacing sample i changes sum_i x_i (h_i - y_i)^T / I by the difference of two terms of
+    L1 norm <= C each; adding or removing changes it by one such term. (I is the public
+    sample count.) This is the Delta of eq. (9) for which Theorem 1 of 003 holds as stated.
+    """
+    return (2.0 if neighbouring == "replace-one" else 1.0) * clip / total
 
 
 def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:

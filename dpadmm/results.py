@@ -1,4 +1,4 @@
-"""Run outputs a person can open: config.json, metrics.jsonl, optional weights.npz.
+"""Run outputs a person can open: config.json, privacy.json, metrics.jsonl, optional weights.npz.
 
 Shared by the engine and the Flower ServerApp so both write the same files. Metrics are
 appended and flushed round by round, so an interrupted run keeps what it computed.
@@ -17,6 +17,7 @@ import torch
 from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
 from dpadmm.models import error_rate, training_loss
+from dpadmm.privacy import Ledger
 
 
 def fresh_directory(path: str | Path) -> Path:
@@ -57,6 +58,11 @@ class RunWriter:
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
         self._metrics = open(self.directory / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def write_ledger(self, ledger: Ledger) -> None:
+        """privacy.json: the run's full privacy ledger (written before training starts)."""
+        data = {key: _json_value(v) for key, v in ledger.to_dict().items()}
+        (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=_json_value) + "\n")
 
     def record(self, metrics: dict[str, Any], w: torch.Tensor | None = None) -> None:
         """Append one evaluated round (and keep w for weights.npz if asked)."""

@@ -1,7 +1,8 @@
 """The DP-IADMM ServerApp: run config -> strategy -> central evaluation -> results.
 
-Writes the same ``config.json`` / ``metrics.jsonl`` (and ``weights.npz`` with
-``save-weights``) as ``dpadmm train``, and logs the test error of every evaluated round.
+Writes the same ``config.json`` / ``privacy.json`` / ``metrics.jsonl`` (and ``weights.npz``
+with ``save-weights``) as ``dpadmm train``, logs the test error of every evaluated round and
+ends with the privacy ledger's summary.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from dpadmm import privacy
 from dpadmm.config import RunConfig
 from dpadmm.federation import load_for
 from dpadmm.results import RunWriter, central_metrics
@@ -24,11 +26,14 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    config = RunConfig.from_mapping(context.run_config)
+    config = privacy.calibrate(RunConfig.from_mapping(context.run_config))
+    ledger = privacy.ledger(config) if config.private else None
     dataset = load_for(config)
     strategy = DPIADMM(config, shape=(dataset.num_features, dataset.num_classes))
     writer = RunWriter(config, engine="flower")
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
+    if ledger:
+        writer.write_ledger(ledger)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0 or not (server_round % config.eval_every == 0 or server_round == config.rounds):
@@ -47,3 +52,4 @@ def main(grid: Grid, context: Context) -> None:
                        evaluate_fn=evaluate)
     finally:
         writer.close()
+    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")

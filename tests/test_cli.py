@@ -37,3 +37,17 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert done.returncode == 2 and "algorithm='sgd' is not allowed" in done.stderr
     done = _dpadmm("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert done.returncode == 2 and "nowhere" in done.stderr
+
+
+def test_privacy_prints_the_ledger_without_training(tmp_path: Path) -> None:
+    done = _dpadmm("privacy", "--algorithm", "objpm", "--epsilon", "0.05", "--local-steps", "10",
+                   "--rounds", "20000", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    ledger = json.loads(done.stdout)
+    assert {"per_step", "per_round", "whole_run"} <= ledger.keys()
+    assert ledger["whole_run"]["delta"] == 1e-5 and 339 < ledger["whole_run"]["epsilon_pld"] < 340
+    assert not list(tmp_path.iterdir())  # nothing trained, nothing written
+    text = _dpadmm("privacy", "--algorithm", "objp", "--sensitivity", "data-dependent", cwd=tmp_path)
+    assert "per run" in text.stdout and "NOT COVERED" in text.stdout
+    bad = _dpadmm("privacy", "--target-epsilon", "1e-9", cwd=tmp_path)
+    assert bad.returncode == 2 and "smallest achievable value" in bad.stderr

@@ -67,3 +67,14 @@ def test_private_runs_differ_from_non_private_and_learn() -> None:
                          write=False, progress=False).records
     assert private[-1]["test-error"] < 0.5  # it learns on the embedded data
     assert all(r["noise-magnitude"] > 0 for r in private)
+
+
+def test_budget_first_runs_calibrate_before_training_and_write_the_ledger(tmp_path: Path) -> None:
+    config = RunConfig(algorithm="objpm", local_steps=2, rounds=5, target_epsilon=3.0,
+                       out=str(tmp_path / "r"))
+    result = engine.run(config, progress=False)
+    assert result.config.epsilon != config.epsilon and result.ledger is not None
+    assert 2.9 < result.ledger.whole_run.epsilon_pld <= 3.0
+    written = json.loads((result.directory / "privacy.json").read_text())
+    assert written["whole_run"]["epsilon_pld"] == result.ledger.whole_run.epsilon_pld
+    assert json.loads((result.directory / "config.json").read_text())["epsilon"] == result.config.epsilon

@@ -98,9 +98,11 @@ def _state(num_agents: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return w, lam, z
 
 
-def test_objpm_round_follows_lines_15_to_22() -> None:
+@pytest.mark.parametrize("calibration", ["data-dependent", "clipped"])
+def test_objpm_round_follows_lines_15_to_22(calibration: str) -> None:
     """E steps of eq. (8) from the last iterate, keyed Laplace noise, the average is sent."""
-    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, num_agents=4, seed=11)
+    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, num_agents=4, seed=11,
+                       sensitivity=calibration, clip_norm=1.0)
     data = _data()
     w, lam, z0 = _state(4, 1)
     t = 5
@@ -109,8 +111,16 @@ def test_objpm_round_follows_lines_15_to_22() -> None:
     z, iterates, mags = z0, [], []
     for e in (1, 2, 3):
         probs = probabilities(data.x, z)
-        g = gradient(data, z, scale=1 / data.total, reg=config.beta / 4)
-        scale = sensitivity(data, probs) / 0.5
+        residual = probs - data.y
+        if calibration == "clipped":
+            # each sample's term x_i (h_i - y_i)^T scaled to L1 norm <= C = 1; Delta = 2C/I
+            norms = torch.einsum("pi,pik->pi", data.x_l1, residual.abs())
+            residual = residual * torch.clamp(1.0 / norms, max=1.0).nan_to_num(1.0).unsqueeze(2)
+            scale = torch.full((4,), 2.0 / data.total / 0.5, dtype=torch.float64)
+            assert float((norms > 1.0).float().mean()) > 0.3  # clipping is active
+        else:
+            scale = sensitivity(data, probs) / 0.5
+        g = torch.bmm(data.x.transpose(1, 2), residual) / data.total + 2 * config.beta / 4 * z
         xi = noise.laplace(11, data.agents, t, e, SHAPE, scale)
         z = (z / eta_t + rho_t * w + lam - xi - g) / (1 / eta_t + rho_t)
         iterates.append(z)

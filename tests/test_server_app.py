@@ -7,6 +7,7 @@ engine gives the same w after every round.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["replies"] == 10 and r["dual-mismatches"] == 0 for r in records)
     assert all(r["noise-magnitude"] > 0 for r in records)  # the default objpm run is private
+    assert "privacy (objpm, laplace noise, clipped sensitivity" in output  # the ledger's summary
+    assert json.loads((out / "privacy.json").read_text())["whole_run"]["releases"] == 20
 
 
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])

@@ -1,0 +1,123 @@
+"""The privacy ledger against closed forms and dp-accounting called directly; calibration; clipping."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import pytest
+import torch
+from dp_accounting.pld import pld_privacy_accountant
+from scipy.stats import norm
+
+from dpadmm import privacy, schedules
+from dpadmm.config import RunConfig
+from dpadmm.models import AgentData, clip_factors, clipped_sensitivity, gradient, probabilities
+
+
+def test_single_laplace_release_is_pure_eps_bar() -> None:
+    assert privacy.single_release("laplace", 20.0, 0.0) == pytest.approx(0.05)
+    # the PLD accountant agrees (its discretisation is pessimistic by at most the interval)
+    assert privacy.pld_epsilon("laplace", 20.0, 1, 1e-5) == pytest.approx(0.05, abs=privacy.PLD_INTERVAL)
+    assert privacy.pld_epsilon("laplace", 20.0, 1, 1e-5) <= 0.05 + 1e-9
+
+
+def test_single_gaussian_release_matches_the_analytic_gaussian_mechanism() -> None:
+    """delta(eps) = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s)) (Balle & Wang 2018), s = sigma/Delta."""
+    s, delta = 3.0, 1e-5
+    eps = privacy.single_release("gaussian", s, delta)
+    analytic = norm.cdf(-eps * s + 1 / (2 * s)) - math.exp(eps) * norm.cdf(-eps * s - 1 / (2 * s))
+    assert analytic == pytest.approx(delta, rel=1e-3)
+    assert privacy.pld_epsilon("gaussian", s, 1, delta) == pytest.approx(eps, abs=2 * privacy.PLD_INTERVAL)
+
+
+def test_basic_and_advanced_composition_closed_forms() -> None:
+    assert privacy.basic_composition(0.05, 200_000) == pytest.approx(10_000)
+    k, eps, d = 200_000, 0.05, 1e-5
+    expected = math.sqrt(2 * k * math.log(1 / d)) * eps + k * eps * (math.exp(eps) - 1)
+    assert privacy.advanced_composition(eps, k, d) == pytest.approx(expected)
+    assert privacy.advanced_composition(0.05, 200_000, 1e-5) == pytest.approx(620.2, abs=0.5)
+
+
+def test_ledger_totals_match_dp_accounting_called_directly() -> None:
+    config = RunConfig(algorithm="objpm", epsilon=0.3, local_steps=4, rounds=25, delta=1e-6)
+    ledger = privacy.ledger(config)
+    accountant = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                                      value_discretization_interval=privacy.PLD_INTERVAL)
+    for _ in range(25):  # round by round, E steps each: the structure of a run
+        accountant.compose(dp_accounting.LaplaceDpEvent(1 / 0.3), 4)
+    assert ledger.whole_run.epsilon_pld == pytest.approx(accountant.get_epsilon(1e-6), rel=1e-6)
+    assert ledger.whole_run.releases == 100 and ledger.per_round.releases == 4
+    assert ledger.per_step.epsilon_basic == 0.3 and ledger.whole_run.epsilon_basic == pytest.approx(30.0)
+    assert ledger.whole_run.epsilon_pld < ledger.whole_run.epsilon_advanced < ledger.whole_run.epsilon_basic
+    assert ledger.covered and "Theorem 1" in ledger.note
+    # an agent that took part in 10 rounds only
+    assert privacy.ledger(config, rounds=10).whole_run.releases == 40
+
+
+def test_the_papers_worked_example() -> None:
+    """eps-bar = 0.05 per step, E = 10, T = 20,000: the whole run is far from 0.05."""
+    ledger = privacy.ledger(RunConfig(algorithm="objpm", epsilon=0.05, local_steps=10, rounds=20_000))
+    assert ledger.per_step.epsilon_pld == pytest.approx(0.05, abs=1e-3)
+    assert ledger.per_round.epsilon_pld == pytest.approx(0.49, abs=0.01)
+    assert ledger.whole_run.epsilon_pld == pytest.approx(339.5, abs=0.5)
+    assert ledger.whole_run.epsilon_basic == pytest.approx(10_000)
+
+
+def test_outp_ledger_uses_its_gaussian_calibration() -> None:
+    config = RunConfig(algorithm="outp", epsilon=0.5, rounds=30)
+    rho, inv = 12.0, schedules.outp_inverse_eta(3, 6000, 7840, 0.5, config.outp_delta, 1.0)
+    sigma = schedules.outp_sigma(0.5, config.outp_delta, rho, inv)
+    multiplier = privacy.outp_multiplier(0.5, config.outp_delta, "replace-one")
+    assert multiplier == pytest.approx(sigma / (2 / (rho + inv)))
+    ledger = privacy.ledger(config)
+    assert ledger.mechanism == "gaussian" and ledger.whole_run.releases == 30
+    assert ledger.per_step.epsilon_pld == ledger.per_round.epsilon_pld  # one release per round
+
+
+def test_data_dependent_ledgers_say_they_are_not_covered() -> None:
+    ledger = privacy.ledger(RunConfig(algorithm="objp", epsilon=1.0, sensitivity="data-dependent"))
+    assert not ledger.covered and "NOT COVERED" in ledger.summary()
+
+
+def test_non_private_configurations_have_no_ledger() -> None:
+    with pytest.raises(ValueError, match="not differentially private"):
+        privacy.ledger(RunConfig(algorithm="iadmm"))
+
+
+@pytest.mark.parametrize(("algorithm", "target", "rounds"), [("objpm", 8.0, 50), ("objp", 1.0, 100),
+                                                              ("outp", 4.0, 40)])
+def test_calibration_round_trip(algorithm: str, target: float, rounds: int) -> None:
+    calibrated = privacy.calibrate(RunConfig(algorithm=algorithm, target_epsilon=target, rounds=rounds))
+    achieved = privacy.ledger(calibrated).whole_run.epsilon_pld
+    assert achieved <= target and achieved == pytest.approx(target, rel=0.03)
+
+
+def test_calibration_of_the_papers_setting_recovers_eps_bar() -> None:
+    calibrated = privacy.calibrate(RunConfig(algorithm="objpm", local_steps=10, rounds=20_000,
+                                             target_epsilon=339.5))
+    assert calibrated.epsilon == pytest.approx(0.05, rel=1e-3)
+
+
+def test_infeasible_targets_name_the_smallest_achievable_value() -> None:
+    with pytest.raises(ValueError, match=r"target-epsilon=1e-09 is not achievable .* smallest achievable"):
+        privacy.calibrate(RunConfig(algorithm="objpm", target_epsilon=1e-9, rounds=50))
+
+
+def test_clipping_bounds_each_term_and_the_sensitivity() -> None:
+    gen = torch.Generator().manual_seed(0)
+    counts, j, k, total, clip = [30, 30], 6, 4, 60, 0.7
+    xs = [torch.rand(c, j, generator=gen, dtype=torch.float64) for c in counts]
+    ys = [torch.randint(0, k, (c,), generator=gen) for c in counts]
+    # agent 1 holds agent 0's data with one sample replaced: neighbouring data sets
+    xs[1], ys[1] = xs[0].clone(), ys[0].clone()
+    xs[1][3] = torch.rand(j, generator=gen, dtype=torch.float64) * 5
+    ys[1][3] = (ys[0][3] + 1) % k
+    data = AgentData.from_blocks(xs, ys, num_classes=k, total=total, agents=[0, 1])
+    z = torch.randn(1, j, k, generator=gen, dtype=torch.float64).expand(2, -1, -1).contiguous()
+    residual = probabilities(data.x, z) - data.y
+    terms = data.x_l1 * (residual * clip_factors(data, residual, clip).unsqueeze(2)).abs().sum(2)
+    assert float(terms.max()) <= clip + 1e-12 and float((data.x_l1 * residual.abs().sum(2)).max()) > clip
+    g = gradient(data, z, scale=1 / total, reg=0.0, clip=clip)
+    assert float((g[0] - g[1]).abs().sum()) <= clipped_sensitivity(clip, total, "replace-one") + 1e-12
+    assert clipped_sensitivity(clip, total, "add-remove") == pytest.approx(clip / total)
