@@ -69,8 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dpadmm import privacy
 
         try:
-            ledger = privacy.ledger(privacy.calibrate(config))
-        except ValueError as err:
+            from dpadmm.federation import load_for
+
+            ledger = privacy.ledger(privacy.calibrate(config), total_samples=load_for(config).num_train)
+        except (ValueError, FileNotFoundError) as err:
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2
         print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())

@@ -62,8 +62,8 @@ def run(
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
     """
     config = privacy.calibrate(config)
-    ledger = privacy.ledger(config) if config.private else None
     dataset = load_for(config) if dataset is None else dataset
+    ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     data = agent_data(dataset, config, range(config.num_agents))
     zeros = torch.zeros((config.num_agents, *data.shape), dtype=data.x.dtype, device=data.x.device)
     state = EngineState(w=zeros[0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())

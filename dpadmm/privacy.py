@@ -26,6 +26,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpadmm.config import RunConfig
+from dpadmm.models import clipped_sensitivity
 
 # Discretisation of the PLD accountant: pessimistic (a valid upper bound) at any interval;
 # 1e-3 is within 1e-5 relative of 1e-4 on the papers' settings and ten times faster.
@@ -56,6 +57,8 @@ class Ledger:
     noise_multiplier: float  # noise scale / sensitivity of one release
     epsilon_bar: float  # the configured per-release parameter
     calibration: str  # "clipped", "data-dependent" or OutP's
+    sensitivity: str  # the bound Delta of one release, with its value where it is one number
+    noise_scale: str  # the noise's scale (Laplace b) or standard deviation (Gaussian)
     covered: bool  # whether the sensitivity is a proven bound (not computed from the data)
     neighbouring: str
     steps_per_round: int
@@ -78,6 +81,7 @@ class Ledger:
             lines.append(f"  per {g.scope:<10} ({g.releases} release{'s' if g.releases > 1 else ''}): "
                          f"eps = {g.epsilon_pld:.4g} (PLD); basic {g.epsilon_basic:.4g}, "
                          f"advanced {g.epsilon_advanced:.4g}, RDP {g.epsilon_rdp:.4g}")
+        lines.append(f"  sensitivity {self.sensitivity}; noise {self.noise_scale}")
         lines.append(f"  {self.note}")
         return "\n".join(lines)
 
@@ -157,10 +161,11 @@ def mechanism_of(config: RunConfig) -> tuple[str, float, int]:
     return "laplace", 1.0 / config.epsilon, config.steps
 
 
-def ledger(config: RunConfig, rounds: int | None = None) -> Ledger:
+def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | None = None) -> Ledger:
     """The ledger of one agent that took part in ``rounds`` rounds (default: all of them).
 
-    Raises ValueError for a non-private configuration, which releases without noise.
+    ``total_samples`` (I) makes the clipped sensitivity and scale numbers; the epsilons do not
+    depend on it. Raises ValueError for a non-private configuration, which releases without noise.
     """
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with epsilon={config.epsilon!r} adds no noise: "
@@ -169,20 +174,32 @@ def ledger(config: RunConfig, rounds: int | None = None) -> Ledger:
     mechanism, multiplier, per_round = mechanism_of(config)
     if config.algorithm == "outp":
         calibration, covered = "OutP (Huang et al.)", True
+        sens = "L2: 2 c1 / (I_p (rho^t + 1/eta^t)), c1 = I_p (changes with t)"
+        scale = f"sigma^t = {multiplier:.4g} x Delta_2^t"
         note = ("OutP's Gaussian sensitivity 2c1/(I_p (rho + 1/eta)) with c1 = I_p holds while every "
                 "per-sample gradient has L2 norm <= I_p (MNIST: <= 40).")
     elif config.sensitivity == "clipped":
         calibration, covered = "clipped", True
+        form = "2C/I" if config.neighbouring == "replace-one" else "C/I"
+        if total_samples:
+            value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring)
+            sens = f"L1: {form} = {value:.6g} (C = {config.clip_norm:g}, I = {total_samples})"
+            scale = f"b = Delta / eps-bar = {value / config.epsilon:.6g}"
+        else:
+            sens, scale = f"L1: {form} (C = {config.clip_norm:g})", "b = Delta / eps-bar"
         note = (f"Per-sample gradient terms clipped to L1 norm {config.clip_norm:g}: Delta = "
                 f"{'2C/I' if config.neighbouring == 'replace-one' else 'C/I'} bounds every step, so "
                 "Theorem 1 of 003 applies as stated.")
     else:
         calibration, covered = "data-dependent", False
+        sens = "eq. (9b): max_i ||x_i||_1 ||h_i - y_i||_1 / I over the agent's data, each step"
+        scale = "b = Delta_p^{t,e} / eps-bar (data-dependent)"
         note = ("NOT COVERED by Theorem 1: the Laplace scale is the papers' eq. (9b), computed from the "
                 "agent's own data, so the numbers above are nominal, not guarantees.")
     return Ledger(
         algorithm=config.algorithm, mechanism=mechanism, noise_multiplier=multiplier,
-        epsilon_bar=config.epsilon, calibration=calibration, covered=covered,
+        epsilon_bar=config.epsilon, calibration=calibration, sensitivity=sens, noise_scale=scale,
+        covered=covered,
         neighbouring=config.neighbouring, steps_per_round=per_round, rounds=rounds,
         per_step=_guarantee("step", mechanism, multiplier, 1, config.delta),
         per_round=_guarantee("round", mechanism, multiplier, per_round, config.delta),

@@ -27,8 +27,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = privacy.calibrate(RunConfig.from_mapping(context.run_config))
-    ledger = privacy.ledger(config) if config.private else None
     dataset = load_for(config)
+    ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     strategy = DPIADMM(config, shape=(dataset.num_features, dataset.num_classes))
     writer = RunWriter(config, engine="flower")
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")

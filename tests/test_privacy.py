@@ -51,6 +51,8 @@ def test_ledger_totals_match_dp_accounting_called_directly() -> None:
     assert ledger.per_step.epsilon_basic == 0.3 and ledger.whole_run.epsilon_basic == pytest.approx(30.0)
     assert ledger.whole_run.epsilon_pld < ledger.whole_run.epsilon_advanced < ledger.whole_run.epsilon_basic
     assert ledger.covered and "Theorem 1" in ledger.note
+    numbers = privacy.ledger(config, total_samples=4000)
+    assert "2C/I = 0.1 " in numbers.sensitivity and "0.333333" in numbers.noise_scale
     # an agent that took part in 10 rounds only
     assert privacy.ledger(config, rounds=10).whole_run.releases == 40
 
