@@ -25,6 +25,7 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpadmm import schedules
 from dpadmm.config import RunConfig
 from dpadmm.models import clipped_sensitivity
 
@@ -150,7 +151,7 @@ def outp_multiplier(epsilon: float, outp_delta: float, neighbouring: str) -> flo
     replace-one L2 sensitivity Delta_2 = 2 c1 / (I_p (rho + 1/eta)), c1 = I_p (Huang et al.,
     as the reference code sets it); one sample added or removed moves z by half that.
     """
-    base = math.sqrt(2.0 * math.log(1.25 / outp_delta)) / epsilon
+    base = schedules.outp_noise_multiplier(epsilon, outp_delta)
     return base if neighbouring == "replace-one" else 2.0 * base
 
 

@@ -60,12 +60,19 @@ def outp_inverse_eta(t: int, num_samples: float, num_params: int, epsilon: float
     return base / a
 
 
+def outp_noise_multiplier(epsilon: float, delta: float) -> float:
+    """sigma / Delta_2 = sqrt(2 ln(1.25/delta)) / eps: the classical Gaussian calibration OutP uses."""
+    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+
+
 def outp_sigma(epsilon: float, delta: float, rho_t: float, inverse_eta: float) -> float:
     """Standard deviation of OutP's Gaussian output noise: 2 sqrt(2 ln(1.25/delta)) / (eps (rho + 1/eta)).
 
-    The reference code passes sigma^2 where numpy expects a standard deviation, so its
-    baseline ran with less noise than the claim needs whenever sigma < 1; we use sigma.
+    That is the noise multiplier times the L2 sensitivity Delta_2 = 2 c1 / (I_p (rho + 1/eta))
+    with c1 = I_p (Huang et al., as the reference code sets it). The reference code passes
+    sigma^2 where numpy expects a standard deviation, so its baseline ran with less noise
+    than the claim needs whenever sigma < 1; we use sigma.
     """
     if math.isinf(epsilon):
         return 0.0
-    return 2.0 * math.sqrt(2.0 * math.log(1.25 / delta)) / (epsilon * (rho_t + inverse_eta))
+    return outp_noise_multiplier(epsilon, delta) * 2.0 / (rho_t + inverse_eta)
