@@ -8,7 +8,6 @@ per-message overhead, for research sweeps. Only the loop over rounds lives here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.data import Dataset
 from dpadmm.federation import agent_data, load_for
 from dpadmm.local import agent_round
+from dpadmm.models import AgentData
 from dpadmm.privacy import Ledger
 from dpadmm.results import RunWriter, central_metrics
 
@@ -33,7 +33,6 @@ class EngineState:
     z: torch.Tensor  # [P, J, K] the last released z_p
     z_chain: torch.Tensor  # [P, J, K] the last local iterate z_p^{t,E+1}
     lam: torch.Tensor  # [P, J, K] lambda_p
-    round: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ def run(
     dataset: Dataset | None = None,
     write: bool = True,
     progress: bool = True,
-    on_round: Callable[[dict[str, Any], EngineState], None] | None = None,
 ) -> EngineResult:
     """Train with every agent batched; record (and write) one metrics dict per evaluated round.
 
@@ -91,8 +89,6 @@ def run(
                 records.append(record)
                 if writer:
                     writer.record(record, state.w)
-                if on_round:
-                    on_round(record, state)
                 if bar is not None:
                     bar.set_postfix({"test-error": f"{record['test-error']:.4f}"})
             if bar is not None:
@@ -106,7 +102,7 @@ def run(
                         config=config, ledger=ledger)
 
 
-def step(config: RunConfig, data: Any, state: EngineState, t: int) -> float:
+def step(config: RunConfig, data: AgentData, state: EngineState, t: int) -> float:
     """Round t of Algorithm 1 (or of OutP) in place; returns the mean noise magnitude."""
     rho_t = schedules.rho_at(config, t)
     if config.algorithm == "outp":
@@ -116,7 +112,7 @@ def step(config: RunConfig, data: Any, state: EngineState, t: int) -> float:
         state.w = global_update(state.z, state.lam, rho_t)
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t)
     state.lam = dual_update(state.lam, state.w, result.z_sent, rho_t)
-    state.z, state.z_chain, state.round = result.z_sent, result.z_last, t
+    state.z, state.z_chain = result.z_sent, result.z_last
     return float(result.noise_magnitude.mean())
 
 

@@ -16,6 +16,7 @@ from flwr.serverapp.strategy import Strategy
 from dpadmm import schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import consensus_violation, dual_digest, dual_update, global_update
+from dpadmm.federation import DTYPES
 
 
 class DPIADMM(Strategy):
@@ -44,8 +45,7 @@ class DPIADMM(Strategy):
     def __init__(self, config: RunConfig, shape: tuple[int, int]):
         self.config = config
         self.shape = (int(shape[0]), int(shape[1]))
-        dtype = torch.float64 if config.dtype == "float64" else torch.float32
-        zeros = torch.zeros((config.num_agents, *self.shape), dtype=dtype)
+        zeros = torch.zeros((config.num_agents, *self.shape), dtype=DTYPES[config.dtype])
         self.w = zeros[0].clone()
         self.z = zeros.clone()
         self.lam = zeros.clone()
