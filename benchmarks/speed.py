@@ -46,8 +46,8 @@ def engine_seconds(config: RunConfig, dataset: Dataset, rounds: int) -> tuple[fl
     """(seconds per round of engine.step, seconds per round of its matrix products alone)."""
     data = agent_data(dataset, config, range(config.num_agents))
     device = data.x.device
-    zeros = torch.zeros((config.num_agents, *data.shape), dtype=data.x.dtype, device=device)
-    state = EngineState(w=zeros[0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
+    zeros = torch.zeros((1, config.num_agents, *data.shape), dtype=data.x.dtype, device=device)  # one run
+    state = EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
     step(config, data, state, 1)  # warm-up
     _sync(device)
     started = time.perf_counter()
@@ -56,7 +56,7 @@ def engine_seconds(config: RunConfig, dataset: Dataset, rounds: int) -> tuple[fl
     _sync(device)
     per_round = (time.perf_counter() - started) / rounds
 
-    z = state.z_chain
+    z = state.z_chain[0]
     xt = data.x.transpose(1, 2)
     residual = torch.empty_like(data.y)
     _sync(device)

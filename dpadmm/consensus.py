@@ -12,18 +12,28 @@ import torch
 def global_update(z: torch.Tensor, lam: torch.Tensor, rho: float) -> torch.Tensor:
     """w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t): the minimiser of eq. (4a), line 5 of 003.
 
-    z, lam: [P, J, K] -> w: [J, K].
+    z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs).
     """
-    return (z - lam / rho).mean(dim=0)
+    return (z - lam / rho).mean(dim=-3)
 
 
 def dual_update(lam: torch.Tensor, w: torch.Tensor, z: torch.Tensor, rho: float) -> torch.Tensor:
-    """lambda_p^{t+1} = lambda_p^t + rho^t (w^{t+1} - z_p^{t+1}): eq. (4c), lines 8 and 23 of 003."""
+    """lambda_p^{t+1} = lambda_p^t + rho^t (w^{t+1} - z_p^{t+1}): eq. (4c), lines 8 and 23 of 003.
+
+    lam, z: [(S,) P, J, K]; w: [(S,) J, K], or [J, K] for a single agent's copy.
+    """
+    if lam.dim() == 4:
+        w = w.unsqueeze(-3)
     return lam + rho * (w - z)
 
 
-def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float:
-    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10)."""
+def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float | list[float]:
+    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10).
+
+    One float for w [J, K] and z [P, J, K]; a list, one per run, for w [S, J, K], z [S, P, J, K].
+    """
+    if z.dim() == 4:
+        return [consensus_violation(w[s], z[s]) for s in range(z.shape[0])]
     return float((w - z).abs().sum() / z.shape[0])
 
 

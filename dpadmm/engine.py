@@ -7,7 +7,10 @@ per-message overhead, for research sweeps. Only the loop over rounds lives here.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +30,20 @@ from dpadmm.results import RunWriter, central_metrics
 
 @dataclass
 class EngineState:
-    """The state of Algorithm 1 after a round: all agents' variables, stacked."""
+    """The state of Algorithm 1 after a round: all agents' variables, stacked.
 
-    w: torch.Tensor  # [J, K] the global model of the last round
-    z: torch.Tensor  # [P, J, K] the last released z_p
-    z_chain: torch.Tensor  # [P, J, K] the last local iterate z_p^{t,E+1}
-    lam: torch.Tensor  # [P, J, K] lambda_p
+    Inside the engine every tensor has a leading run dimension S (one per seed of the
+    batch); the results hand each run its own slice, without it.
+    """
+
+    w: torch.Tensor  # [(S,) J, K] the global model of the last round
+    z: torch.Tensor  # [(S,) P, J, K] the last released z_p
+    z_chain: torch.Tensor  # [(S,) P, J, K] the last local iterate z_p^{t,E+1}
+    lam: torch.Tensor  # [(S,) P, J, K] lambda_p
+
+    def run(self, s: int) -> EngineState:
+        """Run s of a batched state."""
+        return EngineState(w=self.w[s], z=self.z[s], z_chain=self.z_chain[s], lam=self.lam[s])
 
 
 @dataclass(frozen=True)
@@ -59,66 +70,151 @@ def run(
     (sum_p |w - z_p| / P), ``noise-magnitude`` (mean |noise| over agents, steps and
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
     """
+    return run_seeds(config, [config.seed], dataset=dataset, write=write, progress=progress)[0]
+
+
+def run_seeds(
+    config: RunConfig,
+    seeds: Sequence[int],
+    *,
+    dataset: Dataset | None = None,
+    write: bool = True,
+    progress: bool = True,
+    directories: Sequence[str | Path] | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_seconds: float = 60.0,
+) -> list[EngineResult]:
+    """:func:`run` for several seeds of one configuration at once, one result per seed.
+
+    The seeds are an extra batch dimension: every step computes all S runs together and
+    reads each agent's data once for all of them (see :func:`dpadmm.models.shared_bmm`).
+    Run s equals ``run(replace(config, seed=seeds[s]))`` up to floating-point rounding.
+
+    ``directories`` names each seed's folder (default: ``config.out`` or the default
+    folder of that seed's configuration, never overwriting another run). With
+    ``checkpoint`` the state is saved there (atomically, at an evaluated round at most
+    every ``checkpoint_seconds``); a later call with the same arguments resumes from it,
+    keeps the folders' metrics up to that round and ends as the uninterrupted run would.
+    """
     config = privacy.calibrate(config)
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds={seeds} is not allowed; give one or more distinct seeds")
+    configs = [dataclasses.replace(config, seed=s) for s in seeds]  # validates each seed
+    if directories is not None and len(directories) != len(seeds):
+        raise ValueError(f"got {len(directories)} directories for {len(seeds)} seeds")
+    if checkpoint is not None and (not write or directories is None):
+        raise ValueError("checkpoint needs write=True and explicit directories "
+                         "(a resumed run appends to them)")
     dataset = load_for(config) if dataset is None else dataset
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     data = agent_data(dataset, config, range(config.num_agents))
-    zeros = torch.zeros((config.num_agents, *data.shape), dtype=data.x.dtype, device=data.x.device)
-    state = EngineState(w=zeros[0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
-    writer = RunWriter(config, engine="batched") if write else None
-    if writer and ledger:
-        writer.write_ledger(ledger)
-    records: list[dict[str, Any]] = []
-    bar = _progress(config.rounds, progress)
+    zeros = torch.zeros((len(seeds), config.num_agents, *data.shape), dtype=data.x.dtype,
+                        device=data.x.device)
+    state = EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
+    first = 1
+    saved = _load_checkpoint(checkpoint, config, seeds, state)
+    if saved:
+        first = saved + 1
+    writers: list[RunWriter] = []
+    if write:
+        for i, c in enumerate(configs):
+            directory = None if directories is None else directories[i]
+            writers.append(RunWriter(c, engine="batched", directory=directory, resume_round=saved))
+            if ledger:
+                writers[-1].write_ledger(ledger)
+    records: list[list[dict[str, Any]]] = [list(w.kept) for w in writers] or [[] for _ in seeds]
+    bar = _progress(config.rounds, progress, initial=first - 1)
+    last_save = time.monotonic()
     try:
-        for t in range(1, config.rounds + 1):
+        for t in range(first, config.rounds + 1):
             started = time.perf_counter()
-            magnitude = step(config, data, state, t)
+            magnitude = step(config, data, state, t, seeds)
             if data.x.is_cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             if t % config.eval_every == 0 or t == config.rounds:
-                record = {
-                    "round": t,
-                    **central_metrics(state.w, dataset, config.beta),
-                    "consensus-violation": consensus_violation(state.w, state.z),
-                    "noise-magnitude": magnitude,
-                    "rho": schedules.rho_at(config, t),
-                    "seconds": seconds,
-                }
-                records.append(record)
-                if writer:
-                    writer.record(record, state.w)
+                violation = consensus_violation(state.w, state.z)
+                for s in range(len(seeds)):
+                    record = {
+                        "round": t,
+                        **central_metrics(state.w[s], dataset, config.beta),
+                        "consensus-violation": violation[s],
+                        "noise-magnitude": magnitude[s],
+                        "rho": schedules.rho_at(config, t),
+                        "seconds": seconds,
+                    }
+                    records[s].append(record)
+                    if writers:
+                        writers[s].record(record, state.w[s])
+                if checkpoint is not None and (t == config.rounds
+                                               or time.monotonic() - last_save >= checkpoint_seconds):
+                    _save_checkpoint(checkpoint, config, seeds, state, t)
+                    last_save = time.monotonic()
                 if bar is not None:
-                    bar.set_postfix({"test-error": f"{record['test-error']:.4f}"})
+                    mean_error = sum(r[-1]["test-error"] for r in records) / len(seeds)
+                    bar.set_postfix({"test-error": f"{mean_error:.4f}"})
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-        if writer:
+        for writer in writers:
             writer.close()
-    return EngineResult(records=records, state=state, directory=writer.directory if writer else None,
-                        config=config, ledger=ledger)
+    return [
+        EngineResult(records=records[i], state=state.run(i), config=c, ledger=ledger,
+                     directory=writers[i].directory if writers else None)
+        for i, c in enumerate(configs)
+    ]
 
 
-def step(config: RunConfig, data: AgentData, state: EngineState, t: int) -> float:
-    """Round t of Algorithm 1 (or of OutP) in place; returns the mean noise magnitude."""
+def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
+         seeds: Sequence[int] | None = None) -> list[float]:
+    """Round t of Algorithm 1 (or of OutP) in place, for every run of ``seeds``.
+
+    The state has a leading run dimension (one per seed); ``seeds=None`` means the one
+    run of ``config.seed``. Returns each run's mean noise magnitude.
+    """
+    seeds = [config.seed] if seeds is None else seeds
     rho_t = schedules.rho_at(config, t)
     if config.algorithm == "outp":
-        result = agent_round(config, data, state.w, state.lam, state.z_chain, t)
+        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
         state.w = global_update(result.z_sent, state.lam, rho_t)
     else:
         state.w = global_update(state.z, state.lam, rho_t)
-        result = agent_round(config, data, state.w, state.lam, state.z_chain, t)
+        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
     state.lam = dual_update(state.lam, state.w, result.z_sent, rho_t)
     state.z, state.z_chain = result.z_sent, result.z_last
-    return float(result.noise_magnitude.mean())
+    return result.noise_magnitude.mean(dim=-1).tolist()
 
 
-def _progress(total: int, enabled: bool) -> Any:
+def _save_checkpoint(path: str | Path, config: RunConfig, seeds: list[int], state: EngineState,
+                     t: int) -> None:
+    """Write the state after round t atomically (a crash mid-write keeps the previous checkpoint)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"round": t, "config": config.to_mapping(), "seeds": seeds,
+                **{k: getattr(state, k).cpu() for k in ("w", "z", "z_chain", "lam")}}, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int],
+                     state: EngineState) -> int | None:
+    """Restore the state from a checkpoint of the same configuration and seeds; its round, or None."""
+    if path is None or not Path(path).exists():
+        return None
+    saved = torch.load(path, weights_only=True)
+    if saved["config"] != config.to_mapping() or list(saved["seeds"]) != seeds:
+        raise ValueError(f"checkpoint {path} belongs to another configuration or seeds; "
+                         "delete it to start this run afresh")
+    for key in ("w", "z", "z_chain", "lam"):
+        setattr(state, key, saved[key].to(device=state.w.device, dtype=state.w.dtype))
+    return int(saved["round"])
+
+
+def _progress(total: int, enabled: bool, initial: int = 0) -> Any:
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="round", desc="dpadmm")
+    return tqdm(total=total, initial=initial, unit="round", desc="dpadmm")

@@ -3,10 +3,14 @@
 Every function takes tensors with a leading agent dimension. A Flower client calls them
 with P = 1 (its own partition), the engine with all P agents at once; the noise comes
 from streams keyed by (seed, agent id, round, step), so both draw the same numbers.
+
+The engine may also batch S independent runs (seeds) of one configuration: the variables
+are then [S, P, J, K], w is [S, J, K], and run s draws from the streams of ``seeds[s]``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,9 +24,9 @@ from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilitie
 class LocalResult:
     """What one local round produces for each agent."""
 
-    z_sent: torch.Tensor  # [P, J, K] z_p^{t+1}, the released average (line 21)
-    z_last: torch.Tensor  # [P, J, K] z_p^{t,E+1}, where the next round's chain starts (line 16)
-    noise_magnitude: torch.Tensor  # [P] mean |noise| over the round's draws (003 Fig. 3)
+    z_sent: torch.Tensor  # [(S,) P, J, K] z_p^{t+1}, the released average (line 21)
+    z_last: torch.Tensor  # [(S,) P, J, K] z_p^{t,E+1}, where the next round's chain starts (line 16)
+    noise_magnitude: torch.Tensor  # [(S,) P] mean |noise| over the round's draws (003 Fig. 3)
 
 
 def proximal_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tensor,
@@ -68,15 +72,27 @@ def outp_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tens
 
 
 def laplace_scale(config: RunConfig, data: AgentData, probs: torch.Tensor) -> torch.Tensor:
-    """Delta / eps-bar per agent, the scale of eq. (9a): Delta = 2C/I (or C/I) when clipped, else eq. (9b)."""
+    """Delta / eps-bar per agent ([(S,) P]), the scale of eq. (9a): Delta = 2C/I (or C/I) when clipped,
+    else eq. (9b)."""
     if config.clipped:
         delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
-        return torch.full((data.num_agents,), delta / config.epsilon, dtype=probs.dtype, device=probs.device)
+        return torch.full(probs.shape[:-2], delta / config.epsilon, dtype=probs.dtype, device=probs.device)
     return sensitivity(data, probs) / config.epsilon
 
 
+def _noise(draw, seeds: Sequence[int] | None, config: RunConfig, data: AgentData, t: int, e: int,
+           scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Noise of round t, step e for every agent ([P, J, K]), or for every run of ``seeds`` ([S, P, J, K])."""
+    if seeds is None:
+        return draw(config.seed, data.agents, t, e, data.shape, scale, dtype=dtype)
+    scales = scale.expand(len(seeds), data.num_agents)
+    return torch.stack([draw(s, data.agents, t, e, data.shape, scales[i], dtype=dtype)
+                        for i, s in enumerate(seeds)])
+
+
 def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Tensor,
-                                 lam: torch.Tensor, z_chain: torch.Tensor, t: int) -> LocalResult:
+                                 lam: torch.Tensor, z_chain: torch.Tensor, t: int,
+                                 seeds: Sequence[int] | None = None) -> LocalResult:
     """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM.
 
     Starting from the last local iterate z^{t,1} = z^{t-1,E+1}, take E steps of eq. (8)
@@ -87,16 +103,16 @@ def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Te
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
     z = z_chain
+    w = w.unsqueeze(-3)  # broadcast over the agents
     total = torch.zeros_like(z)
-    magnitude = torch.zeros(data.num_agents, dtype=z.dtype, device=z.device)
+    magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
     for e in range(1, steps + 1):
         probs = probabilities(data.x, z)
         g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs,
                      clip=config.clip_norm if config.clipped else None)
         if config.private:
-            xi = noise.laplace(config.seed, data.agents, t, e, data.shape, laplace_scale(config, data, probs),
-                               dtype=z.dtype)
-            magnitude += torch.linalg.vector_norm(xi, ord=1, dim=(1, 2)) / xi[0].numel()
+            xi = _noise(noise.laplace, seeds, config, data, t, e, laplace_scale(config, data, probs), z.dtype)
+            magnitude += torch.linalg.vector_norm(xi, ord=1, dim=(-2, -1)) / (data.shape[0] * data.shape[1])
         else:
             xi = 0.0
         if config.algorithm == "objt":
@@ -108,7 +124,8 @@ def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Te
 
 
 def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.Tensor,
-                              lam: torch.Tensor, z: torch.Tensor, t: int) -> LocalResult:
+                              lam: torch.Tensor, z: torch.Tensor, t: int,
+                              seeds: Sequence[int] | None = None) -> LocalResult:
     """One round of the OutP baseline for each agent (before the server's w update).
 
     Uses the previous global model w^t: a proximal step with the local-mean gradient, then
@@ -120,23 +137,24 @@ def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.
     inverse_eta = schedules.outp_inverse_eta(t, data.counts, num_params, eps, config.outp_delta,
                                              config.prox_scale)
     g = gradient(data, z, scale=1.0 / data.counts, reg=config.beta)
-    z_new = outp_step(z, w_prev, lam, g, rho_t, inverse_eta)
-    magnitude = torch.zeros(data.num_agents, dtype=z.dtype, device=z.device)
+    z_new = outp_step(z, w_prev.unsqueeze(-3), lam, g, rho_t, inverse_eta)
+    magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
     if config.private:
         sigma = schedules.outp_sigma(eps, config.outp_delta, rho_t, inverse_eta)
-        nu = noise.gaussian(config.seed, data.agents, t, 1, data.shape, sigma, dtype=z.dtype)
+        nu = _noise(noise.gaussian, seeds, config, data, t, 1, sigma, z.dtype)
         z_new = z_new + nu
-        magnitude = nu.abs().mean(dim=(1, 2))
+        magnitude = nu.abs().mean(dim=(-2, -1))
     return LocalResult(z_sent=z_new, z_last=z_new, noise_magnitude=magnitude)
 
 
 def agent_round(config: RunConfig, data: AgentData, w: torch.Tensor, lam: torch.Tensor,
-                z_chain: torch.Tensor, t: int) -> LocalResult:
+                z_chain: torch.Tensor, t: int, seeds: Sequence[int] | None = None) -> LocalResult:
     """One local round of the configured algorithm.
 
     ``w`` is the model the round uses: w^{t+1} for the objective-perturbation family
     (line 15), the previous w^t for OutP, whose server update comes after the agents'.
+    ``seeds`` batches runs: w [S, J, K], lam and z_chain [S, P, J, K] (None: one run, config.seed).
     """
     if config.algorithm == "outp":
-        return output_perturbation_round(config, data, w, lam, z_chain, t)
-    return objective_perturbation_round(config, data, w, lam, z_chain, t)
+        return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
+    return objective_perturbation_round(config, data, w, lam, z_chain, t, seeds)

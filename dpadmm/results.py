@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,41 @@ def _json_value(value: Any) -> Any:
 
 
 class RunWriter:
-    """Writes one run's folder: config.json at the start, a metrics line per evaluation."""
+    """Writes one run's folder: config.json at the start, a metrics line per evaluation.
 
-    def __init__(self, config: RunConfig, *, engine: str) -> None:
-        self.directory = fresh_directory(config.out or config.default_out())
+    By default the folder is ``config.out`` (or the default folder), made fresh so that no
+    earlier run is overwritten. A caller that owns its folders (the engine's checkpointed
+    runs) passes ``directory``: it is used as is, its metrics restarted, or with
+    ``resume_round`` kept up to that round (those records are in :attr:`kept`) and appended to.
+    """
+
+    def __init__(self, config: RunConfig, *, engine: str, directory: str | Path | None = None,
+                 resume_round: int | None = None) -> None:
+        if resume_round is not None and directory is None:
+            raise ValueError("resume_round needs the directory of the run to resume")
+        if resume_round is not None and config.save_weights:
+            raise ValueError("save-weights cannot be resumed: weights.npz is written when a run ends")
+        if directory is None:
+            self.directory = fresh_directory(config.out or config.default_out())
+        else:
+            self.directory = Path(directory)
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.save_weights = config.save_weights
         self._weights: dict[str, np.ndarray] = {}
         header = {key: _json_value(v) for key, v in config.to_mapping().items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
-        self._metrics = open(self.directory / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        metrics = self.directory / "metrics.jsonl"
+        self.kept: list[dict[str, Any]] = []
+        if resume_round is not None and metrics.exists():
+            self.kept = [r for r in read_metrics(self.directory) if r["round"] <= resume_round]
+        elif directory is not None:
+            metrics.unlink(missing_ok=True)
+        if resume_round is not None:
+            tmp = metrics.with_name("metrics.jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.kept), encoding="utf-8")
+            os.replace(tmp, metrics)
+        self._metrics = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
 
     def write_ledger(self, ledger: Ledger) -> None:
         """privacy.json: the run's full privacy ledger (written before training starts)."""

@@ -78,3 +78,46 @@ def test_budget_first_runs_calibrate_before_training_and_write_the_ledger(tmp_pa
     written = json.loads((result.directory / "privacy.json").read_text())
     assert written["whole_run"]["epsilon_pld"] == result.ledger.whole_run.epsilon_pld
     assert json.loads((result.directory / "config.json").read_text())["epsilon"] == result.config.epsilon
+
+
+@pytest.mark.parametrize(("algorithm", "sensitivity"), [("objpm", "clipped"), ("objt", "data-dependent"),
+                                                        ("outp", "clipped"), ("iadmm", "clipped")])
+def test_seeds_batched_equal_separate_runs(algorithm: str, sensitivity: str) -> None:
+    config = RunConfig(algorithm=algorithm, epsilon=0.5, local_steps=2 if algorithm == "objpm" else 0,
+                       rounds=3, num_agents=4, sensitivity=sensitivity)
+    batched = engine.run_seeds(config, [3, 5, 8], write=False, progress=False)
+    for seed, result in zip([3, 5, 8], batched, strict=True):
+        alone = engine.run(dataclasses.replace(config, seed=seed), write=False, progress=False)
+        assert result.config.seed == seed
+        torch.testing.assert_close(result.state.w, alone.state.w, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(result.state.lam, alone.state.lam, rtol=1e-9, atol=1e-12)
+        for ours, theirs in zip(result.records, alone.records, strict=True):
+            for key in ("test-error", "consensus-violation", "noise-magnitude"):
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-15)
+    if algorithm != "iadmm":
+        assert not torch.equal(batched[0].state.w, batched[1].state.w)
+
+
+def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    config = RunConfig(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=6, num_agents=4, eval_every=2)
+    dirs = [tmp_path / "a" / "s1", tmp_path / "a" / "s2"]
+    whole = engine.run_seeds(config, [1, 2], progress=False, directories=dirs,
+                             checkpoint=tmp_path / "a" / "ckpt.pt")
+    # interrupted after round 4: a checkpoint of round 4, then more rounds lost
+    short = dataclasses.replace(config, rounds=4)
+    part_dirs = [tmp_path / "b" / "s1", tmp_path / "b" / "s2"]
+    engine.run_seeds(short, [1, 2], progress=False, directories=part_dirs, checkpoint=tmp_path / "b" / "ckpt.pt")
+    saved = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
+    saved["config"] = config.to_mapping()  # the same run, stopped at round 4
+    torch.save(saved, tmp_path / "b" / "ckpt.pt")
+    with open(part_dirs[0] / "metrics.jsonl", "a") as fh:  # a record past the checkpoint
+        fh.write(json.dumps({"round": 5, "test-error": 1.0}) + "\n")
+    resumed = engine.run_seeds(config, [1, 2], progress=False, directories=part_dirs,
+                               checkpoint=tmp_path / "b" / "ckpt.pt")
+    for a, b, d in zip(whole, resumed, part_dirs, strict=True):
+        assert torch.equal(a.state.w, b.state.w)
+        assert [r["round"] for r in read_metrics(d)] == [2, 4, 6]
+        assert read_metrics(d)[-1]["test-error"] == a.records[-1]["test-error"]
+    with pytest.raises(ValueError, match="another configuration"):
+        engine.run_seeds(dataclasses.replace(config, epsilon=2.0), [1, 2], progress=False,
+                         directories=part_dirs, checkpoint=tmp_path / "b" / "ckpt.pt")
