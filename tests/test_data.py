@@ -6,7 +6,9 @@ import gzip
 import hashlib
 import itertools
 import os
+import re
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from dpadmm.data import Dataset, load_dataset, partition_contiguous
+from dpadmm.data.download import MnistDownloadError
 from dpadmm.data.mnist import MNIST_FILES, IdxFormatError, MnistFilesMissing, load_mnist, read_idx
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -206,13 +209,19 @@ def test_load_mnist_names_missing_files(mnist_dir: Path, tmp_path: Path) -> None
     assert isinstance(info.value, FileNotFoundError)
 
 
-def test_load_mnist_folder_errors(tmp_path: Path) -> None:
+def test_load_mnist_folder_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_mnist(tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="needs data_dir"):
-        load_dataset("mnist")
-    with pytest.raises(ValueError, match="needs data_dir"):
-        load_dataset("mnist", "")
+    # Without data_dir MNIST is downloaded into the cache (tests/test_download.py); here the
+    # only mirror is a loopback port nobody listens on, so the error must name it.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        unreachable = f"http://127.0.0.1:{sock.getsockname()[1]}/mnist/"
+    monkeypatch.setenv("DPADMM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DPADMM_MNIST_MIRRORS", unreachable)
+    for data_dir in (None, ""):
+        with pytest.raises(MnistDownloadError, match=re.escape(f"{unreachable}train-images-idx3-ubyte.gz: ")):
+            load_dataset("mnist", data_dir)
 
 
 def test_load_mnist_rejects_count_mismatch(mnist_dir: Path, tmp_path: Path) -> None:

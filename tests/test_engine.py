@@ -106,7 +106,8 @@ def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) ->
     # interrupted after round 4: a checkpoint of round 4, then more rounds lost
     short = dataclasses.replace(config, rounds=4)
     part_dirs = [tmp_path / "b" / "s1", tmp_path / "b" / "s2"]
-    engine.run_seeds(short, [1, 2], progress=False, directories=part_dirs, checkpoint=tmp_path / "b" / "ckpt.pt")
+    engine.run_seeds(short, [1, 2], progress=False, directories=part_dirs,
+                     checkpoint=tmp_path / "b" / "ckpt.pt")
     saved = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
     saved["config"] = config.to_mapping()  # the same run, stopped at round 4
     torch.save(saved, tmp_path / "b" / "ckpt.pt")

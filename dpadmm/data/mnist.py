@@ -6,9 +6,11 @@ the training order of the file (the papers' split into agents depends on it).
 
 Files are looked up by :func:`find_mnist_files`, which raises :class:`MnistFilesMissing`
 (a ``FileNotFoundError`` carrying the list of missing names). This module never touches
-the network; that is the seam for a later download feature: such a feature can catch
-``MnistFilesMissing``, fetch ``e.missing`` (names from :data:`MNIST_FILES`, add ``.gz``)
-into the same folder, check them, and call :func:`load_mnist` again.
+the network; that is the seam the download uses: :func:`dpadmm.data.download.ensure_mnist`
+catches ``MnistFilesMissing``, fetches ``e.missing`` (as ``<name>.gz``) into the folder,
+checks their MD5 and renames them into place, after which :func:`load_mnist` finds all four.
+``load_dataset("mnist", data_dir)`` chooses the folder with
+:func:`dpadmm.data.download.mnist_folder`.
 """
 
 from __future__ import annotations
