@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpadmm.data import DATASET_NAMES as DATASETS
+from dpadmm.data import DEFAULT_AGENTS
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")
@@ -58,12 +59,21 @@ class RunConfig:
         metadata={"help": "local updates E per round; 0 = the algorithm's default "
                           f"({OBJPM_DEFAULT_LOCAL_STEPS} for objpm, 1 otherwise)"},
     )
-    num_agents: int = field(default=10, metadata={"help": "number of agents P"})
+    num_agents: int = field(
+        default=0,
+        metadata={"help": "number of agents P; 0 = the data set's (10 for default and mnist, "
+                          "195 for femnist: its first P writers)"},
+    )
     dataset: str = field(
         default="default",
-        metadata={"help": "default (embedded 5,000-image MNIST sample) or mnist (IDX files)"},
+        metadata={"help": "default (embedded 5,000-image MNIST sample), mnist (IDX files, downloaded if "
+                          "absent) or femnist (LEAF JSON samples, one agent per writer)"},
     )
-    data_dir: str = field(default="", metadata={"help": "folder with the data set's files"})
+    data_dir: str = field(
+        default="",
+        metadata={"help": "folder with the data set's files (femnist: LEAF sample folders, comma-separated "
+                          "or a folder of samples)"},
+    )
     seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
     device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})
     dtype: str = field(default="float64", metadata={"help": "float64 (as the papers' code) or float32"})
@@ -113,6 +123,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _allowed("algorithm", self.algorithm, ALGORITHMS)
         _allowed("dataset", self.dataset, DATASETS)
+        if self.num_agents == 0:  # resolved here, so every reader sees the actual P
+            object.__setattr__(self, "num_agents", DEFAULT_AGENTS[self.dataset])
         _allowed("device", self.device, DEVICES)
         _allowed("dtype", self.dtype, DTYPES)
         _allowed("rho-preset", self.rho_preset, RHO_PRESETS)

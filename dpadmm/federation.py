@@ -8,7 +8,7 @@ from functools import lru_cache
 import torch
 
 from dpadmm.config import RunConfig
-from dpadmm.data import Dataset, load_dataset, partition_contiguous
+from dpadmm.data import Dataset, load_dataset
 from dpadmm.models import AgentData
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -23,11 +23,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def agent_data(dataset: Dataset, config: RunConfig, agents: Sequence[int]) -> AgentData:
-    """The training blocks of ``agents`` (ids in 0..P-1) under the contiguous split, batched.
+    """The training blocks of ``agents`` (ids in 0..P-1) under the data set's partition, batched.
 
     I (``total``) is the whole training set's size: eq. (63) divides by the global count.
     """
-    blocks = partition_contiguous(dataset.x_train.shape[0], config.num_agents)
+    blocks = dataset.partition(config.num_agents)
     for p in agents:
         if not 0 <= p < config.num_agents:
             raise ValueError(f"agent id {p} is not allowed; it must be in 0..{config.num_agents - 1}")
@@ -47,9 +47,10 @@ def load_for(config: RunConfig) -> Dataset:
 
     Callers must not modify the returned tensors in place.
     """
-    return _load(config.dataset, config.data_dir)
+    # Only FEMNIST depends on P (its agents are the first P writers).
+    return _load(config.dataset, config.data_dir, config.num_agents if config.dataset == "femnist" else None)
 
 
 @lru_cache(maxsize=2)
-def _load(name: str, data_dir: str) -> Dataset:
-    return load_dataset(name, data_dir or None)
+def _load(name: str, data_dir: str, num_agents: int | None) -> Dataset:
+    return load_dataset(name, data_dir or None, num_agents)

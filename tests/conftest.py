@@ -26,6 +26,15 @@ def mnist_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def femnist_dir() -> Path:
+    """The real LEAF FEMNIST samples of ../shared/data/femnist (skip when absent)."""
+    path = SHARED_DATA / "femnist"
+    if not (path / "leaf-sample-a" / "train").is_dir():
+        pytest.skip(f"real FEMNIST LEAF samples not found in {path}")
+    return path
+
+
 def _pids_with_env(name: str, value: str) -> list[int]:
     """Processes whose environment has name=value (Linux /proc)."""
     needle = f"{name}={value}".encode()

@@ -11,6 +11,9 @@ Data sets:
 - ``"mnist"``: the four standard MNIST IDX files (raw or ``.gz``) in ``data_dir``
   (see :mod:`dpadmm.data.mnist`); without ``data_dir``, or when it lacks files, they are
   downloaded once into a cache folder and checked by MD5 (see :mod:`dpadmm.data.download`).
+- ``"femnist"``: LEAF's FEMNIST JSON samples in ``data_dir``, one agent per writer
+  (see :mod:`dpadmm.data.femnist`); :mod:`dpadmm.data.flwr_femnist` builds the same from
+  Flower Datasets' ``flwrlabs/femnist`` for online users.
 
 The loaders live in submodules that are imported on first use; ``load_mnist``,
 ``read_idx`` and ``load_embedded`` can also be imported from here.
@@ -29,16 +32,21 @@ from dpadmm.data.partition import partition_contiguous
 
 __all__ = [
     "DATASET_NAMES",
+    "DEFAULT_AGENTS",
     "Dataset",
     "load_dataset",
     "load_embedded",
+    "load_femnist",
     "load_mnist",
     "partition_contiguous",
     "read_idx",
 ]
 
 # The names load_dataset knows (RunConfig validates its dataset key against them).
-DATASET_NAMES = ("default", "mnist")
+DATASET_NAMES = ("default", "mnist", "femnist")
+
+# P when num-agents is 0: the papers' 10 MNIST agents, and one agent per FEMNIST writer (195).
+DEFAULT_AGENTS = {"default": 10, "mnist": 10, "femnist": 195}
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +55,9 @@ class Dataset:
 
     ``x_*`` are float64 ``[N, J]`` with pixels scaled to [0, 1]; ``y_*`` are int64 ``[N]``
     with labels ``0..num_classes-1``. The training order matters: agents get contiguous
-    blocks of it (:func:`partition_contiguous`).
+    blocks of it (:meth:`partition`). A data set with a natural partition (FEMNIST: one
+    agent per writer) lists its agents' block sizes in ``agent_sizes`` and their names
+    in ``agent_names``; the others are cut into equal blocks (:func:`partition_contiguous`).
 
     Every call of a loader returns fresh tensors, so changing them in place cannot affect
     another caller. Equality is identity (``eq=False``: comparing tensors element-wise has
@@ -60,6 +70,8 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    agent_sizes: tuple[int, ...] | None = None
+    agent_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"Dataset {self.name!r}"
@@ -91,6 +103,24 @@ class Dataset:
                     f"{where}: y_{split} has labels in [{int(y.min())}, {int(y.max())}], "
                     f"expected 0..{self.num_classes - 1}"
                 )
+
+        if self.agent_sizes is not None:
+            if sum(self.agent_sizes) != self.num_train or min(self.agent_sizes, default=0) < 1:
+                raise ValueError(f"{where}: agent_sizes must be positive and add up to the "
+                                 f"{self.num_train} training samples, got {sum(self.agent_sizes)}")
+            if self.agent_names is not None and len(self.agent_names) != len(self.agent_sizes):
+                raise ValueError(f"{where}: {len(self.agent_names)} agent_names for "
+                                 f"{len(self.agent_sizes)} agent_sizes")
+
+    def partition(self, num_agents: int) -> list[slice]:
+        """Each agent's block of the training order: the natural one, else equal contiguous blocks."""
+        if self.agent_sizes is None:
+            return partition_contiguous(self.num_train, num_agents)
+        if num_agents != len(self.agent_sizes):
+            raise ValueError(f"num-agents={num_agents} does not match data set {self.name!r}, which was "
+                             f"loaded with one agent per writer for {len(self.agent_sizes)} writers")
+        stops = np.cumsum(self.agent_sizes).tolist()
+        return [slice(stop - size, stop) for stop, size in zip(stops, self.agent_sizes, strict=True)]
 
     @property
     def num_features(self) -> int:
@@ -152,8 +182,12 @@ def _dataset_from_pixels(
     )
 
 
-def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
+                 num_agents: int | None = None) -> Dataset:
     """Load a data set by name.
+
+    ``num_agents`` matters only for FEMNIST, whose agents are its first ``num_agents``
+    writers (the test set is theirs too); the other data sets are the same for any P.
 
     - ``"default"``: the embedded 5,000-image MNIST sample (``data_dir`` is ignored).
     - ``"mnist"``: the four MNIST IDX files (raw or ``.gz``) in ``data_dir`` when it holds
@@ -175,6 +209,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Datase
         from dpadmm.data.mnist import load_mnist
 
         return load_mnist(mnist_folder(data_dir))
+    if name == "femnist":
+        from dpadmm.data.femnist import load_femnist
+
+        return load_femnist(data_dir or "", num_agents)
     raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
 
 
@@ -182,6 +220,7 @@ _LAZY = {
     "load_mnist": "dpadmm.data.mnist",
     "read_idx": "dpadmm.data.mnist",
     "load_embedded": "dpadmm.data.embedded",
+    "load_femnist": "dpadmm.data.femnist",
 }
 
 

@@ -1,0 +1,182 @@
+"""FEMNIST from LEAF's JSON files: one agent per writer, as in the papers' FEMNIST experiments.
+
+LEAF (Caldas et al.) writes each sample as ``train/`` and ``test/`` folders of JSON files
+``all_data_<k>_..._{train,test}_9.json`` (plain or ``.json.gz``), each holding ``users``,
+``num_samples`` and ``user_data[user] = {"x": [[784 floats in 0..1]], "y": [labels 0..61]}``;
+a writer's train and test parts are LEAF's per-writer 90/10 split.
+
+The writers' order decides which P writers take part (``--num-agents P`` takes the first P),
+so it is fixed here: the sample folders in the order given (a folder holding several
+samples: its sample sub-folders by name), within a sample its files by LEAF's file index k,
+within a file the ``users`` list. A writer found again in a later sample (LEAF samples
+drawn independently can share writers, possibly cut differently) keeps its first
+occurrence; the later one is dropped whole, train and test.
+
+Pixels: LEAF stores background 1.0 and ink 0.0; the authors' reader uses ``1 - x``
+(background 0, as in MNIST), and so does this one. Labels 0..61 (digits, upper, lower case).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpadmm.data import Dataset
+
+__all__ = ["FEMNIST_NUM_CLASSES", "FEMNIST_WRITERS", "Writer", "load_femnist", "read_leaf", "sample_folders"]
+
+FEMNIST_NUM_CLASSES = 62
+FEMNIST_WRITERS = 195  # the papers' number of agents (one per writer)
+
+_INDEX = re.compile(r"all_data_(\d+)_")
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One writer's samples: LEAF pixels as stored (background 1.0) and labels."""
+
+    name: str
+    x: np.ndarray  # [n, 784] float32
+    y: np.ndarray  # [n] int64
+
+
+def sample_folders(data_dir: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The LEAF sample folders (each with ``train/`` and ``test/``) under ``data_dir``, in order.
+
+    ``data_dir`` is one folder or several (a sequence, or one string with comma-separated
+    paths). A folder with a ``train/`` sub-folder is a sample; otherwise its sub-folders that
+    are samples are taken, sorted by name. Raises ``FileNotFoundError`` naming the folder
+    when none is found.
+    """
+    if isinstance(data_dir, str | os.PathLike):
+        parts = [p for p in os.fspath(data_dir).split(",") if p.strip()]
+    else:
+        parts = [os.fspath(p) for p in data_dir]
+    if not parts:
+        raise ValueError("dataset 'femnist' needs data_dir: a LEAF sample folder (with train/ and test/) "
+                         "or a folder of such samples, e.g. ../shared/data/femnist")
+    folders: list[Path] = []
+    for part in parts:
+        folder = Path(part.strip()).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"FEMNIST folder {folder} does not exist or is not a folder")
+        if (folder / "train").is_dir():
+            found = [folder]
+        else:
+            found = sorted(sub for sub in folder.iterdir() if (sub / "train").is_dir())
+        if not found:
+            raise FileNotFoundError(
+                f"{folder} holds no LEAF sample: expected train/ and test/ folders in it or in its "
+                "sub-folders"
+            )
+        folders.extend(found)
+    return folders
+
+
+def _leaf_files(folder: Path) -> list[Path]:
+    files = [f for f in folder.iterdir() if f.name.endswith((".json", ".json.gz"))]
+
+    def key(f: Path) -> tuple[int, str]:
+        match = _INDEX.search(f.name)
+        return (int(match.group(1)) if match else -1, f.name)
+
+    return sorted(files, key=key)
+
+
+def _read_json(path: Path) -> dict:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, EOFError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable LEAF JSON file ({e})") from e
+    for key in ("users", "user_data"):
+        if key not in data:
+            raise ValueError(f"{path}: not a LEAF JSON file (no {key!r} key; expected users, num_samples, "
+                             "user_data)")
+    return data
+
+
+def read_leaf(folders: Sequence[Path], split: str) -> dict[str, Writer]:
+    """Every writer of ``split`` ("train" or "test") in the given samples, in LEAF order, first occurrence.
+
+    Returns an insertion-ordered dict writer name -> :class:`Writer`. ``num_samples`` is
+    checked against the data, and every x against 784 features.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split={split!r} is not allowed; choose train or test")
+    writers: dict[str, Writer] = {}
+    for folder in folders:
+        seen_here: set[str] = set()
+        files = _leaf_files(folder / split)
+        if not files:
+            raise FileNotFoundError(f"{folder / split} holds no LEAF .json or .json.gz file")
+        for path in files:
+            data = _read_json(path)
+            counts = data.get("num_samples", [None] * len(data["users"]))
+            for user, count in zip(data["users"], counts, strict=True):
+                if user in writers and user not in seen_here:
+                    continue  # a writer of an earlier sample: keep that one
+                record = data["user_data"][user]
+                x = np.asarray(record["x"], dtype=np.float32).reshape(len(record["x"]), -1)
+                y = np.asarray(record["y"], dtype=np.int64)
+                if x.shape[0] != y.shape[0] or (count is not None and count != y.shape[0]):
+                    raise ValueError(f"{path}: writer {user} has {x.shape[0]} images, {y.shape[0]} labels "
+                                     f"and num_samples {count}")
+                if x.shape[0] and x.shape[1] != 784:
+                    raise ValueError(f"{path}: writer {user} has images of {x.shape[1]} values, expected 784")
+                if y.size and (y.min() < 0 or y.max() >= FEMNIST_NUM_CLASSES):
+                    raise ValueError(f"{path}: writer {user} has labels outside 0..{FEMNIST_NUM_CLASSES - 1}")
+                if user in writers:  # the same sample lists the writer in two files: join them
+                    old = writers[user]
+                    x, y = np.concatenate([old.x, x]), np.concatenate([old.y, y])
+                writers[user] = Writer(user, x, y)
+                seen_here.add(user)
+    return writers
+
+
+def load_femnist(data_dir: str | os.PathLike | Sequence[str | os.PathLike],
+                 num_agents: int | None = None) -> Dataset:
+    """FEMNIST with one agent per writer: the first ``num_agents`` writers (all when None).
+
+    The training set is the writers' train parts one after the other (so the natural
+    partition, :attr:`Dataset.agent_sizes`, gives each agent its writer); the test set is
+    the same writers' test parts, as the authors' code pools them. Pixels are ``1 - x``.
+    """
+    folders = sample_folders(data_dir)
+    train = read_leaf(folders, "train")
+    test = read_leaf(folders, "test")
+    names = list(train)
+    if num_agents is not None:
+        if not 1 <= num_agents <= len(names):
+            raise ValueError(f"num-agents={num_agents} is not allowed for FEMNIST here: the samples in "
+                             f"{', '.join(map(str, folders))} have {len(names)} writers (1..{len(names)})")
+        names = names[:num_agents]
+    empty = np.zeros((0, 784), dtype=np.float32)
+
+    def stack(parts: dict[str, Writer], split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        xs = [parts[n].x if n in parts else empty for n in names]
+        ys = [parts[n].y if n in parts else np.zeros(0, dtype=np.int64) for n in names]
+        x = 1.0 - np.concatenate(xs).astype(np.float64)
+        return torch.from_numpy(x), torch.from_numpy(np.concatenate(ys))
+
+    x_train, y_train = stack(train, "train")
+    x_test, y_test = stack(test, "test")
+    return Dataset(
+        name="femnist",
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        num_classes=FEMNIST_NUM_CLASSES,
+        agent_sizes=tuple(int(train[n].y.shape[0]) for n in names),
+        agent_names=tuple(names),
+    )

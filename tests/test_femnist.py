@@ -1,0 +1,98 @@
+"""The LEAF FEMNIST reader: file formats, writer order and de-duplication, and the real samples."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpadmm.config import RunConfig
+from dpadmm.data import load_dataset
+from dpadmm.data.femnist import load_femnist, read_leaf, sample_folders
+from dpadmm.federation import agent_data
+
+
+def _write(path: Path, users: dict[str, list[int]], fill: float, gz: bool) -> None:
+    """A LEAF JSON file: each user's images are constant ``fill`` (plus the label in pixel 0)."""
+    data = {"users": list(users), "num_samples": [len(v) for v in users.values()], "user_data": {}}
+    for user, labels in users.items():
+        xs = [[fill] * 784 for _ in labels]
+        for x, y in zip(xs, labels, strict=True):
+            x[0] = y / 100
+        data["user_data"][user] = {"x": xs, "y": labels}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data)
+    if gz:
+        with gzip.open(path.with_name(path.name + ".gz"), "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+
+
+def _sample(root: Path, name: str, files: dict[int, dict[str, list[int]]], gz: bool) -> Path:
+    for k, users in files.items():
+        for split in ("train", "test"):
+            split_users = users if split == "train" else {u: v[:1] for u, v in users.items()}
+            _write(root / name / split / f"all_data_{k}_niid_05_keep_0_{split}_9.json", split_users, 1.0, gz)
+    return root / name
+
+
+def test_writer_order_dedup_and_formats(tmp_path: Path) -> None:
+    # sample "a" (.json.gz): file 10 after file 2 (LEAF's index, not the name's order)
+    _sample(tmp_path, "a", {10: {"w3": [3, 3]}, 2: {"w1": [1], "w2": [2, 2, 2]}}, gz=True)
+    # sample "b" (plain .json): w2 again, cut differently; it keeps sample a's part
+    _sample(tmp_path, "b", {0: {"w2": [9], "w4": [4, 4]}}, gz=False)
+    folders = sample_folders(tmp_path)
+    assert [f.name for f in folders] == ["a", "b"]
+    assert sample_folders(f"{tmp_path / 'b'},{tmp_path / 'a'}") == [tmp_path / "b", tmp_path / "a"]
+    train = read_leaf(folders, "train")
+    assert list(train) == ["w1", "w2", "w3", "w4"]
+    assert train["w2"].y.tolist() == [2, 2, 2]
+    data = load_femnist(tmp_path)
+    assert data.agent_names == ("w1", "w2", "w3", "w4") and data.agent_sizes == (1, 3, 2, 2)
+    assert data.y_train.tolist() == [1, 2, 2, 2, 3, 3, 4, 4]
+    assert data.y_test.tolist() == [1, 2, 3, 4]
+    # 1 - x: LEAF's background 1.0 becomes 0
+    assert float(data.x_train[:, 1:].abs().max()) == 0.0
+    assert data.x_train[1, 0].item() == pytest.approx(1 - 0.02)
+    first_two = load_femnist(tmp_path, num_agents=2)
+    assert first_two.agent_names == ("w1", "w2") and first_two.num_train == 4 and first_two.num_test == 2
+    with pytest.raises(ValueError, match="num-agents=5 .* 4 writers"):
+        load_femnist(tmp_path, num_agents=5)
+
+
+def test_bad_folders_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs data_dir"):
+        load_dataset("femnist", "")
+    with pytest.raises(FileNotFoundError, match="holds no LEAF sample"):
+        load_femnist(tmp_path)
+    (tmp_path / "s" / "train").mkdir(parents=True)
+    (tmp_path / "s" / "train" / "all_data_0_x.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable LEAF JSON"):
+        load_femnist(tmp_path / "s")
+
+
+def test_real_samples_give_the_papers_federation(femnist_dir: Path) -> None:
+    config = RunConfig(dataset="femnist", data_dir=str(femnist_dir))
+    assert config.num_agents == 195 and config.rho_constants == (0.005, 0.05, 2000)
+    data = load_dataset("femnist", femnist_dir, config.num_agents)
+    assert len(data.agent_sizes) == 195 and data.num_classes == 62 and data.num_features == 784
+    everything = load_dataset("femnist", femnist_dir)
+    assert len(everything.agent_names) == 218  # the two samples share six writers
+    assert everything.agent_names[:195] == data.agent_names
+    # all 114 writers of sample a (the paper's own sample) come first
+    sample_a = read_leaf(sample_folders(femnist_dir / "leaf-sample-a"), "train")
+    assert list(sample_a) == list(data.agent_names[:114])
+    assert sum(len(w.y) for w in sample_a.values()) == 15_440
+    batch = agent_data(data, config, [0, 194])
+    assert batch.total == data.num_train
+    assert batch.counts.tolist() == [data.agent_sizes[0], data.agent_sizes[194]]
+    start = sum(data.agent_sizes[:194])
+    assert torch.equal(batch.x[1, : data.agent_sizes[194]], data.x_train[start:].to(batch.x.dtype))
+    assert np.isclose(float(data.x_train.max()), 1.0) and float(data.x_train.min()) == 0.0
+    with pytest.raises(ValueError, match="num-agents=10 does not match"):
+        agent_data(data, RunConfig(dataset="femnist", num_agents=10), [0])
