@@ -1,0 +1,130 @@
+"""The papers' figures, drawn from ``dpadmm reproduce``'s rows (PNG files a person can open).
+
+Each figure has one panel per data set (and per eps-bar where the papers draw one), one
+line per algorithm, in the same colours everywhere:
+
+- ``fig1-test-error.png``: test error against round, mean over seeds with the 20-80
+  percentile band (003 Fig. 1);
+- ``fig2-best-error-vs-eps.png``: best (over seeds) final test error against eps-bar, with
+  the non-private IADMM as a horizontal line (003 Fig. 2);
+- ``fig3-noise.png``: mean noise magnitude against round (003 Fig. 3);
+- ``fig5-consensus.png``: consensus violation sum_p |w - z_p| / P against round (000 Fig. 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COLOURS = {"iadmm": "black", "objp": "tab:blue", "objpm": "tab:green", "objt": "tab:purple",
+           "outp": "tab:red"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curves(rows: list[dict[str, Any]], key: str) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """(dataset, algorithm, eps) -> (rounds, values [seeds, rounds]) of one metric."""
+    table: dict[tuple, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        table[(r["dataset"], r["algorithm"], r["eps"])][r["seed"]][r["round"]] = r[key]
+    out = {}
+    for cell, by_seed in table.items():
+        rounds = sorted(set.intersection(*(set(v) for v in by_seed.values())))
+        out[cell] = (np.asarray(rounds), np.asarray([[v[t] for t in rounds] for v in by_seed.values()]))
+    return out
+
+
+def _panels(rows: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
+    datasets = [d for d in ("mnist", "femnist") if any(r["dataset"] == d for r in rows)]
+    eps = sorted({r["eps"] for r in rows if math.isfinite(r["eps"])})
+    return datasets, eps
+
+
+def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *, band: bool,
+               log: bool, private_only: bool) -> None:
+    plt = _pyplot()
+    datasets, eps_values = _panels(rows)
+    if not eps_values:
+        eps_values = [math.inf]
+    curves = _curves(rows, key)
+    fig, axes = plt.subplots(len(datasets), len(eps_values), squeeze=False, sharex="row",
+                             figsize=(3.2 * len(eps_values) + 0.8, 2.8 * len(datasets) + 0.6))
+    for i, dataset in enumerate(datasets):
+        for j, eps in enumerate(eps_values):
+            ax = axes[i][j]
+            for (d, algorithm, e), (rounds, values) in sorted(curves.items(), key=lambda kv: kv[0][1]):
+                if d != dataset or (private_only and algorithm == "iadmm"):
+                    continue
+                if e != eps and algorithm != "iadmm":  # the non-private line appears in every panel
+                    continue
+                y = values * (100 if key == "test_error" else 1)
+                ax.plot(rounds, y.mean(axis=0), color=COLOURS[algorithm], lw=1.2,
+                        label=algorithm, ls="--" if algorithm == "iadmm" else "-")
+                if band and y.shape[0] > 1:
+                    ax.fill_between(rounds, np.percentile(y, 20, axis=0), np.percentile(y, 80, axis=0),
+                                    color=COLOURS[algorithm], alpha=0.2, lw=0)
+            if log:
+                ax.set_yscale("log")
+            ax.set_title(f"{dataset.upper()}, eps-bar = {eps:g}" if math.isfinite(eps) else dataset.upper(),
+                         fontsize=9)
+            ax.set_xlabel("round t", fontsize=8)
+            ax.tick_params(labelsize=7)
+            if j == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+            if ax.lines:
+                ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_all(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Write the four figures into ``out``; returns their paths."""
+    paths = [out / "fig1-test-error.png", out / "fig2-best-error-vs-eps.png", out / "fig3-noise.png",
+             out / "fig5-consensus.png"]
+    _per_round(rows, "test_error", paths[0], "test error (%)", band=True, log=False, private_only=False)
+    _best_vs_eps(rows, paths[1])
+    _per_round(rows, "noise_magnitude", paths[2], "mean |noise|", band=False, log=True, private_only=True)
+    _per_round(rows, "consensus_violation", paths[3], "consensus violation", band=False, log=True,
+               private_only=False)
+    return paths
+
+
+def _best_vs_eps(rows: list[dict[str, Any]], path: Path) -> None:
+    from dpadmm.reproduce import final_errors
+
+    plt = _pyplot()
+    datasets, _ = _panels(rows)
+    errors = final_errors(rows)
+    fig, axes = plt.subplots(1, len(datasets), squeeze=False, figsize=(4.2 * len(datasets), 3.2))
+    for i, dataset in enumerate(datasets):
+        ax = axes[0][i]
+        for algorithm in COLOURS:
+            points = sorted((eps, 100 * min(v)) for (d, a, eps), v in errors.items()
+                            if d == dataset and a == algorithm)
+            if not points:
+                continue
+            if algorithm == "iadmm":
+                ax.axhline(points[0][1], color=COLOURS[algorithm], ls="--", lw=1, label="iadmm (non-private)")
+            else:
+                ax.plot(*zip(*points, strict=True), marker="o", color=COLOURS[algorithm], label=algorithm)
+        ax.set_xscale("log")
+        ax.set_xlabel("eps-bar (per local step)", fontsize=8)
+        ax.set_ylabel("best test error (%)", fontsize=8)
+        ax.set_title(dataset.upper(), fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

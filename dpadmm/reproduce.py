@@ -1,0 +1,316 @@
+"""``dpadmm reproduce``: the papers' experiment grid, resumable, reported next to the papers' numbers.
+
+The grid of Ryu & Kim (003 Section IV, 000 Section V): algorithms iadmm, objp, objpm (E=10),
+objt and outp; eps-bar in {0.05, 0.1, 1, 5} (and 3, for 000's figure); MNIST with P = 10
+and FEMNIST with P = 195; 10 seeds; T = 20,000 rounds. Every cell (data set, algorithm,
+eps-bar) runs its seeds together as one batch of the engine (:func:`dpadmm.engine.run_seeds`).
+
+The runs use the papers' calibration, ``sensitivity="data-dependent"`` (eq. (9b) evaluated
+on the agent's own data), because the point is to reproduce their numbers; the privacy
+columns of the report are therefore nominal: Theorem 1 does not cover that calibration
+(see the README's privacy section and :mod:`dpadmm.audit`). ``dpadmm train`` keeps the
+covered, clipped default.
+
+Layout of ``out``::
+
+    runs/<dataset>-<algorithm>-eps<eps>/seed-<s>/   config.json, privacy.json, metrics.jsonl
+    runs/<cell>/checkpoint.pt                       while the cell runs (resume point)
+    runs/<cell>/cell.json                           when it is complete (config, seeds, wall time)
+    results.csv, summary.md, fig-*.png              rebuilt from every completed cell
+
+A second call with the same arguments skips completed cells and resumes an interrupted one
+from its last checkpoint; a cell that exists with other settings is an error, never
+overwritten. Calls with other data sets, algorithms or eps-bar add cells to the same folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpadmm import engine, privacy
+from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, RunConfig
+from dpadmm.federation import load_for
+
+SENSITIVITY = "data-dependent"  # the papers' calibration, eq. (9b)
+PAPER_EPS = (0.05, 0.1, 1.0, 3.0, 5.0)
+PAPER_DATASETS = ("mnist", "femnist")
+CSV_FIELDS = ("dataset", "algorithm", "eps", "local_steps", "rounds", "seed", "round", "test_error",
+              "train_loss", "consensus_violation", "noise_magnitude", "rho", "seconds")
+
+# Test error (percent) the papers report for T = 20,000, by (dataset, algorithm, eps-bar; inf =
+# non-private), with where it is from and what it summarises.
+PAPER_RESULTS: dict[tuple[str, str, float], list[tuple[float, str]]] = {
+    ("mnist", "iadmm", math.inf): [(9.1, "003, non-private"), (7.42, "000, non-private")],
+    ("femnist", "iadmm", math.inf): [(37.27, "003, non-private"), (35.25, "000, non-private")],
+    ("mnist", "objpm", 0.05): [(11.74, "003, best of 10")],
+    ("mnist", "outp", 0.05): [(21.79, "003, best of 10")],
+    ("femnist", "objpm", 0.05): [(59.42, "003, best of 10")],
+    ("femnist", "outp", 0.05): [(91.05, "003, best of 10")],
+    ("mnist", "objt", 5.0): [(7.84, "000")],
+    ("femnist", "objt", 5.0): [(36.29, "000")],
+    ("mnist", "objt", 0.05): [(12.80, "000")],
+    ("femnist", "objt", 0.05): [(72.40, "000")],
+}
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """What ``dpadmm reproduce`` runs; the defaults are the papers' full grid."""
+
+    out: str = "reproduce"
+    datasets: tuple[str, ...] = PAPER_DATASETS
+    algorithms: tuple[str, ...] = ALGORITHMS
+    eps: tuple[float, ...] = PAPER_EPS
+    seeds: int = 10
+    rounds: int = 20000
+    eval_every: int = 0  # 0: about 100 evaluations per run
+    mnist_dir: str = ""  # empty: the download cache (dpadmm.data.download)
+    femnist_dir: str = ""
+    dtype: str = "float32"
+    device: str = "cpu"
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name, values, allowed in (("datasets", self.datasets, PAPER_DATASETS),
+                                      ("algorithms", self.algorithms, ALGORITHMS)):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise ValueError(f"{name}={','.join(values)!r} is not allowed; "
+                                 f"choose among {', '.join(allowed)}")
+        if not self.eps or any(not (e > 0 and math.isfinite(e)) for e in self.eps):
+            raise ValueError(f"eps={self.eps!r} is not allowed; give finite eps-bar values > 0")
+        if self.seeds < 1 or self.rounds < 1 or self.eval_every < 0:
+            raise ValueError(f"seeds={self.seeds}, rounds={self.rounds} must be >= 1 and eval-every="
+                             f"{self.eval_every} >= 0")
+        if self.dtype not in DTYPES or self.device not in DEVICES:
+            raise ValueError(f"dtype={self.dtype!r} / device={self.device!r}: choose {DTYPES} / {DEVICES}")
+
+    def cells(self) -> list[RunConfig]:
+        """One configuration per cell, in run order."""
+        if "femnist" in self.datasets and not self.femnist_dir:
+            raise ValueError("the femnist cells need --femnist-dir: LEAF sample folders, "
+                             "e.g. ../shared/data/femnist")
+        every = self.eval_every or max(1, self.rounds // 100)
+        out = []
+        for dataset in self.datasets:
+            for algorithm in self.algorithms:
+                for eps in ([math.inf] if algorithm == "iadmm" else self.eps):
+                    out.append(RunConfig(
+                        algorithm=algorithm, epsilon=eps, rounds=self.rounds, dataset=dataset,
+                        data_dir=self.mnist_dir if dataset == "mnist" else self.femnist_dir,
+                        dtype=self.dtype, device=self.device, eval_every=every,
+                        sensitivity=SENSITIVITY, delta=self.delta,
+                    ))
+        return out
+
+
+def cell_name(config: RunConfig) -> str:
+    eps = "inf" if not config.private else f"{config.epsilon:g}"
+    return f"{config.dataset}-{config.algorithm}-eps{eps}"
+
+
+def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
+    """What must match for a cell on disk to be this cell (data folders may move)."""
+    mapping = {k: v for k, v in config.to_mapping().items() if k not in ("data-dir", "out")}
+    mapping["epsilon"] = "inf" if math.isinf(mapping["epsilon"]) else mapping["epsilon"]
+    return {"config": mapping, "seeds": list(seeds)}
+
+
+def run_grid(grid: GridConfig, *, progress: bool = True, log=print) -> Path:
+    """Run every cell not yet complete, rebuilding the report after each; returns the folder."""
+    out = Path(grid.out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    seeds = list(range(grid.seeds))
+    cells = grid.cells()
+    log(f"reproduce: {len(cells)} cells x {len(seeds)} seeds, T={grid.rounds}, {grid.dtype} on "
+        f"{grid.device}, into {out}")
+    log("reproduce: sensitivity=data-dependent, the papers' eq. (9b) calibration, so the runs match theirs; "
+        "Theorem 1 does not cover it and the privacy columns are nominal (dpadmm train defaults to clipped)")
+    for i, config in enumerate(cells, 1):
+        folder = out / "runs" / cell_name(config)
+        identity = _identity(config, seeds)
+        done = folder / "cell.json"
+        if done.exists():
+            recorded = json.loads(done.read_text())
+            if {k: recorded[k] for k in identity} != identity:
+                raise ValueError(f"{folder} holds this cell with other settings ({recorded['config']}, seeds "
+                                 f"{recorded['seeds']}); use another --out or delete that folder")
+            log(f"[{i}/{len(cells)}] {cell_name(config)}: complete, skipped")
+            continue
+        checkpoint = folder / "checkpoint.pt"
+        log(f"[{i}/{len(cells)}] {cell_name(config)}: " + ("resuming" if checkpoint.exists() else "running"))
+        started = time.perf_counter()
+        dirs = [folder / f"seed-{s}" for s in seeds]
+        engine.run_seeds(config, seeds, progress=progress, directories=dirs, checkpoint=checkpoint)
+        record = {**identity, "wall_seconds_last_call": round(time.perf_counter() - started, 1),
+                  "machine": machine(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        done.write_text(json.dumps(record, indent=2) + "\n")
+        checkpoint.unlink(missing_ok=True)
+        write_report(out, grid.delta)
+    write_report(out, grid.delta)
+    return out
+
+
+def machine() -> str:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, {gpu}, torch {torch.__version__}"
+
+
+# ----- the report -----
+
+
+def completed_cells(out: Path) -> list[tuple[RunConfig, dict[str, Any], Path]]:
+    """(configuration, cell.json, folder) of every completed cell under out/runs."""
+    found = []
+    for done in sorted((out / "runs").glob("*/cell.json")):
+        record = json.loads(done.read_text())
+        seed_dir = done.parent / f"seed-{record['seeds'][0]}"
+        config = RunConfig.from_mapping(_config_of(seed_dir))
+        found.append((config, record, done.parent))
+    return found
+
+
+def _config_of(run_dir: Path) -> dict[str, Any]:
+    header = json.loads((run_dir / "config.json").read_text())
+    header.pop("engine", None)
+    return header
+
+
+def collect(out: Path) -> list[dict[str, Any]]:
+    """One row per data set x algorithm x eps x seed x evaluated round, from the completed cells."""
+    rows = []
+    for config, record, folder in completed_cells(out):
+        for seed in record["seeds"]:
+            with open(folder / f"seed-{seed}" / "metrics.jsonl", encoding="utf-8") as fh:
+                for line in fh:
+                    m = json.loads(line)
+                    rows.append({
+                        "dataset": config.dataset, "algorithm": config.algorithm,
+                        "eps": config.effective_epsilon, "local_steps": config.steps,
+                        "rounds": config.rounds, "seed": seed, "round": m["round"],
+                        "test_error": m["test-error"], "train_loss": m["train-loss"],
+                        "consensus_violation": m["consensus-violation"],
+                        "noise_magnitude": m["noise-magnitude"], "rho": m["rho"], "seconds": m["seconds"],
+                    })
+    return rows
+
+
+def write_report(out: Path, delta: float = 1e-5) -> None:
+    """results.csv, summary.md and the figures, from every completed cell in ``out``."""
+    rows = collect(out)
+    with open(out / "results.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "summary.md").write_text(summary(out, rows, delta))
+    if rows:
+        from dpadmm import figures
+
+        figures.draw_all(rows, out)
+
+
+def final_errors(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, float], list[float]]:
+    """Test error at each run's last round, per (dataset, algorithm, eps)."""
+    last: dict[tuple[str, str, float, int], tuple[int, float]] = {}
+    for r in rows:
+        key = (r["dataset"], r["algorithm"], r["eps"], r["seed"])
+        if key not in last or r["round"] > last[key][0]:
+            last[key] = (r["round"], r["test_error"])
+    grouped: dict[tuple[str, str, float], list[float]] = {}
+    for (dataset, algorithm, eps, _), (_, error) in sorted(last.items()):
+        grouped.setdefault((dataset, algorithm, eps), []).append(error)
+    return grouped
+
+
+def _eps(value: float) -> str:
+    return "non-private" if math.isinf(value) else f"{value:g}"
+
+
+def _ledger_cells(config: RunConfig, total: int) -> str:
+    if not config.private:
+        return "none | none | none"
+    ledger = privacy.ledger(config, total_samples=total)
+    return " | ".join(f"{g.epsilon_pld:.3g}" for g in (ledger.per_step, ledger.per_round, ledger.whole_run))
+
+
+def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
+    cells = completed_cells(out)
+    errors = final_errors(rows)
+    lines = [
+        "# Reproduction of Ryu & Kim's experiments",
+        "",
+        "Generated by `dpadmm reproduce` from the completed cells in this folder. Test error (%) at each "
+        "run's last round: mean, 20th and 80th percentile and best over the seeds, next to the papers' "
+        "numbers (T = 20,000). Privacy: epsilon at delta = "
+        f"{delta:g} per agent by dp-accounting's PLD accountant, per local step / per round (E steps) / "
+        "whole run (T rounds). The runs use the papers' data-dependent sensitivity (eq. (9b)), which "
+        "Theorem 1 does not cover: these privacy values are **nominal** (see the README's privacy section).",
+        "",
+    ]
+    machines = sorted({record.get("machine", "?") for _, record, _ in cells})
+    if machines:
+        lines += [f"Hardware: {'; '.join(machines)}.", ""]
+    for dataset in PAPER_DATASETS:
+        here = [(c, rec) for c, rec, _ in cells if c.dataset == dataset]
+        if not here:
+            continue
+        total = load_for(here[0][0]).num_train
+        lines += [
+            f"## {dataset.upper()} (P = {here[0][0].num_agents}, I = {total} training samples)",
+            "",
+            "| algorithm | eps-bar | E | T | seeds | mean | p20 | p80 | best | papers | eps per step "
+            "| per round | whole run | wall (s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for config, record in sorted(here, key=lambda cr: (cr[0].algorithm, cr[0].effective_epsilon)):
+            key = (dataset, config.algorithm, config.effective_epsilon)
+            errs = 100 * np.asarray(errors.get(key, [math.nan]))
+            papers = PAPER_RESULTS.get(key, [])
+            quoted = "; ".join(f"{v:.2f} ({src})" for v, src in papers) or "-"
+            lines.append(
+                f"| {config.algorithm} | {_eps(config.effective_epsilon)} | {config.steps} | {config.rounds} "
+                f"| {len(record['seeds'])} | {errs.mean():.2f} | {np.percentile(errs, 20):.2f} "
+                f"| {np.percentile(errs, 80):.2f} | {errs.min():.2f} | {quoted} "
+                f"| {_ledger_cells(config, total)} | {record.get('wall_seconds_last_call', '?')} |"
+            )
+        lines.append("")
+    lines += [
+        "Figures: `fig1-test-error.png` (test error against round, mean with the 20-80 percentile band, "
+        "003 Fig. 1), `fig2-best-error-vs-eps.png` (best test error against eps-bar, 003 Fig. 2), "
+        "`fig3-noise.png` (mean noise magnitude against round, 003 Fig. 3), `fig5-consensus.png` "
+        "(consensus violation against round, 000 Fig. 5).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def grid_from_args(**kwargs: Any) -> GridConfig:
+    """A GridConfig from CLI values (comma-separated lists as strings)."""
+    fields = {f.name for f in dataclasses.fields(GridConfig)}
+    values: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key not in fields or value is None:
+            continue
+        if key in ("datasets", "algorithms"):
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        elif key == "eps":
+            try:
+                value = tuple(float(v) for v in value.split(",") if v.strip())
+            except ValueError:
+                raise ValueError(f"eps={value!r} is not allowed; give comma-separated numbers") from None
+        values[key] = value
+    return GridConfig(**values)
