@@ -46,6 +46,10 @@ from dpadmm.federation import load_for
 SENSITIVITY = "data-dependent"  # the papers' calibration, eq. (9b)
 PAPER_EPS = (0.05, 0.1, 1.0, 3.0, 5.0)
 PAPER_DATASETS = ("mnist", "femnist")
+PAPER_ROUNDS = 20000
+PAPER_SEEDS = 10
+FULL_COMMAND = ("dpadmm reproduce --out reproduce --mnist-dir ../shared/data/mnist "
+                "--femnist-dir ../shared/data/femnist")
 CSV_FIELDS = ("dataset", "algorithm", "eps", "local_steps", "rounds", "seed", "round", "test_error",
               "train_loss", "consensus_violation", "noise_magnitude", "rho", "seconds")
 
@@ -73,8 +77,8 @@ class GridConfig:
     datasets: tuple[str, ...] = PAPER_DATASETS
     algorithms: tuple[str, ...] = ALGORITHMS
     eps: tuple[float, ...] = PAPER_EPS
-    seeds: int = 10
-    rounds: int = 20000
+    seeds: int = PAPER_SEEDS
+    rounds: int = PAPER_ROUNDS
     eval_every: int = 0  # 0: about 100 evaluations per run
     mnist_dir: str = ""  # empty: the download cache (dpadmm.data.download)
     femnist_dir: str = ""
@@ -264,6 +268,18 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
     machines = sorted({record.get("machine", "?") for _, record, _ in cells})
     if machines:
         lines += [f"Hardware: {'; '.join(machines)}.", ""]
+    short = sorted({(c.dataset, c.rounds, len(rec["seeds"])) for c, rec, _ in cells
+                    if c.rounds < PAPER_ROUNDS or len(rec["seeds"]) < PAPER_SEEDS})
+    if short:
+        lines += [
+            "**Shortened grid.** "
+            + "; ".join(f"{d.upper()}: T = {t:,} of the papers' {PAPER_ROUNDS:,} rounds, "
+                        f"{n} of {PAPER_SEEDS} seeds" for d, t, n in short)
+            + ". Errors after so few rounds are far above the papers' T = 20,000 values and are not "
+            "comparable to them; the comparison the rows allow is between algorithms at equal T. "
+            "The full grid is `" + FULL_COMMAND + "`.",
+            "",
+        ]
     for dataset in PAPER_DATASETS:
         here = [(c, rec) for c, rec, _ in cells if c.dataset == dataset]
         if not here:

@@ -51,3 +51,12 @@ def test_privacy_prints_the_ledger_without_training(tmp_path: Path) -> None:
     assert "per run" in text.stdout and "NOT COVERED" in text.stdout
     bad = _dpadmm("privacy", "--target-epsilon", "1e-9", cwd=tmp_path)
     assert bad.returncode == 2 and "smallest achievable value" in bad.stderr
+
+
+def test_reproduce_errors_are_named(tmp_path: Path) -> None:
+    done = _dpadmm("reproduce", "--datasets", "femnist", cwd=tmp_path)
+    assert done.returncode == 2 and "--femnist-dir" in done.stderr
+    done = _dpadmm("reproduce", "--eps", "0.1,abc", cwd=tmp_path)
+    assert done.returncode == 2 and "eps='0.1,abc'" in done.stderr
+    done = _dpadmm("reproduce", "--report-only", "--out", "empty", cwd=tmp_path)
+    assert done.returncode == 2 and "no reproduce runs" in done.stderr
