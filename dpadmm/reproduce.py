@@ -289,7 +289,7 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
             f"## {dataset.upper()} (P = {here[0][0].num_agents}, I = {total} training samples)",
             "",
             "| algorithm | eps-bar | E | T | seeds | mean | p20 | p80 | best | papers | eps per step "
-            "| per round | whole run | wall (s) |",
+            "| per round | whole run | wall (s)* |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for config, record in sorted(here, key=lambda cr: (cr[0].algorithm, cr[0].effective_epsilon)):
@@ -303,7 +303,9 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
                 f"| {np.percentile(errs, 80):.2f} | {errs.min():.2f} | {quoted} "
                 f"| {_ledger_cells(config, total)} | {record.get('wall_seconds_last_call', '?')} |"
             )
-        lines.append("")
+        wall = sum(float(record.get("wall_seconds_last_call", 0)) for _, record in here)
+        lines += ["", f"\\* wall time of the call that completed the cell, all its seeds together; "
+                      f"{wall / 60:.1f} minutes for the {len(here)} cells above.", ""]
     lines += [
         "Figures: `fig1-test-error.png` (test error against round, mean with the 20-80 percentile band, "
         "003 Fig. 1), `fig2-best-error-vs-eps.png` (best test error against eps-bar, 003 Fig. 2), "
