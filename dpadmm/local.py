@@ -10,7 +10,7 @@ are then [S, P, J, K], w is [S, J, K], and run s draws from the streams of ``see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,8 +80,8 @@ def laplace_scale(config: RunConfig, data: AgentData, probs: torch.Tensor) -> to
     return sensitivity(data, probs) / config.epsilon
 
 
-def _noise(draw, seeds: Sequence[int] | None, config: RunConfig, data: AgentData, t: int, e: int,
-           scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _noise(draw: Callable[..., torch.Tensor], seeds: Sequence[int] | None, config: RunConfig,
+           data: AgentData, t: int, e: int, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Noise of round t, step e for every agent ([P, J, K]), or for every run of ``seeds`` ([S, P, J, K])."""
     if seeds is None:
         return draw(config.seed, data.agents, t, e, data.shape, scale, dtype=dtype)
@@ -155,6 +155,9 @@ def agent_round(config: RunConfig, data: AgentData, w: torch.Tensor, lam: torch.
     (line 15), the previous w^t for OutP, whose server update comes after the agents'.
     ``seeds`` batches runs: w [S, J, K], lam and z_chain [S, P, J, K] (None: one run, config.seed).
     """
+    if z_chain.dim() != (3 if seeds is None else 4) or (seeds is not None and len(seeds) != z_chain.shape[0]):
+        raise ValueError(f"z_chain of shape {tuple(z_chain.shape)} does not match seeds={seeds}: "
+                         "[P, J, K] without seeds, [S, P, J, K] with S seeds")
     if config.algorithm == "outp":
         return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
     return objective_perturbation_round(config, data, w, lam, z_chain, t, seeds)

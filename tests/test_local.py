@@ -156,3 +156,15 @@ def test_non_private_round_draws_no_noise() -> None:
     expected = proximal_step(z, w, lam, g, 0.0, schedules.rho_at(config, 2), schedules.eta(2, 1.0))
     torch.testing.assert_close(result.z_sent, expected)
     assert float(result.noise_magnitude.abs().max()) == 0.0
+
+
+def test_a_batch_of_runs_needs_one_seed_per_run() -> None:
+    config = RunConfig(algorithm="objp", epsilon=0.3, num_agents=4)
+    data = _data()
+    w, lam, z = _state(4, 4)
+    with pytest.raises(ValueError, match="does not match seeds"):
+        agent_round(config, data, w[None], lam[None], z[None], 1)  # [1, P, J, K] without seeds
+    with pytest.raises(ValueError, match="does not match seeds"):
+        agent_round(config, data, w[None], lam[None], z[None], 1, seeds=[0, 1])
+    with pytest.raises(ValueError, match="does not match seeds"):
+        agent_round(config, data, w, lam, z, 1, seeds=[0])
