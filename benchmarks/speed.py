@@ -11,6 +11,7 @@ Measures, on the machine it runs on:
 
 Usage, from the project root:
     python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--mnist-dir DIR] [--skip-flower]
+                               [--seeds S] [--femnist-dir DIR]
 Prints a Markdown table (and writes it with --markdown FILE). Not a test.
 """
 
@@ -29,9 +30,10 @@ from pathlib import Path
 import torch
 
 from dpadmm.config import RunConfig
-from dpadmm.data import Dataset, load_mnist
+from dpadmm.data import Dataset, load_dataset, load_mnist
 from dpadmm.engine import EngineState, step
 from dpadmm.federation import agent_data
+from dpadmm.models import shared_bmm
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,29 +44,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def engine_seconds(config: RunConfig, dataset: Dataset, rounds: int) -> tuple[float, float]:
-    """(seconds per round of engine.step, seconds per round of its matrix products alone)."""
+def engine_seconds(config: RunConfig, dataset: Dataset, rounds: int, seeds: int = 1) -> tuple[float, float]:
+    """(seconds per round of engine.step for a batch of ``seeds`` runs, seconds of its matrix products)."""
     data = agent_data(dataset, config, range(config.num_agents))
     device = data.x.device
-    zeros = torch.zeros((1, config.num_agents, *data.shape), dtype=data.x.dtype, device=device)  # one run
+    zeros = torch.zeros((seeds, config.num_agents, *data.shape), dtype=data.x.dtype, device=device)
     state = EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
-    step(config, data, state, 1)  # warm-up
+    runs = list(range(seeds))
+    step(config, data, state, 1, runs)  # warm-up
     _sync(device)
     started = time.perf_counter()
     for t in range(2, rounds + 2):
-        step(config, data, state, t)
+        step(config, data, state, t, runs)
     _sync(device)
     per_round = (time.perf_counter() - started) / rounds
 
-    z = state.z_chain[0]
+    z = state.z_chain
     xt = data.x.transpose(1, 2)
-    residual = torch.empty_like(data.y)
     _sync(device)
     started = time.perf_counter()
     for _ in range(rounds):
         for _ in range(config.steps):
-            torch.bmm(data.x, z, out=residual)
-            torch.bmm(xt, residual)
+            shared_bmm(xt, shared_bmm(data.x, z))
     _sync(device)
     products = (time.perf_counter() - started) / rounds
     return per_round, products
@@ -110,6 +111,10 @@ def main() -> int:
     parser.add_argument("--mnist-dir", default=str(ROOT.parent / "shared" / "data" / "mnist"))
     parser.add_argument("--skip-flower", action="store_true", help="do not run the Flower simulation")
     parser.add_argument("--flower-rounds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs batched per engine step (reproduce's seeds)")
+    parser.add_argument("--femnist-dir", default="",
+                        help="time the real FEMNIST (LEAF samples, 195 writers) instead of random data")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
 
@@ -118,11 +123,16 @@ def main() -> int:
                       device=args.device, dtype=args.dtype)
     femnist = RunConfig(algorithm="objpm", epsilon=0.05, local_steps=10, num_agents=195, rho_preset="femnist",
                         device=args.device, dtype=args.dtype)
+    if args.femnist_dir:
+        femnist_data, femnist_label = load_dataset("femnist", args.femnist_dir, 195), "FEMNIST (LEAF samples)"
+    else:
+        femnist_data, femnist_label = femnist_shaped(), "FEMNIST-shaped"
+    runs = f", {args.seeds} seeds batched" if args.seeds > 1 else ""
     for label, config, dataset in (
-        ("engine, MNIST P=10 ObjP (E=1)", mnist, load_mnist(args.mnist_dir)),
-        ("engine, FEMNIST-shaped P=195 ObjPM (E=10)", femnist, femnist_shaped()),
+        (f"engine, MNIST P=10 ObjP (E=1){runs}", mnist, load_mnist(args.mnist_dir)),
+        (f"engine, {femnist_label} P=195 ObjPM (E=10){runs}", femnist, femnist_data),
     ):
-        per_round, products = engine_seconds(config, dataset, args.rounds)
+        per_round, products = engine_seconds(config, dataset, args.rounds, args.seeds)
         rows.append((label, per_round, products))
         print(f"{label}: {per_round:.3f} s/round, products {products:.3f} s", file=sys.stderr)
     if not args.skip_flower:
