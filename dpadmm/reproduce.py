@@ -32,14 +32,14 @@ import math
 import os
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dpadmm import engine, privacy
+from dpadmm import engine
 from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, RunConfig
 from dpadmm.federation import load_for
 
@@ -132,7 +132,7 @@ def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
     return {"config": mapping, "seeds": list(seeds)}
 
 
-def run_grid(grid: GridConfig, *, progress: bool = True, log=print) -> Path:
+def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run every cell not yet complete, rebuilding the report after each; returns the folder."""
     out = Path(grid.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,8 @@ def run_grid(grid: GridConfig, *, progress: bool = True, log=print) -> Path:
         dirs = [folder / f"seed-{s}" for s in seeds]
         engine.run_seeds(config, seeds, progress=progress, directories=dirs, checkpoint=checkpoint)
         record = {**identity, "wall_seconds_last_call": round(time.perf_counter() - started, 1),
-                  "machine": machine(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+                  "training_samples": load_for(config).num_train, "machine": machine(),
+                  "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         done.write_text(json.dumps(record, indent=2) + "\n")
         checkpoint.unlink(missing_ok=True)
         write_report(out, grid.delta)
@@ -244,11 +245,13 @@ def _eps(value: float) -> str:
     return "non-private" if math.isinf(value) else f"{value:g}"
 
 
-def _ledger_cells(config: RunConfig, total: int) -> str:
-    if not config.private:
+def _ledger_cells(folder: Path, seed: int) -> str:
+    """Per step, per round and whole-run PLD epsilon from the run's own privacy.json."""
+    path = folder / f"seed-{seed}" / "privacy.json"
+    if not path.exists():
         return "none | none | none"
-    ledger = privacy.ledger(config, total_samples=total)
-    return " | ".join(f"{g.epsilon_pld:.3g}" for g in (ledger.per_step, ledger.per_round, ledger.whole_run))
+    ledger = json.loads(path.read_text())
+    return " | ".join(f"{ledger[k]['epsilon_pld']:.3g}" for k in ("per_step", "per_round", "whole_run"))
 
 
 def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
@@ -281,10 +284,10 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
             "",
         ]
     for dataset in PAPER_DATASETS:
-        here = [(c, rec) for c, rec, _ in cells if c.dataset == dataset]
+        here = [(c, rec, folder) for c, rec, folder in cells if c.dataset == dataset]
         if not here:
             continue
-        total = load_for(here[0][0]).num_train
+        total = here[0][1].get("training_samples") or load_for(here[0][0]).num_train
         lines += [
             f"## {dataset.upper()} (P = {here[0][0].num_agents}, I = {total} training samples)",
             "",
@@ -292,7 +295,7 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
             "| per round | whole run | wall (s)* |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for config, record in sorted(here, key=lambda cr: (cr[0].algorithm, cr[0].effective_epsilon)):
+        for config, record, folder in sorted(here, key=lambda c: (c[0].algorithm, c[0].effective_epsilon)):
             key = (dataset, config.algorithm, config.effective_epsilon)
             errs = 100 * np.asarray(errors.get(key, [math.nan]))
             papers = PAPER_RESULTS.get(key, [])
@@ -301,9 +304,10 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
                 f"| {config.algorithm} | {_eps(config.effective_epsilon)} | {config.steps} | {config.rounds} "
                 f"| {len(record['seeds'])} | {errs.mean():.2f} | {np.percentile(errs, 20):.2f} "
                 f"| {np.percentile(errs, 80):.2f} | {errs.min():.2f} | {quoted} "
-                f"| {_ledger_cells(config, total)} | {record.get('wall_seconds_last_call', '?')} |"
+                f"| {_ledger_cells(folder, record['seeds'][0])} "
+                f"| {record.get('wall_seconds_last_call', '?')} |"
             )
-        wall = sum(float(record.get("wall_seconds_last_call", 0)) for _, record in here)
+        wall = sum(float(record.get("wall_seconds_last_call", 0)) for _, record, _ in here)
         lines += ["", f"\\* wall time of the call that completed the cell, all its seeds together; "
                       f"{wall / 60:.1f} minutes for the {len(here)} cells above.", ""]
     lines += [
