@@ -108,7 +108,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             grid = reproduce.grid_from_args(**{k: v for k, v in vars(args).items()
                                                if k not in ("command", "report_only", "no_progress")})
             out = reproduce.run_grid(grid, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
     print(f"report: {(out / 'summary.md').resolve()}")
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dpadmm.federation import load_for
 
             ledger = privacy.ledger(privacy.calibrate(config), total_samples=load_for(config).num_train)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, OSError) as err:  # OSError: missing or unreadable files
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2
         print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             result = engine.run(config, progress=not args.no_progress)
-        except (ValueError, FileNotFoundError) as err:
+        except (ValueError, OSError) as err:  # OSError: missing or unreadable files
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2
         last = result.records[-1]

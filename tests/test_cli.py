@@ -60,3 +60,9 @@ def test_reproduce_errors_are_named(tmp_path: Path) -> None:
     assert done.returncode == 2 and "eps='0.1,abc'" in done.stderr
     done = _dpadmm("reproduce", "--report-only", "--out", "empty", cwd=tmp_path)
     assert done.returncode == 2 and "no reproduce runs" in done.stderr
+
+
+def test_a_file_given_as_data_dir_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    done = _dpadmm("train", "--dataset", "mnist", "--data-dir", "a-file", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 2 and "a-file is not a folder" in done.stderr
