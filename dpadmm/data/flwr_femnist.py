@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.femnist import FEMNIST_NUM_CLASSES
 
 __all__ = ["FLWR_FEMNIST", "load_flwr_femnist"]
 
 FLWR_FEMNIST = "flwrlabs/femnist"
 
-_NUM_CLASSES = 62  # the same as dpadmm.data.femnist.FEMNIST_NUM_CLASSES (not imported: no cycle, no cost)
 _SIDE = 28
 
 
@@ -139,7 +139,7 @@ def load_flwr_femnist(
         y_train=labels(train_y),
         x_test=features(test_x),
         y_test=labels(test_y),
-        num_classes=_NUM_CLASSES,
+        num_classes=FEMNIST_NUM_CLASSES,
         agent_sizes=tuple(int(y.shape[0]) for y in train_y),
         agent_names=tuple(names),
     )
