@@ -31,10 +31,9 @@ import torch
 
 from dpadmm.data import Dataset
 
-__all__ = ["FEMNIST_NUM_CLASSES", "FEMNIST_WRITERS", "Writer", "load_femnist", "read_leaf", "sample_folders"]
+__all__ = ["FEMNIST_NUM_CLASSES", "Writer", "load_femnist", "read_leaf", "read_leaf_files", "sample_folders"]
 
 FEMNIST_NUM_CLASSES = 62
-FEMNIST_WRITERS = 195  # the papers' number of agents (one per writer)
 
 _INDEX = re.compile(r"all_data_(\d+)_")
 
@@ -115,32 +114,44 @@ def read_leaf(folders: Sequence[Path], split: str) -> dict[str, Writer]:
         raise ValueError(f"split={split!r} is not allowed; choose train or test")
     writers: dict[str, Writer] = {}
     for folder in folders:
-        seen_here: set[str] = set()
         files = _leaf_files(folder / split)
         if not files:
             raise FileNotFoundError(f"{folder / split} holds no LEAF .json or .json.gz file")
-        for path in files:
-            data = _read_json(path)
-            counts = data.get("num_samples", [None] * len(data["users"]))
-            for user, count in zip(data["users"], counts, strict=True):
-                if user in writers and user not in seen_here:
-                    continue  # a writer of an earlier sample: keep that one
-                record = data["user_data"][user]
-                x = np.asarray(record["x"], dtype=np.float32).reshape(len(record["x"]), -1)
-                y = np.asarray(record["y"], dtype=np.int64)
-                if x.shape[0] != y.shape[0] or (count is not None and count != y.shape[0]):
-                    raise ValueError(f"{path}: writer {user} has {x.shape[0]} images, {y.shape[0]} labels "
-                                     f"and num_samples {count}")
-                if x.shape[0] and x.shape[1] != 784:
-                    raise ValueError(f"{path}: writer {user} has images of {x.shape[1]} values, expected 784")
-                if y.size and (y.min() < 0 or y.max() >= FEMNIST_NUM_CLASSES):
-                    raise ValueError(f"{path}: writer {user} has labels outside 0..{FEMNIST_NUM_CLASSES - 1}")
-                if user in writers:  # the same sample lists the writer in two files: join them
-                    old = writers[user]
-                    x, y = np.concatenate([old.x, x]), np.concatenate([old.y, y])
-                writers[user] = Writer(user, x, y)
-                seen_here.add(user)
+        _add_sample(files, writers)
     return writers
+
+
+def read_leaf_files(files: Sequence[Path]) -> dict[str, Writer]:
+    """Every writer of the given LEAF JSON files (one sample), in file order."""
+    writers: dict[str, Writer] = {}
+    _add_sample(files, writers)
+    return writers
+
+
+def _add_sample(files: Sequence[Path], writers: dict[str, Writer]) -> None:
+    """Add the writers of one sample's files; writers already there from earlier samples are kept."""
+    seen_here: set[str] = set()
+    for path in files:
+        data = _read_json(path)
+        counts = data.get("num_samples", [None] * len(data["users"]))
+        for user, count in zip(data["users"], counts, strict=True):
+            if user in writers and user not in seen_here:
+                continue  # a writer of an earlier sample: keep that one
+            record = data["user_data"][user]
+            x = np.asarray(record["x"], dtype=np.float32).reshape(len(record["x"]), -1)
+            y = np.asarray(record["y"], dtype=np.int64)
+            if x.shape[0] != y.shape[0] or (count is not None and count != y.shape[0]):
+                raise ValueError(f"{path}: writer {user} has {x.shape[0]} images, {y.shape[0]} labels "
+                                 f"and num_samples {count}")
+            if x.shape[0] and x.shape[1] != 784:
+                raise ValueError(f"{path}: writer {user} has images of {x.shape[1]} values, expected 784")
+            if y.size and (y.min() < 0 or y.max() >= FEMNIST_NUM_CLASSES):
+                raise ValueError(f"{path}: writer {user} has labels outside 0..{FEMNIST_NUM_CLASSES - 1}")
+            if user in writers:  # the same sample lists the writer in two files: join them
+                old = writers[user]
+                x, y = np.concatenate([old.x, x]), np.concatenate([old.y, y])
+            writers[user] = Writer(user, x, y)
+            seen_here.add(user)
 
 
 def load_femnist(data_dir: str | os.PathLike | Sequence[str | os.PathLike],
