@@ -3,11 +3,22 @@
 The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1; this module only
 moves tensors in and out of Flower Messages and keeps the agent's state (lambda_p and the
 last local iterate) in ``context.state`` between rounds.
+
+Where the agent's data come from, by node config:
+
+- simulation: ``partition-id`` and ``num-partitions`` (Flower sets them): block
+  ``partition-id`` of the configured data set's partition;
+- deployment on a device: ``partition-id`` (this agent's id, 0..P-1), ``data-path`` (the
+  device's own file: LEAF JSON, IDX images with ``labels-path``, or npz; see
+  :mod:`dpadmm.data.node`), ``writer`` for a LEAF file with several writers, and
+  ``num-samples-total``, the global sample count I (a public parameter of eq. (63)).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -16,7 +27,8 @@ from flwr.clientapp import ClientApp
 from dpadmm import privacy, schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import dual_digest, dual_update
-from dpadmm.federation import agent_data, load_for
+from dpadmm.data.node import load_node_data
+from dpadmm.federation import DTYPES, agent_data, load_for, resolve_device
 from dpadmm.local import agent_round
 from dpadmm.models import AgentData
 
@@ -34,8 +46,39 @@ def _calibrated(config: RunConfig) -> RunConfig:
 
 @lru_cache(maxsize=256)
 def _partition(config: RunConfig, partition_id: int) -> AgentData:
-    """This agent's block of the papers' contiguous split (cached per worker process)."""
+    """This agent's block of the data set's partition (cached per worker process)."""
     return agent_data(load_for(config), config, [partition_id])
+
+
+@lru_cache(maxsize=4)
+def _device_data(config: RunConfig, agent: int, path: str, labels_path: str, writer: str, total: int,
+                 num_classes: int) -> AgentData:
+    """This device's own samples (deployment), batched as one agent."""
+    x, y = load_node_data(path, labels_path=labels_path, writer=writer)
+    if int(y.max()) >= num_classes:
+        raise ValueError(f"data-path {path} has label {int(y.max())}; the model has {num_classes} classes")
+    return AgentData.from_blocks([x], [y], num_classes=num_classes, total=total, agents=[agent],
+                                 dtype=DTYPES[config.dtype], device=resolve_device(config.device))
+
+
+def agent_data_for(config: RunConfig, node_config: Mapping[str, Any], num_classes: int) -> AgentData:
+    """The agent's data: the device's own file when the node config names one, else its partition."""
+    partition_id = int(node_config["partition-id"])
+    if not 0 <= partition_id < config.num_agents:
+        raise ValueError(f"partition-id={partition_id} is not allowed; "
+                         f"it must be in 0..{config.num_agents - 1}")
+    if "data-path" in node_config:
+        if "num-samples-total" not in node_config:
+            raise ValueError("node config has data-path but no num-samples-total: give the global sample "
+                             "count I of eq. (63), a public parameter of the run")
+        return _device_data(config, partition_id, str(node_config["data-path"]),
+                            str(node_config.get("labels-path", "")), str(node_config.get("writer", "")),
+                            int(node_config["num-samples-total"]), num_classes)
+    num_partitions = int(node_config["num-partitions"])
+    if num_partitions != config.num_agents:
+        raise ValueError(f"the federation has {num_partitions} partitions but "
+                         f"num-agents={config.num_agents}; set both to the same value")
+    return _partition(config, partition_id)
 
 
 def _read_state(context: Context, shape: tuple[int, int], dtype: torch.dtype) -> tuple[dict, int]:
@@ -51,14 +94,14 @@ def _read_state(context: Context, shape: tuple[int, int], dtype: torch.dtype) ->
 def train(msg: Message, context: Context) -> Message:
     """Receive the round's w, run E local updates, send z_p^{t+1}, update lambda_p."""
     config = _calibrated(RunConfig.from_mapping(context.run_config))
-    partition_id = int(context.node_config["partition-id"])
-    num_partitions = int(context.node_config["num-partitions"])
-    if num_partitions != config.num_agents:
-        raise ValueError(f"the federation has {num_partitions} partitions but "
-                         f"num-agents={config.num_agents}; set both to the same value")
-    data = _partition(config, partition_id)
+    w_received = msg.content["arrays"]["w"].numpy()
+    data = agent_data_for(config, context.node_config, num_classes=int(w_received.shape[1]))
+    partition_id = int(data.agents[0])
+    if w_received.shape != data.shape:
+        raise ValueError(f"the server's w has shape {w_received.shape} "
+                         f"but this agent's data give {data.shape}")
     t = int(msg.content["config"]["server-round"])
-    w = torch.tensor(msg.content["arrays"]["w"].numpy(), device=data.x.device, dtype=data.x.dtype)
+    w = torch.tensor(w_received, device=data.x.device, dtype=data.x.dtype)
     state, last_round = _read_state(context, data.shape, data.x.dtype)
     if last_round != t - 1:
         raise RuntimeError(f"agent {partition_id} holds state of round {last_round} but was sent round {t}; "

@@ -1,0 +1,42 @@
+"""The ClientApp's data: its partition in simulation, the device's own file in deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clients.client_app import agent_data_for
+from dpadmm.config import RunConfig
+from dpadmm.federation import agent_data, load_for
+
+
+def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_path: Path) -> None:
+    config = RunConfig(algorithm="objp", dataset="mnist", data_dir=str(mnist_dir))
+    dataset = load_for(config)
+    block = dataset.partition(config.num_agents)[3]
+    pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
+    np.savez(tmp_path / "agent-3.npz", x=pixels, y=dataset.y_train[block].numpy())
+    device = agent_data_for(config, {"partition-id": 3, "data-path": str(tmp_path / "agent-3.npz"),
+                                     "num-samples-total": dataset.num_train}, num_classes=10)
+    simulated = agent_data_for(config, {"partition-id": 3, "num-partitions": 10}, num_classes=10)
+    expected = agent_data(dataset, config, [3])
+    for data in (device, simulated):
+        assert data.total == 60000 and data.agents.tolist() == [3]
+        assert torch.equal(data.x, expected.x) and torch.equal(data.y, expected.y)
+
+
+def test_bad_node_configs_are_named(tmp_path: Path) -> None:
+    config = RunConfig(algorithm="objp")
+    np.savez(tmp_path / "d.npz", x=np.zeros((3, 784), np.uint8), y=np.array([0, 1, 12]))
+    with pytest.raises(ValueError, match="num-samples-total"):
+        agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz")}, num_classes=10)
+    with pytest.raises(ValueError, match="partition-id=10 is not allowed"):
+        agent_data_for(config, {"partition-id": 10, "num-partitions": 10}, num_classes=10)
+    with pytest.raises(ValueError, match="label 12"):
+        agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz"),
+                                "num-samples-total": 100}, num_classes=10)
+    with pytest.raises(ValueError, match="10 partitions but num-agents=5"):
+        agent_data_for(RunConfig(num_agents=5), {"partition-id": 0, "num-partitions": 10}, num_classes=10)
