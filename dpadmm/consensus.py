@@ -27,13 +27,8 @@ def dual_update(lam: torch.Tensor, w: torch.Tensor, z: torch.Tensor, rho: float)
     return lam + rho * (w - z)
 
 
-def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float | list[float]:
-    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10).
-
-    One float for w [J, K] and z [P, J, K]; a list, one per run, for w [S, J, K], z [S, P, J, K].
-    """
-    if z.dim() == 4:
-        return [consensus_violation(w[s], z[s]) for s in range(z.shape[0])]
+def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float:
+    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]."""
     return float((w - z).abs().sum() / z.shape[0])
 
 

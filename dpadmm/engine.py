@@ -134,12 +134,11 @@ def run_seeds(
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             if t % config.eval_every == 0 or t == config.rounds:
-                violation = consensus_violation(state.w, state.z)
                 for s in range(len(seeds)):
                     record = {
                         "round": t,
                         **central_metrics(state.w[s], dataset, config.beta),
-                        "consensus-violation": violation[s],
+                        "consensus-violation": consensus_violation(state.w[s], state.z[s]),
                         "noise-magnitude": magnitude[s],
                         "rho": schedules.rho_at(config, t),
                         "seconds": seconds,

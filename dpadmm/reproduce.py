@@ -42,6 +42,7 @@ import numpy as np
 from dpadmm import engine
 from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, RunConfig
 from dpadmm.federation import load_for
+from dpadmm.results import json_value
 
 SENSITIVITY = "data-dependent"  # the papers' calibration, eq. (9b)
 PAPER_EPS = (0.05, 0.1, 1.0, 3.0, 5.0)
@@ -127,8 +128,7 @@ def cell_name(config: RunConfig) -> str:
 
 def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
     """What must match for a cell on disk to be this cell (data folders may move)."""
-    mapping = {k: v for k, v in config.to_mapping().items() if k not in ("data-dir", "out")}
-    mapping["epsilon"] = "inf" if math.isinf(mapping["epsilon"]) else mapping["epsilon"]
+    mapping = {k: json_value(v) for k, v in config.to_mapping().items() if k not in ("data-dir", "out")}
     return {"config": mapping, "seeds": list(seeds)}
 
 

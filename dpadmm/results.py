@@ -42,7 +42,8 @@ def central_metrics(w: torch.Tensor, dataset: Dataset, beta: float) -> dict[str,
     }
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """JSON has no infinity: inf and -inf are written as the strings "inf" and "-inf"."""
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
@@ -70,7 +71,7 @@ class RunWriter:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.save_weights = config.save_weights
         self._weights: dict[str, np.ndarray] = {}
-        header = {key: _json_value(v) for key, v in config.to_mapping().items()}
+        header = {key: json_value(v) for key, v in config.to_mapping().items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
         metrics = self.directory / "metrics.jsonl"
@@ -87,12 +88,12 @@ class RunWriter:
 
     def write_ledger(self, ledger: Ledger) -> None:
         """privacy.json: the run's full privacy ledger (written before training starts)."""
-        data = {key: _json_value(v) for key, v in ledger.to_dict().items()}
-        (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=_json_value) + "\n")
+        data = {key: json_value(v) for key, v in ledger.to_dict().items()}
+        (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=json_value) + "\n")
 
     def record(self, metrics: dict[str, Any], w: torch.Tensor | None = None) -> None:
         """Append one evaluated round (and keep w for weights.npz if asked)."""
-        line = {key: _json_value(v) for key, v in metrics.items()}
+        line = {key: json_value(v) for key, v in metrics.items()}
         self._metrics.write(json.dumps(line) + "\n")
         self._metrics.flush()
         if self.save_weights and w is not None:
