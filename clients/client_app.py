@@ -1,8 +1,12 @@
-"""The DP-IADMM ClientApp: one agent's lines 15-23 of 003 Algorithm 1.
+"""The DP-IADMM ClientApp: one agent's lines 15-22 of 003 Algorithm 1.
 
 The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1; this module only
-moves tensors in and out of Flower Messages and keeps the agent's state (lambda_p and the
-last local iterate) in ``context.state`` between rounds.
+moves tensors in and out of Flower Messages. The agent keeps **no state between rounds**:
+the server sends it w together with its own lambda_p and last local iterate, and it sends
+back z_p^{t+1} (and its last iterate when E > 1). lambda_p is a function of the w's and
+z_p's the server already holds, so the server's copy is the agent's line 23 computed once;
+a device that restarts or misses rounds therefore loses nothing (see the README's
+deployment section for what this means for privacy).
 
 Where the agent's data come from, by node config:
 
@@ -21,19 +25,15 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from dpadmm import privacy, schedules
+from dpadmm import privacy
 from dpadmm.config import RunConfig
-from dpadmm.consensus import dual_digest, dual_update
 from dpadmm.data.node import load_node_data
 from dpadmm.federation import DTYPES, agent_data, load_for, resolve_device
 from dpadmm.local import agent_round
 from dpadmm.models import AgentData
-
-STATE_ARRAYS = "dpadmm-state"
-STATE_META = "dpadmm-meta"
 
 app = ClientApp()
 
@@ -81,49 +81,36 @@ def agent_data_for(config: RunConfig, node_config: Mapping[str, Any], num_classe
     return _partition(config, partition_id)
 
 
-def _read_state(context: Context, shape: tuple[int, int], dtype: torch.dtype) -> tuple[dict, int]:
-    """(tensors, last round) from context.state; zeros and round 0 on the first call."""
-    if STATE_ARRAYS not in context.state:
-        zeros = torch.zeros(shape, dtype=dtype)
-        return {"lam": zeros, "z_chain": zeros, "z_sent": zeros}, 0
-    arrays = context.state[STATE_ARRAYS].to_torch_state_dict()
-    return {k: v.to(dtype) for k, v in arrays.items()}, int(context.state[STATE_META]["round"])
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which agent this node is (its partition id, from the node config)."""
+    return Message(content=RecordDict({"metrics": MetricRecord(
+        {"partition-id": int(context.node_config["partition-id"])})}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Receive the round's w, run E local updates, send z_p^{t+1}, update lambda_p."""
+    """Receive w, lambda_p and the last iterate; run E local updates; send z_p^{t+1}."""
     config = _calibrated(RunConfig.from_mapping(context.run_config))
-    w_received = msg.content["arrays"]["w"].numpy()
+    arrays = msg.content["arrays"]
+    w_received = arrays["w"].numpy()
     data = agent_data_for(config, context.node_config, num_classes=int(w_received.shape[1]))
     partition_id = int(data.agents[0])
-    if w_received.shape != data.shape:
-        raise ValueError(f"the server's w has shape {w_received.shape} "
-                         f"but this agent's data give {data.shape}")
+    sent_for = int(msg.content["config"]["partition-id"])
+    if sent_for != partition_id:
+        raise ValueError(f"the server sent the state of partition {sent_for} to agent {partition_id}; "
+                         "refusing to compute on another agent's state")
+    received = {key: arrays[key].numpy() for key in ("w", "lambda", "z")}
+    for key, value in received.items():
+        if value.shape != data.shape:
+            raise ValueError(f"the server's {key} has shape {value.shape} "
+                             f"but this agent's data give {data.shape}")
+    w, lam, z_chain = (torch.tensor(received[k], device=data.x.device, dtype=data.x.dtype)
+                       for k in ("w", "lambda", "z"))
     t = int(msg.content["config"]["server-round"])
-    w = torch.tensor(w_received, device=data.x.device, dtype=data.x.dtype)
-    state, last_round = _read_state(context, data.shape, data.x.dtype)
-    if last_round != t - 1:
-        raise RuntimeError(f"agent {partition_id} holds state of round {last_round} but was sent round {t}; "
-                           "its lambda_p cannot be continued")
-    state = {k: v.to(data.x.device) for k, v in state.items()}
-    if config.algorithm == "outp" and t > 1:
-        # OutP's server updates w after the agents: w^t arrives now, so line 23 of round t-1 runs here.
-        state["lam"] = dual_update(state["lam"], w, state["z_sent"], schedules.rho_at(config, t - 1))
-    result = agent_round(config, data, w, state["lam"][None], state["z_chain"][None], t)
-    z_sent = result.z_sent[0]
-    if config.algorithm != "outp":
-        state["lam"] = dual_update(state["lam"], w, z_sent, schedules.rho_at(config, t))
-    context.state[STATE_ARRAYS] = ArrayRecord(
-        {"lam": state["lam"].cpu(), "z_chain": result.z_last[0].cpu(), "z_sent": z_sent.cpu()})
-    context.state[STATE_META] = ConfigRecord({"round": t})
-    dual_sum, dual_l1 = dual_digest(state["lam"])
-    metrics = MetricRecord({
-        "partition-id": partition_id,
-        "num-examples": int(data.counts[0]),
-        "noise-magnitude": float(result.noise_magnitude[0]),
-        "dual-sum": dual_sum,
-        "dual-l1": dual_l1,
-    })
-    content = RecordDict({"arrays": ArrayRecord({"z": z_sent.cpu()}), "metrics": metrics})
-    return Message(content=content, reply_to=msg)
+    result = agent_round(config, data, w, lam[None], z_chain[None], t)
+    out = {"z": result.z_sent[0].cpu()}
+    if config.steps > 1:  # the chain continues from the last iterate, which differs from the average
+        out["z-last"] = result.z_last[0].cpu()
+    metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
+    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)

@@ -115,9 +115,20 @@ class RunConfig:
         default=0.0,
         metadata={"help": "whole-run epsilon at delta to calibrate eps-bar for before training; 0 = off"},
     )
+    fraction_train: float = field(
+        default=1.0,
+        metadata={"help": "fraction of the P agents sampled each round (partial participation), in (0, 1]; "
+                          "the sample is drawn from a keyed stream of seed and round"},
+    )
     node_timeout: float = field(
         default=60.0,
-        metadata={"help": "seconds the Flower server waits for num-agents nodes (Flower app only)"},
+        metadata={"help": "seconds the Flower server waits at its start for every agent's node to connect "
+                          "(Flower app only)"},
+    )
+    round_timeout: float = field(
+        default=600.0,
+        metadata={"help": "seconds the Flower server waits for the replies of a round; later replies are "
+                          "dropped (Flower app only)"},
     )
 
     def __post_init__(self) -> None:
@@ -159,8 +170,12 @@ class RunConfig:
                 raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
         if self.beta < 0 or self.rho_c2 < 0:
             raise ValueError(f"beta={self.beta!r} and rho-c2={self.rho_c2!r} must be >= 0")
-        if not self.node_timeout > 0:
-            raise ValueError(f"node-timeout={self.node_timeout!r} is not allowed; it must be > 0 seconds")
+        for name in ("node_timeout", "round_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be > 0 seconds")
+        if not 0 < self.fraction_train <= 1:
+            raise ValueError(f"fraction-train={self.fraction_train!r} is not allowed; it must be in (0, 1]")
         if not 0 < self.outp_delta < 1:
             raise ValueError(f"outp-delta={self.outp_delta!r} is not allowed; it must be in (0, 1)")
 

@@ -1,7 +1,8 @@
 """The server's side of DP-IADMM: the global and dual updates, batched over agents.
 
-The dual update is also the agents' line 23: server and agent apply this one function to
-the same (lambda_p, w, z_p, rho), so their copies of lambda_p stay identical.
+The dual update is line 8 of Algorithm 1 and also the agents' line 23, which computes the
+same value from the same (lambda_p, w, z_p, rho): the Flower server computes it once and
+sends each agent its lambda_p, the engine computes it for all agents at once.
 """
 
 from __future__ import annotations
@@ -31,13 +32,3 @@ def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float:
     """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]."""
     return float((w - z).abs().sum() / z.shape[0])
 
-
-def dual_digest(lam: torch.Tensor) -> tuple[float, float]:
-    """(sum, L1 norm) of one agent's lambda_p [J, K]: a cheap checksum for comparing copies.
-
-    Server and agent each keep lambda_p (lines 8 and 23 of 003); the agent reports this
-    digest so the server can detect copies that drifted apart. lambda_p is a function of
-    the released z_p and w alone, so the digest discloses nothing new.
-    """
-    lam = lam.double()
-    return float(lam.sum()), float(lam.abs().sum())

@@ -8,7 +8,6 @@ per-message overhead, for research sweeps. Only the loop over rounds lives here.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dpadmm import privacy, schedules
+from dpadmm import checkpoint, privacy, schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.data import Dataset
@@ -168,44 +167,58 @@ def run_seeds(
 
 
 def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
-         seeds: Sequence[int] | None = None) -> list[float]:
+         seeds: Sequence[int] | None = None, active: torch.Tensor | None = None) -> list[float]:
     """Round t of Algorithm 1 (or of OutP) in place, for every run of ``seeds``.
 
     The state has a leading run dimension (one per seed); ``seeds=None`` means the one
-    run of ``config.seed``. Returns each run's mean noise magnitude.
+    run of ``config.seed``. ``active`` ([S, P] bool) marks the agents whose round counts:
+    the others keep their z_p, last iterate and lambda_p, as a Flower agent that was not
+    sampled or did not reply, while w still averages all P (eq. (4a)). By default it is the
+    sample of :func:`dpadmm.schedules.participants` (everyone when fraction-train is 1).
+    Returns each run's mean noise magnitude over its active agents.
     """
     seeds = [config.seed] if seeds is None else seeds
+    if active is None and config.fraction_train < 1:
+        active = torch.zeros((len(seeds), config.num_agents), dtype=torch.bool)
+        for s, seed in enumerate(seeds):
+            active[s, schedules.participants(config, t, seed)] = True
     rho_t = schedules.rho_at(config, t)
     if config.algorithm == "outp":
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
-        state.w = global_update(result.z_sent, state.lam, rho_t)
+        z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
+        state.w = global_update(z, state.lam, rho_t)
     else:
         state.w = global_update(state.z, state.lam, rho_t)
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
-    state.lam = dual_update(state.lam, state.w, result.z_sent, rho_t)
-    state.z, state.z_chain = result.z_sent, result.z_last
-    return result.noise_magnitude.mean(dim=-1).tolist()
+        z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
+    state.lam = _where(active, dual_update(state.lam, state.w, z, rho_t), state.lam)
+    state.z, state.z_chain = z, z_chain
+    if active is None:
+        return result.noise_magnitude.mean(dim=-1).tolist()
+    mask = active.to(result.noise_magnitude)
+    return ((result.noise_magnitude * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)).tolist()
+
+
+def _where(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """new for the active agents ([S, P] mask), old for the rest; new itself when all are active."""
+    if active is None:
+        return new
+    return torch.where(active.to(new.device)[..., None, None], new, old)
 
 
 def _save_checkpoint(path: str | Path, config: RunConfig, seeds: list[int], state: EngineState,
                      t: int) -> None:
     """Write the state after round t atomically (a crash mid-write keeps the previous checkpoint)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"round": t, "config": config.to_mapping(), "seeds": seeds,
-                **{k: getattr(state, k).cpu() for k in ("w", "z", "z_chain", "lam")}}, tmp)
-    os.replace(tmp, path)
+    checkpoint.save(path, {"round": t, "config": config.to_mapping(), "seeds": seeds,
+                           **{k: getattr(state, k) for k in ("w", "z", "z_chain", "lam")}})
 
 
 def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int],
                      state: EngineState) -> int | None:
     """Restore the state from a checkpoint of the same configuration and seeds; its round, or None."""
-    if path is None or not Path(path).exists():
+    saved = checkpoint.load(path, {"config": config.to_mapping(), "seeds": seeds})
+    if saved is None:
         return None
-    saved = torch.load(path, weights_only=True)
-    if saved["config"] != config.to_mapping() or list(saved["seeds"]) != seeds:
-        raise ValueError(f"checkpoint {path} belongs to another configuration or seeds; "
-                         "delete it to start this run afresh")
     for key in ("w", "z", "z_chain", "lam"):
         setattr(state, key, saved[key].to(device=state.w.device, dtype=state.w.dtype))
     return int(saved["round"])

@@ -53,8 +53,12 @@ import torch
 
 STREAM_OBJECTIVE: int = 0  # Laplace noise xi of the objective perturbation, eq. (9a) of paper 003
 STREAM_OUTPUT: int = 1  # Gaussian noise of the output-perturbation baseline (OutP)
+STREAM_PARTICIPATION: int = 2  # which agents a round samples (partial participation)
 
-__all__ = ["STREAM_OBJECTIVE", "STREAM_OUTPUT", "gaussian", "laplace", "philox4x32", "uniform"]
+__all__ = [
+    "STREAM_OBJECTIVE", "STREAM_OUTPUT", "STREAM_PARTICIPATION",
+    "gaussian", "laplace", "philox4x32", "uniform",
+]
 
 _U32 = 2**32
 _MASK32 = 0xFFFFFFFF

@@ -17,6 +17,7 @@ add-or-remove accountant, the one that implements the Laplace PLD.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,28 @@ def pld_epsilon(mechanism: str, multiplier: float, releases: int, delta: float,
     accountant = pld_privacy_accountant.PLDAccountant(_RELATION, value_discretization_interval=interval)
     accountant.compose(dp_accounting.SelfComposedDpEvent(_event(mechanism, multiplier), releases))
     return float(accountant.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_pld_epsilon(mechanism: str, multiplier: float, releases: int, delta: float) -> float:
+    return pld_epsilon(mechanism, multiplier, releases, delta)
+
+
+def spent(config: RunConfig, rounds: int) -> float:
+    """epsilon (PLD, at ``delta``) spent so far by an agent that took part in ``rounds`` rounds.
+
+    ``privacy.json`` is written before a run and assumes the agent takes part in all T
+    rounds. With partial participation or dropouts it takes part in fewer; which rounds
+    does not depend on its data (the sample is a keyed stream, a dropout is a device
+    failure), so composing over the rounds actually taken is a valid account. 0 before the
+    first round; inf for a non-private configuration.
+    """
+    if not config.private:
+        return math.inf
+    if rounds <= 0:
+        return 0.0
+    mechanism, multiplier, per_round = mechanism_of(config)
+    return _cached_pld_epsilon(mechanism, multiplier, per_round * rounds, config.delta)
 
 
 def rdp_epsilon(mechanism: str, multiplier: float, releases: int, delta: float) -> float:

@@ -54,8 +54,9 @@ class RunWriter:
 
     By default the folder is ``config.out`` (or the default folder), made fresh so that no
     earlier run is overwritten. A caller that owns its folders (the engine's checkpointed
-    runs) passes ``directory``: it is used as is, its metrics restarted, or with
-    ``resume_round`` kept up to that round (those records are in :attr:`kept`) and appended to.
+    runs, a resumed Flower server) passes ``directory``: it is used as is, its logs restarted,
+    or with ``resume_round`` kept up to that round (the metrics kept are in :attr:`kept`) and
+    appended to. The Flower server also writes ``rounds.jsonl``, one operator report per round.
     """
 
     def __init__(self, config: RunConfig, *, engine: str, directory: str | Path | None = None,
@@ -74,17 +75,24 @@ class RunWriter:
         header = {key: json_value(v) for key, v in config.to_mapping().items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
-        metrics = self.directory / "metrics.jsonl"
-        self.kept: list[dict[str, Any]] = []
-        if resume_round is not None and metrics.exists():
-            self.kept = [r for r in read_metrics(self.directory) if r["round"] <= resume_round]
-        elif directory is not None:
-            metrics.unlink(missing_ok=True)
-        if resume_round is not None:
-            tmp = metrics.with_name("metrics.jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.kept), encoding="utf-8")
-            os.replace(tmp, metrics)
-        self._metrics = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
+        self._resume_round = resume_round
+        self._metrics, self.kept = self._open_log("metrics.jsonl")
+        self._rounds: Any = None
+
+    def _open_log(self, name: str) -> tuple[Any, list[dict[str, Any]]]:
+        """Open a JSON-lines log for appending, with the records kept: those up to the resumed
+        round when resuming, else none (an earlier file in a caller's folder is replaced)."""
+        path = self.directory / name
+        kept: list[dict[str, Any]] = []
+        if self._resume_round is not None:
+            if path.exists():
+                kept = [r for r in read_jsonl(path) if r["round"] <= self._resume_round]
+            tmp = path.with_name(name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        else:
+            path.unlink(missing_ok=True)
+        return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115
 
     def write_ledger(self, ledger: Ledger) -> None:
         """privacy.json: the run's full privacy ledger (written before training starts)."""
@@ -99,14 +107,28 @@ class RunWriter:
         if self.save_weights and w is not None:
             self._weights[f"round-{metrics['round']}"] = w.detach().cpu().numpy()
 
+    def record_round(self, report: dict[str, Any]) -> None:
+        """Append one round's operator report (who replied, who was rejected and why) to rounds.jsonl."""
+        if self._rounds is None:
+            self._rounds, _ = self._open_log("rounds.jsonl")
+        self._rounds.write(json.dumps({key: json_value(v) for key, v in report.items()}) + "\n")
+        self._rounds.flush()
+
     def close(self) -> None:
-        """Finish the run: close metrics.jsonl and write weights.npz (keys ``round-<t>``)."""
+        """Finish the run: close the logs and write weights.npz (keys ``round-<t>``)."""
         self._metrics.close()
+        if self._rounds is not None:
+            self._rounds.close()
         if self._weights:
             np.savez(self.directory / "weights.npz", **self._weights)
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """A JSON-lines file as a list of dicts."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def read_metrics(directory: str | Path) -> list[dict[str, Any]]:
     """The metrics.jsonl of a run folder as a list of dicts."""
-    with open(Path(directory) / "metrics.jsonl", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(Path(directory) / "metrics.jsonl")

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from dpadmm import noise
 from dpadmm.config import RunConfig
 
 RHO_MAX = 1e9  # the upper bound of eq. (24)
@@ -76,3 +79,21 @@ def outp_sigma(epsilon: float, delta: float, rho_t: float, inverse_eta: float) -
     if math.isinf(epsilon):
         return 0.0
     return outp_noise_multiplier(epsilon, delta) * 2.0 / (rho_t + inverse_eta)
+
+
+def participants(config: RunConfig, t: int, seed: int | None = None) -> list[int]:
+    """The agents sampled in round t: ceil(fraction-train * P) of the P, sorted; all when the fraction is 1.
+
+    Partial participation (an extension beyond 003, whose Algorithm 1 uses every agent each
+    round): each agent p draws u_p from the keyed uniform stream (seed, p, round t) and the
+    agents with the smallest u_p take part. Server, engine and a restarted server therefore
+    pick the same agents in the same round. The sample is public (it depends on no data), so
+    it gives no privacy amplification and the ledger does not claim any.
+    """
+    agents = config.num_agents
+    count = max(1, math.ceil(config.fraction_train * agents - 1e-9))
+    if count >= agents:
+        return list(range(agents))
+    u = noise.uniform(config.seed if seed is None else seed, torch.arange(agents), t, 0,
+                      noise.STREAM_PARTICIPATION, 1)[:, 0]
+    return sorted(torch.argsort(u)[:count].tolist())

@@ -1,8 +1,10 @@
 """The DP-IADMM ServerApp: run config -> strategy -> central evaluation -> results.
 
 Writes the same ``config.json`` / ``privacy.json`` / ``metrics.jsonl`` (and ``weights.npz``
-with ``save-weights``) as ``dpadmm train``, logs the test error of every evaluated round and
-ends with the privacy ledger's summary.
+with ``save-weights``) as ``dpadmm train``, plus ``rounds.jsonl`` (the operator's report of
+every round: who was sampled, who replied, who was rejected and why, privacy spent) and
+``checkpoint.pt``, the strategy's state after the last completed round. Submitting the
+same run again with ``out`` naming that folder resumes it from the checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dpadmm.federation import load_for
 from dpadmm.results import RunWriter, central_metrics
 from strategies import DPIADMM
 
+CHECKPOINT = "checkpoint.pt"
+
 app = ServerApp()
 
 
@@ -28,10 +32,18 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = privacy.calibrate(RunConfig.from_mapping(context.run_config))
     dataset = load_for(config)
+    shape = (dataset.num_features, dataset.num_classes)
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
-    strategy = DPIADMM(config, shape=(dataset.num_features, dataset.num_classes))
-    writer = RunWriter(config, engine="flower")
-    log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
+    resume = bool(config.out) and (Path(config.out) / CHECKPOINT).exists()
+    if resume:
+        strategy = DPIADMM(config, shape, checkpoint_path=Path(config.out) / CHECKPOINT)
+        writer = RunWriter(config, engine="flower", directory=config.out, resume_round=strategy.round)
+    else:
+        writer = RunWriter(config, engine="flower")
+        strategy = DPIADMM(config, shape, checkpoint_path=writer.directory / CHECKPOINT)
+    strategy.on_round = lambda report: writer.record_round(report.to_dict())
+    log(INFO, "dpadmm: %s %s", "resuming" if resume else "writing",
+        Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
 
@@ -41,6 +53,8 @@ def main(grid: Grid, context: Context) -> None:
         w = torch.tensor(arrays["w"].numpy())
         record = {"round": server_round, **central_metrics(w, dataset, config.beta)}
         record.update(dict(strategy.last_train_metrics or {}))
+        if strategy.last_report is not None:
+            record["privacy-spent"] = strategy.last_report.privacy_spent
         writer.record(record, w)
         log(INFO, "dpadmm round %d/%d: test error %.4f, train loss %.4f, consensus violation %.4g",
             server_round, config.rounds, record["test-error"], record["train-loss"],
@@ -48,8 +62,13 @@ def main(grid: Grid, context: Context) -> None:
         return MetricRecord({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
     try:
-        strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=config.rounds,
+        strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,
                        evaluate_fn=evaluate)
     finally:
         writer.close()
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+    if ledger:
+        log(INFO, "dpadmm: privacy spent, the largest over agents (they took part in %d to %d rounds): "
+            "eps = %.4g at delta = %g (PLD)", min(strategy.taken), max(strategy.taken),
+            privacy.spent(config, max(strategy.taken)), config.delta)
+

@@ -1,121 +1,232 @@
-"""The DP-IADMM server strategy (003 Algorithm 1, lines 1-9) on Flower's Message API."""
+"""The DP-IADMM server strategy (003 Algorithm 1, lines 1-9) on Flower's Message API.
+
+The server is the single keeper of the ADMM state: w, and z_p, the last local iterate
+and lambda_p of every agent p. Each round it sends a sampled agent its own lambda_p and
+local iterate together with w, and the agent sends back its new z_p (and, for E > 1, its
+last local iterate). Agents keep nothing between rounds, so a device that restarts, drops
+out or misses rounds loses nothing, and a server restarted from its checkpoint continues
+exactly where it stopped.
+"""
 
 from __future__ import annotations
 
+import io
 import math
 import time
-from collections.abc import Iterable
-from logging import ERROR, INFO, WARNING
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-from dpadmm import schedules
+from dpadmm import checkpoint, privacy, schedules
 from dpadmm.config import RunConfig
-from dpadmm.consensus import consensus_violation, dual_digest, dual_update, global_update
+from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.federation import DTYPES
+
+# Keys that only steer waiting; a checkpoint may be resumed with other values.
+OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
+
+
+@dataclass
+class RoundReport:
+    """The operator's view of one round: who was asked, who counted, who did not and why.
+
+    ``rejected`` lists replies that were not aggregated, each with the node, the partition
+    it was asked for (or claims, when its node was not asked; None if unreadable) and the
+    reason. ``privacy_spent`` is the largest
+    epsilon spent so far by any agent (PLD at ``delta``, over the rounds each agent was
+    actually asked; inf for a non-private run).
+    """
+
+    round: int
+    sampled: list[int]
+    replied: list[int] = field(default_factory=list)
+    no_reply: list[int] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    privacy_spent: float = 0.0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class DPIADMM(Strategy):
     """Server side of DP-IADMM (ObjP, ObjPM, ObjT, IADMM) and of the OutP baseline.
 
-    Holds w, and z_p, lambda_p for every agent p = 0..P-1 (P = ``config.num_agents``),
-    indexed by the partition id a client reports. Per round t:
+    Per round t, for the agents :func:`dpadmm.schedules.participants` samples:
 
-    * objective-perturbation family: ``configure_train`` computes w^{t+1} (line 5) and sends
-      it; ``aggregate_train`` stores each z_p^{t+1} and updates lambda_p (line 8);
+    * objective-perturbation family: ``configure_train`` computes w^{t+1} = eq. (4a) over
+      all P agents (line 5) and sends it; ``aggregate_train`` stores each accepted z_p^{t+1}
+      and updates lambda_p (line 8);
     * OutP: the agents update first with w^t; ``aggregate_train`` then computes w^{t+1}
       and the duals.
 
-    ``aggregate_train`` returns w^{t+1} as the round's global model (what ``evaluate_fn``
-    sees) and a MetricRecord with ``consensus-violation``, ``noise-magnitude``, ``rho``,
-    ``replies``, ``dual-mismatches`` and ``seconds`` (wall time of the round, from sending w
-    to the last aggregation). ``shape`` is (J, K), the shape of w.
+    An agent that was not sampled, did not reply in time or whose reply was rejected keeps
+    its last z_p and lambda_p; w still averages all P. A reply is rejected (with a logged
+    reason, never aggregated) when it carries an error, comes from a node not asked this
+    round, claims another partition than its node holds, was computed for another round, or
+    has a ``z`` of the wrong shape or dtype or with non-finite entries.
+
+    Agents are identified by the partition id each node reports once (a query message);
+    the binding node -> partition is kept, and a second node claiming a partition that a
+    connected node holds is refused. With ``checkpoint`` the whole state is saved there
+    atomically after every round, and a new strategy with the same configuration resumes
+    from it (:attr:`round` is the last completed round).
 
     Example (in a ServerApp)::
 
         strategy = DPIADMM(RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10), shape=(784, 10))
-        result = strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(),
-                                num_rounds=strategy.config.rounds, evaluate_fn=my_eval)
+        result = strategy.start(grid=grid, num_rounds=strategy.config.rounds, evaluate_fn=my_eval)
     """
 
-    def __init__(self, config: RunConfig, shape: tuple[int, int]):
+    def __init__(self, config: RunConfig, shape: tuple[int, int], *,
+                 checkpoint_path: str | Path | None = None,
+                 on_round: Callable[[RoundReport], None] | None = None):
         self.config = config
         self.shape = (int(shape[0]), int(shape[1]))
-        zeros = torch.zeros((config.num_agents, *self.shape), dtype=DTYPES[config.dtype])
+        self.dtype = DTYPES[config.dtype]
+        zeros = torch.zeros((config.num_agents, *self.shape), dtype=self.dtype)
         self.w = zeros[0].clone()
         self.z = zeros.clone()
+        self.z_chain = zeros.clone()
         self.lam = zeros.clone()
+        self.round = 0
+        self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
+        self.nodes: dict[int, int] = {}  # node id -> partition id
+        self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
+        self.on_round = on_round
         self.last_train_metrics: MetricRecord | None = None
-        self._round_started = time.perf_counter()
+        self.last_report: RoundReport | None = None
+        self._asked: dict[int, int] = {}  # node id -> partition asked this round
+        self._started = time.perf_counter()
+        self._waited = False
+        self._resume()
 
     # ----- Strategy API -----
 
     def initial_arrays(self) -> ArrayRecord:
-        """The starting global model w = 0 (Algorithm 1 starts from w = z_p = lambda_p = 0)."""
+        """The current global model: w = 0 at the start (Algorithm 1), the saved w on resume."""
         return ArrayRecord({"w": self.w.clone()})
 
     def summary(self) -> None:
         c = self.config
-        log(INFO, "\t├── DP-IADMM: algorithm=%s, eps-bar=%s per local step, E=%d, P=%d, T=%d",
-            c.algorithm, c.effective_epsilon, c.steps, c.num_agents, c.rounds)
+        log(INFO, "\t├── DP-IADMM: algorithm=%s, eps-bar=%s per local step, E=%d, P=%d, T=%d, "
+            "fraction-train=%g", c.algorithm, c.effective_epsilon, c.steps, c.num_agents, c.rounds,
+            c.fraction_train)
         log(INFO, "\t└── rho constants (c1, c2, Tc) = %s, a = %s, beta = %s",
             c.rho_constants, c.prox_scale, c.beta)
 
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run rounds :attr:`round` + 1 .. ``num_rounds`` (default T), resuming after a restart.
+
+        Flower's loop, with three differences: it starts after the last checkpointed round,
+        it has no federated evaluation (w is evaluated centrally by ``evaluate_fn``), and
+        after each round it calls ``on_round`` and writes the checkpoint. ``initial_arrays``
+        is ignored: the state is the strategy's own (w = 0, or the checkpoint's).
+        """
+        num_rounds = self.config.rounds if num_rounds is None else num_rounds
+        timeout = self.config.round_timeout if timeout is None else timeout
+        train_config = ConfigRecord() if train_config is None else train_config
+        log(INFO, "Starting %s strategy at round %d of %d:", self.__class__.__name__, self.round + 1,
+            num_rounds)
+        self.summary()
+        result = Result()
+        t_start = time.time()
+        arrays = self.initial_arrays()
+        for t in range(self.round + 1, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", t, num_rounds)
+            replies = grid.send_and_receive(messages=self.configure_train(t, arrays, train_config, grid),
+                                            timeout=timeout)
+            arrays, metrics = self.aggregate_train(t, replies)
+            result.arrays = arrays
+            result.train_metrics_clientapp[t] = metrics
+            if evaluate_fn:
+                res = evaluate_fn(t, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[t] = res
+            if self.on_round and self.last_report is not None:
+                self.on_round(self.last_report)
+            self.save()
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        return result
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Send the round's model to every agent (line 6); compute w^{t+1} first (line 5)."""
-        self._round_started = time.perf_counter()
-        rho_t = schedules.rho_at(self.config, server_round)
+        """Send each sampled agent w, its lambda_p and last iterate (line 6); w^{t+1} first (line 5)."""
+        self._started = time.perf_counter()
+        sampled = schedules.participants(self.config, server_round)
+        self.last_report = RoundReport(round=server_round, sampled=sampled)
         if self.config.algorithm != "outp":
-            self.w = global_update(self.z, self.lam, rho_t)
-        node_ids = self._wait_for_nodes(grid)
-        train_config = ConfigRecord(dict(config))
-        train_config["server-round"] = server_round
-        content = RecordDict({"arrays": ArrayRecord({"w": self.w.clone()}), "config": train_config})
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
-                for node in node_ids]
+            self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round))
+        holders = self._bind_nodes(grid, needed=len(sampled))
+        self._asked = {}
+        messages = []
+        for p in sampled:
+            node = holders.get(p)
+            if node is None:
+                continue  # no connected node holds p: it counts as no reply
+            self.taken[p] += 1
+            train_config = ConfigRecord(dict(config))
+            train_config["server-round"] = server_round
+            train_config["partition-id"] = p
+            state = ArrayRecord({"w": self.w.clone(), "lambda": self.lam[p].clone(),
+                                 "z": self.z_chain[p].clone()})
+            messages.append(Message(content=RecordDict({"arrays": state, "config": train_config}),
+                                    message_type=MessageType.TRAIN, dst_node_id=node))
+            self._asked[node] = p
+        return messages
 
     def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Store each z_p^{t+1} and update lambda_p (line 8); w^{t+1} after the agents for OutP."""
+                        replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """Store each accepted z_p^{t+1} and update lambda_p (line 8); w^{t+1} after the agents for OutP."""
         rho_t = schedules.rho_at(self.config, server_round)
-        received: dict[int, tuple[torch.Tensor, MetricRecord]] = {}
+        report = self.last_report or RoundReport(round=server_round, sampled=[])
+        accepted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for reply in replies:
-            accepted = self._accept(reply)
-            if accepted is not None:
-                p, z_p, metrics = accepted
-                if p in received:
-                    log(ERROR, "round %d: two replies claim partition %d; keeping the first", server_round, p)
-                    continue
-                received[p] = (z_p, metrics)
-        if len(received) < self.config.num_agents:
-            missing = sorted(set(range(self.config.num_agents)) - set(received))
-            log(WARNING, "round %d: no reply from partitions %s; they keep their last z_p and lambda_p",
-                server_round, missing)
-        mismatches = 0
-        if self.config.algorithm == "outp":
-            # The agents' copy lags one round (they learn w^{t+1} with the next message).
-            mismatches += self._check_duals(server_round, received)
-        for p, (z_p, _) in received.items():
-            self.z[p] = z_p
+            node = reply.metadata.src_node_id
+            p = self._asked.pop(node, None)
+            outcome = self._check(reply, p, server_round)
+            if isinstance(outcome, str):
+                partition = p if p is not None else _claimed_partition(reply)
+                report.rejected.append({"node": node, "partition": partition, "reason": outcome})
+                log(WARNING, "round %d: rejected the reply of node %s (partition %s): %s", server_round, node,
+                    partition, outcome)
+                continue
+            accepted[p] = outcome
+        for p, (z_p, z_last) in accepted.items():
+            self.z[p], self.z_chain[p] = z_p, z_last
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t)
-        for p in received:
+        for p in accepted:
             self.lam[p] = dual_update(self.lam[p], self.w, self.z[p], rho_t)
-        if self.config.algorithm != "outp":
-            mismatches += self._check_duals(server_round, received)
-        magnitudes = [float(m["noise-magnitude"]) for _, m in received.values()]
+        self.round = server_round
+        report.replied = sorted(accepted)
+        report.no_reply = sorted(set(report.sampled) - set(accepted)
+                                 - {r["partition"] for r in report.rejected})
+        report.privacy_spent = privacy.spent(self.config, max(self.taken))
+        report.seconds = time.perf_counter() - self._started
+        self._log(report)
         metrics = MetricRecord({
             "consensus-violation": consensus_violation(self.w, self.z),
-            "noise-magnitude": sum(magnitudes) / len(magnitudes) if magnitudes else 0.0,
             "rho": rho_t,
-            "replies": len(received),
-            "dual-mismatches": mismatches,
-            "seconds": time.perf_counter() - self._round_started,
+            "replies": len(accepted),
+            "rejected": len(report.rejected),
+            "no-reply": len(report.no_reply),
+            "seconds": report.seconds,
         })
         self.last_train_metrics = metrics
         return ArrayRecord({"w": self.w.clone()}), metrics
@@ -128,55 +239,133 @@ class DPIADMM(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
 
+    # ----- checkpoints -----
+
+    def save(self) -> None:
+        """Write the state after :attr:`round` to the checkpoint, atomically (no-op without one)."""
+        if self.checkpoint_path is None:
+            return
+        checkpoint.save(self.checkpoint_path, {
+            "round": self.round, "config": self._identity(), "shape": list(self.shape),
+            "w": self.w, "z": self.z, "z_chain": self.z_chain, "lam": self.lam,
+            "rho": schedules.rho_at(self.config, max(self.round, 1)),
+            "taken": list(self.taken), "privacy_spent": privacy.spent(self.config, max(self.taken)),
+            "nodes": [[n, p] for n, p in self.nodes.items()],
+            "seed": self.config.seed,  # the key of every noise and participation stream
+        })
+
+    def _resume(self) -> None:
+        saved = checkpoint.load(self.checkpoint_path, {"config": self._identity(), "shape": list(self.shape)})
+        if saved is None:
+            return
+        for key in ("w", "z", "z_chain", "lam"):
+            setattr(self, key, saved[key].to(self.dtype))
+        self.round = int(saved["round"])
+        self.taken = [int(k) for k in saved["taken"]]
+        self.nodes = {int(n): int(p) for n, p in saved["nodes"]}
+        log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
+
+    def _identity(self) -> dict[str, Any]:
+        """The configuration a checkpoint must match (waiting times may differ)."""
+        return {k: v for k, v in self.config.to_mapping().items() if k not in OPERATIONAL_KEYS}
+
     # ----- helpers -----
 
-    def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        """Every agent's node: Algorithm 1 needs all P agents (partial participation is not built yet)."""
-        needed = self.config.num_agents
-        deadline = time.monotonic() + self.config.node_timeout
-        while len(nodes := sorted(grid.get_node_ids())) < needed:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"only {len(nodes)} of num-agents={needed} nodes connected within node-timeout="
-                    f"{self.config.node_timeout:g} s. In simulation, size the federation to match: "
-                    f"flwr run . --federation-config 'num-supernodes={needed}'")
-            log(INFO, "Waiting for nodes: %d of %d connected", len(nodes), needed)
-            time.sleep(1.0)
-        if len(nodes) > needed:
-            raise ValueError(f"{len(nodes)} nodes are connected but num-agents={needed}; every node is an "
-                             "agent, so set num-agents to the number of nodes")
-        return nodes
+    def _bind_nodes(self, grid: Grid, needed: int) -> dict[int, int]:
+        """partition -> connected node, after asking new nodes which partition they hold.
 
-    def _accept(self, reply: Message) -> tuple[int, torch.Tensor, MetricRecord] | None:
-        """The reply's (partition id, z_p, metrics), or None with a logged reason."""
+        The first call waits up to ``node-timeout`` for every agent's node (at least
+        ``needed`` of them, or a TimeoutError); later calls take who is connected.
+        """
+        deadline = time.monotonic() + self.config.node_timeout
+        while True:
+            connected = set(grid.get_node_ids())
+            unknown = sorted(connected - set(self.nodes))
+            if unknown:
+                self._query(grid, unknown, connected)
+            holders = {p: n for n, p in self.nodes.items() if n in connected}
+            if self._waited or len(holders) == self.config.num_agents:
+                break
+            if time.monotonic() > deadline:
+                if len(holders) < needed:
+                    raise TimeoutError(
+                        f"only {len(holders)} of num-agents={self.config.num_agents} nodes connected within "
+                        f"node-timeout={self.config.node_timeout:g} s ({len(connected)} nodes in all). In "
+                        "simulation, size the federation to match: flwr run . --federation-config "
+                        f"'num-supernodes={self.config.num_agents}'")
+                missing = sorted(set(range(self.config.num_agents)) - set(holders))
+                log(WARNING, "starting without partitions %s: no node holds them after node-timeout", missing)
+                break
+            log(INFO, "Waiting for nodes: %d of %d agents connected", len(holders), self.config.num_agents)
+            time.sleep(1.0)
+        self._waited = True
+        return holders
+
+    def _query(self, grid: Grid, nodes: list[int], connected: set[int]) -> None:
+        """Ask new nodes for their partition id and bind the valid, unclaimed ones."""
+        question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
+        replies = grid.send_and_receive(
+            [Message(content=question, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
+            timeout=self.config.round_timeout)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            claimed = _claimed_partition(reply)
+            holder = {p: n for n, p in self.nodes.items() if n in connected}.get(claimed)
+            if reply.has_error():
+                log(WARNING, "node %s did not say its partition: %s", node, reply.error.reason)
+            elif claimed is None or not 0 <= claimed < self.config.num_agents:
+                log(WARNING, "node %s claims partition %s, outside 0..%d; not bound", node, claimed,
+                    self.config.num_agents - 1)
+            elif holder is not None:
+                log(WARNING, "node %s claims partition %d, which connected node %s holds; not bound", node,
+                    claimed, holder)
+            else:
+                for old in [n for n, p in self.nodes.items() if p == claimed]:
+                    log(INFO, "partition %d moves from node %s (gone) to node %s", claimed, old, node)
+                    del self.nodes[old]
+                self.nodes[node] = claimed
+
+    def _check(self, reply: Message, p: int | None,
+               server_round: int) -> tuple[torch.Tensor, torch.Tensor] | str:
+        """(z_p, last local iterate) of an acceptable reply, or the reason to reject it."""
         if reply.has_error():
-            log(ERROR, "reply from node %s carries an error: %s", reply.metadata.src_node_id, reply.error)
-            return None
+            return f"the ClientApp failed: {reply.error.reason}"
+        if p is None:
+            return "its node was not asked this round (a late or duplicate reply)"
         try:
             metrics = reply.content["metrics"]
-            p = int(metrics["partition-id"])
-            z_p = reply.content["arrays"]["z"].numpy()
+            claimed, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
+            arrays = {key: reply.content["arrays"][key].numpy() for key in ("z", "z-last")
+                      if key == "z" or self.config.steps > 1}
         except (KeyError, TypeError, ValueError) as err:
-            log(ERROR, "malformed reply from node %s (%s); ignored", reply.metadata.src_node_id, err)
-            return None
-        if not 0 <= p < self.config.num_agents:
-            log(ERROR, "reply claims partition-id %d outside 0..%d; ignored", p, self.config.num_agents - 1)
-            return None
-        if tuple(z_p.shape) != self.shape:
-            log(ERROR, "reply from partition %d has z of shape %s, expected %s; ignored", p, z_p.shape,
-                self.shape)
-            return None
-        return p, torch.tensor(z_p, dtype=self.z.dtype), metrics
+            return f"malformed: {type(err).__name__} {err}"
+        if claimed != p:
+            return f"claims partition {claimed}, but its node holds partition {p}"
+        if computed_for != server_round:
+            return f"computed for round {computed_for}, not this round {server_round}"
+        expected = np.dtype(str(self.dtype).removeprefix("torch."))
+        for key, value in arrays.items():
+            if value.dtype != expected:
+                return f"{key} has dtype {value.dtype}, expected {expected}"
+            if tuple(value.shape) != self.shape:
+                return f"{key} has shape {tuple(value.shape)}, expected {self.shape}"
+            if not np.isfinite(value).all():
+                return f"{key} has non-finite entries"
+        z_p = torch.from_numpy(arrays["z"].copy())
+        return z_p, torch.from_numpy(arrays["z-last"].copy()) if "z-last" in arrays else z_p
 
-    def _check_duals(self, server_round: int, received: dict[int, tuple[torch.Tensor, MetricRecord]]) -> int:
-        """Count agents whose reported lambda_p digest differs from the server's copy."""
-        bad = 0
-        for p, (_, metrics) in received.items():
-            server_sum, server_l1 = dual_digest(self.lam[p])
-            client = (float(metrics.get("dual-sum", math.nan)), float(metrics.get("dual-l1", math.nan)))
-            if not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-                       for a, b in zip(client, (server_sum, server_l1), strict=True)):
-                bad += 1
-                log(ERROR, "round %d: lambda_%d differs between agent %s and server %s", server_round, p,
-                    client, (server_sum, server_l1))
-        return bad
+    def _log(self, report: RoundReport) -> None:
+        spent = ("none (non-private)" if math.isinf(report.privacy_spent)
+                 else f"eps={report.privacy_spent:.4g}")
+        log(INFO, "round %d: %d of %d sampled agents replied; no reply: %s; rejected: %s; privacy spent "
+            "(largest over agents, PLD at delta=%g): %s", report.round, len(report.replied),
+            len(report.sampled), report.no_reply or "none",
+            [(r["partition"], r["reason"]) for r in report.rejected] or "none", self.config.delta, spent)
+
+
+def _claimed_partition(reply: Message) -> int | None:
+    """The partition id a reply states, or None when it carries none that is readable."""
+    try:
+        return int(reply.content["metrics"]["partition-id"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -119,6 +119,6 @@ def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) ->
         assert torch.equal(a.state.w, b.state.w)
         assert [r["round"] for r in read_metrics(d)] == [2, 4, 6]
         assert read_metrics(d)[-1]["test-error"] == a.records[-1]["test-error"]
-    with pytest.raises(ValueError, match="another configuration"):
+    with pytest.raises(ValueError, match="belongs to another run"):
         engine.run_seeds(dataclasses.replace(config, epsilon=2.0), [1, 2], progress=False,
                          directories=part_dirs, checkpoint=tmp_path / "b" / "ckpt.pt")

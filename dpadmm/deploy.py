@@ -1,0 +1,219 @@
+"""Secure deployment helpers: a development CA, SuperNode keys, and the Flower commands.
+
+A Flower deployment is one SuperLink (the server machine) and one SuperNode per device.
+dpadmm deploys it **secure by default**:
+
+- TLS: the SuperLink serves HTTPS with a certificate signed by a CA that every SuperNode
+  and the ``flwr`` CLI trust (``--root-certificates``). :func:`make_certificates` creates a
+  *development* CA and a server certificate for the given host names and addresses; in
+  production use your organisation's CA instead, the commands stay the same.
+- SuperNode authentication: the SuperLink runs with ``--enable-supernode-auth`` and only
+  accepts SuperNodes whose public key an operator registered (``flwr supernode register``).
+  :func:`make_node_keys` creates the P-384 key pairs Flower expects (OpenSSH format).
+
+:func:`superlink_command` and :func:`supernode_command` build the ``flower-superlink`` and
+``flower-supernode`` command lines with those settings. Insecure mode (no TLS, no
+authentication) is only produced with ``insecure=True``, and then with a warning: it sends
+the model, the duals and each agent's z_p in clear text and lets any process join.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+INSECURE_WARNING = (
+    "INSECURE deployment: no TLS and no SuperNode authentication. The global model, every "
+    "lambda_p and z_p travel in clear text, and any process that reaches the port can join as an "
+    "agent. Use this only on a trusted loopback or test network."
+)
+CERT_DAYS = 365
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """Paths of a development CA and the SuperLink's certificate and key (PEM)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    """Write ``data`` atomically; private keys are created readable by the owner only."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(names)
+
+
+def make_certificates(out: str | Path, hosts: Sequence[str], days: int = CERT_DAYS) -> Certificates:
+    """A development CA (``ca.crt``) and a SuperLink certificate (``server.crt``, ``server.key``).
+
+    ``hosts`` are the names and IP addresses the SuperNodes use to reach the SuperLink (every
+    one goes into the certificate's subject alternative names, which TLS checks). Keys are
+    ECDSA P-384. The CA's private key is not kept: nothing else is ever signed with it, so it
+    cannot leak. Existing files are refused rather than overwritten (a new CA would lock out
+    every device that trusts the old one).
+    """
+    hosts = [h.strip() for h in hosts if h.strip()]
+    if not hosts:
+        raise ValueError("hosts is empty: give the SuperLink's host names or IP addresses, e.g. 127.0.0.1")
+    if days < 1:
+        raise ValueError(f"days={days} is not allowed; it must be >= 1")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = Certificates(out / "ca.crt", out / "server.crt", out / "server.key")
+    existing = [str(p) for p in (paths.ca_cert, paths.server_cert, paths.server_key) if p.exists()]
+    if existing:
+        raise FileExistsError(f"{', '.join(existing)} already exist; remove them or choose another folder")
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dpadmm development CA")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     key_cert_sign=True, crl_sign=True, encipher_only=False,
+                                     decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA384())
+    )
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name).public_key(server_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days))
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    pem = serialization.Encoding.PEM
+    _write(paths.server_key, server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()), private=True)
+    _write(paths.server_cert, server_cert.public_bytes(pem))
+    _write(paths.ca_cert, ca_cert.public_bytes(pem))
+    return paths
+
+
+def make_node_keys(out: str | Path, names: Sequence[str]) -> list[Path]:
+    """One SuperNode key pair per name: ``<name>`` (private, mode 0600) and ``<name>.pub``.
+
+    Flower's SuperNode authentication wants an ECDSA key on a NIST curve in OpenSSH format
+    (the format of ``ssh-keygen -t ecdsa -b 384``). Returns the private key paths; the
+    ``.pub`` files are what the operator registers with ``flwr supernode register``.
+    """
+    if not names:
+        raise ValueError("names is empty: give one name per SuperNode, e.g. node-0")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"node name {name!r} is not allowed; use letters, digits, '-' and '_'")
+        path = out / name
+        if path.exists() or path.with_name(name + ".pub").exists():
+            raise FileExistsError(f"{path} or {path}.pub already exists; remove it or choose another name")
+        key = ec.generate_private_key(ec.SECP384R1())
+        _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()), private=True)
+        _write(path.with_name(name + ".pub"),
+               key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                             serialization.PublicFormat.OpenSSH) + b"\n")
+        paths.append(path)
+    return paths
+
+
+def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,
+                      database: str | Path | None = None, insecure: bool = False) -> list[str]:
+    """The ``flower-superlink`` command: TLS from ``certs`` and SuperNode authentication.
+
+    ``database`` keeps the SuperLink's state (registered SuperNodes, runs) in a file, so a
+    restarted SuperLink still knows the registered keys. The ServerApp runs in this
+    environment (no runtime dependency installation).
+    """
+    command = ["flower-superlink", "--host", host, "--port", str(port),
+               "--disable-runtime-dependency-installation"]
+    if database is not None:
+        command += ["--database", str(database)]
+    if insecure:
+        warnings.warn(INSECURE_WARNING, stacklevel=2)
+        return [*command, "--insecure"]
+    certs = _certs(certs)
+    return [*command, "--ssl-ca-certfile", str(certs.ca_cert), "--ssl-certfile", str(certs.server_cert),
+            "--ssl-keyfile", str(certs.server_key), "--enable-supernode-auth"]
+
+
+def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path | None = None,
+                      private_key: str | Path | None = None, port: int = 9094,
+                      insecure: bool = False) -> list[str]:
+    """The ``flower-supernode`` command for one device.
+
+    ``superlink`` is ``host:port`` of the SuperLink, ``node_config`` the agent's node config
+    (``partition-id=3 data-path='/data/agent.npz' num-samples-total=60000``), ``ca_cert``
+    the CA that signed the SuperLink's certificate, ``private_key`` the node's registered
+    key. ``port`` is the node's local runtime API (distinct per SuperNode on one machine).
+    """
+    command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
+               "--port", str(port)]
+    if insecure:
+        warnings.warn(INSECURE_WARNING, stacklevel=2)
+        return [*command, "--insecure"]
+    missing = [name for name, value in (("ca_cert", ca_cert), ("private_key", private_key)) if value is None]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} missing: a secure SuperNode needs the CA certificate and "
+                         "its registered private key (or insecure=True, explicitly)")
+    for path in (ca_cert, private_key):
+        if not Path(str(path)).is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    return [*command, "--root-certificates", str(ca_cert), "--auth-supernode-private-key", str(private_key)]
+
+
+def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecure: bool = False) -> str:
+    """The ``[superlink.<name>]`` block of ``$FLWR_HOME/config.toml`` for ``flwr run . <name>``."""
+    lines = [f"[superlink.{name}]", f'address = "{address}"']
+    if insecure:
+        warnings.warn(INSECURE_WARNING, stacklevel=2)
+        lines.append("insecure = true")
+    else:
+        if ca_cert is None:
+            raise ValueError("ca_cert missing: the flwr CLI needs the CA certificate (or insecure=True)")
+        lines.append(f'root-certificates = "{Path(ca_cert).resolve()}"')
+    return "\n".join(lines) + "\n"
+
+
+def _certs(certs: str | Path | None) -> Certificates:
+    if certs is None:
+        raise ValueError("certs missing: a secure SuperLink needs the folder of make_certificates "
+                         "(dpadmm deploy certs), or insecure=True, explicitly")
+    folder = Path(certs)
+    paths = Certificates(folder / "ca.crt", folder / "server.crt", folder / "server.key")
+    missing = [str(p) for p in (paths.ca_cert, paths.server_cert, paths.server_key) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} missing; create them with `dpadmm deploy certs`")
+    return paths
