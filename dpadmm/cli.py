@@ -1,8 +1,11 @@
 """The ``dpadmm`` command line: ``dpadmm train`` runs the batched engine, ``dpadmm privacy``
-prints a configuration's privacy ledger, ``dpadmm reproduce`` reruns the papers' grid.
+prints a configuration's privacy ledger, ``dpadmm reproduce`` reruns the papers' grid, and
+``dpadmm deploy`` sets up a secure Flower deployment (development CA, SuperNode keys, the
+``flwr`` connection, and the ``flower-superlink`` / ``flower-supernode`` commands).
 
-Its flags are the run-config keys of the Flower app (``--local-steps`` is
-``local-steps``), generated from ``RunConfig`` so the two cannot drift apart.
+The flags of ``train`` and ``privacy`` are the run-config keys of the Flower app
+(``--local-steps`` is ``local-steps``), generated from ``RunConfig`` so the two cannot
+drift apart.
 """
 
 from __future__ import annotations
@@ -10,10 +13,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shlex
+import shutil
 import sys
-from collections.abc import Sequence
+import tomllib
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 from dpadmm.config import RunConfig
+
+_T = TypeVar("_T")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(ledger)
     ledger.add_argument("--json", action="store_true", help="print the ledger as one JSON object")
     _add_reproduce(commands)
+    _add_deploy(commands)
     return parser
 
 
@@ -94,8 +107,6 @@ def _add_reproduce(commands: argparse._SubParsersAction) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from dpadmm import reproduce
 
     try:
@@ -115,11 +126,189 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_deploy(commands: argparse._SubParsersAction) -> None:
+    from dpadmm.deploy import CERT_DAYS
+
+    deploy = commands.add_parser(
+        "deploy",
+        help="set up a secure Flower deployment (TLS certificates, SuperNode keys, commands)",
+        description="Set up a Flower deployment that is secure by default: TLS with a development CA, "
+                    "SuperNode authentication with registered keys, the flwr connection, and the "
+                    "flower-superlink / flower-supernode commands. --insecure turns TLS and "
+                    "authentication off, explicitly and with a warning.",
+    )
+    steps = deploy.add_subparsers(dest="step", required=True)
+    certs = steps.add_parser("certs", help="make a development CA and the SuperLink's certificate",
+                             description="Write ca.crt, server.crt and server.key (ECDSA P-384) into --out.")
+    certs.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
+    certs.add_argument("--hosts", required=True,
+                       help="comma-separated host names and IP addresses the SuperNodes use to reach the "
+                            "SuperLink, e.g. 127.0.0.1,localhost,192.168.1.10")
+    certs.add_argument("--days", type=int, default=CERT_DAYS,
+                       help=f"validity of the certificates in days (default: {CERT_DAYS})")
+    keys = steps.add_parser("keys", help="make one SuperNode authentication key pair per name",
+                            description="Write <name> (private, mode 0600) and <name>.pub (OpenSSH, P-384) "
+                                        "per name into --out.")
+    keys.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
+    keys.add_argument("--names", required=True, help="comma-separated node names, e.g. node-0,node-1")
+    link = steps.add_parser("superlink", help="run (or --print) the flower-superlink command",
+                            description="Replace this process with flower-superlink, serving TLS with the "
+                                        "certificates of --certs and accepting only registered SuperNodes.")
+    link.add_argument("--certs", help="folder of `dpadmm deploy certs` (ca.crt, server.crt, server.key)")
+    link.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
+    link.add_argument("--port", type=int, default=9093, help="port to listen on (default: 9093)")
+    link.add_argument("--database", help="file that keeps the registered SuperNodes and runs across restarts")
+    link.add_argument("--insecure", action="store_true",
+                      help="no TLS, no SuperNode authentication (trusted test networks only)")
+    link.add_argument("--print", action="store_true", help="print the command instead of running it")
+    node = steps.add_parser("supernode", help="run (or --print) the flower-supernode command",
+                            description="Replace this process with flower-supernode for one device.")
+    node.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink")
+    node.add_argument("--node-config", required=True,
+                      help="the agent's node config, e.g. \"partition-id=0 data-path='/x.npz' "
+                           "num-samples-total=60000\"")
+    node.add_argument("--ca-cert", help="the CA certificate that signed the SuperLink's (ca.crt)")
+    node.add_argument("--key", help="this node's private key, registered with `flwr supernode register`")
+    node.add_argument("--port", type=int, default=9094,
+                      help="the node's local runtime API port, distinct per SuperNode on a machine "
+                           "(default: 9094)")
+    node.add_argument("--insecure", action="store_true",
+                      help="no TLS, no SuperNode authentication (trusted test networks only)")
+    node.add_argument("--print", action="store_true", help="print the command instead of running it")
+    conn = steps.add_parser("connection", help="add a SuperLink connection to flwr's config.toml",
+                            description="Append a [superlink.NAME] block to <flwr-home>/config.toml, so "
+                                        "that `flwr run . NAME` reaches the SuperLink over TLS.")
+    conn.add_argument("--name", required=True, help="connection name, e.g. dpadmm")
+    conn.add_argument("--address", required=True, help="HOST:PORT of the SuperLink")
+    conn.add_argument("--ca-cert", help="the CA certificate that signed the SuperLink's (ca.crt)")
+    conn.add_argument("--insecure", action="store_true",
+                      help="connect without TLS (trusted test networks only)")
+    conn.add_argument("--flwr-home", help="Flower's home folder (default: $FLWR_HOME, else ~/.flwr)")
+    conn.add_argument("--print", action="store_true", help="print the block instead of writing it")
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",")]
+
+
+def _warned(build: Callable[[], _T]) -> _T:
+    """Run ``build`` and show each warning it raised once, on stderr, as ``dpadmm: warning: ...``.
+
+    The deploy helpers warn through :mod:`warnings` (right for library callers); a command line
+    user should see the insecure-mode warning exactly once and in plain words, whatever the
+    interpreter's warning filters say.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = build()
+    for warning in caught:
+        print(f"dpadmm: warning: {warning.message}", file=sys.stderr)
+    return result
+
+
+def _exec(command: list[str]) -> None:
+    """Replace this process with ``command`` (same pid, so a supervisor's pid stays the server's).
+
+    The program is looked up next to this interpreter first (the ``flwr`` that dpadmm was
+    installed with), then on PATH.
+    """
+    sibling = Path(sys.executable).with_name(command[0])
+    program = str(sibling) if os.access(sibling, os.X_OK) else shutil.which(command[0])
+    if program is None:
+        raise FileNotFoundError(f"{command[0]} not found next to {sys.executable} or on PATH; install flwr "
+                                "(pip install 'flwr>=1.41,<1.42') or activate its environment")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(program, [command[0], *command[1:]])
+
+
+def _append_connection(home: Path, name: str, block: str) -> Path:
+    """Append ``block`` to ``home/config.toml``; refuse a name that is already there.
+
+    The file is parsed before and after (the would-be text) so that dpadmm never leaves the
+    user's Flower configuration unreadable.
+    """
+    path = home / "config.toml"
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+        try:
+            existing = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path} is not valid TOML ({err}); fix it before adding a connection") from err
+        superlink = existing.get("superlink", {})
+        if isinstance(superlink, dict) and name in superlink:
+            raise FileExistsError(f"{path} already has a [superlink.{name}] connection; remove it or choose "
+                                  "another --name")
+        new_text = text + ("" if not text or text.endswith("\n") else "\n") + "\n" + block
+    else:
+        new_text = f'[superlink]\ndefault = "{name}"\n\n' + block
+    try:
+        tomllib.loads(new_text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"adding [superlink.{name}] would make {path} invalid TOML ({err}); "
+                         "check its [superlink] table") from err
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new_text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from dpadmm import deploy
+
+    try:
+        if args.step == "certs":
+            paths = deploy.make_certificates(args.out, _split(args.hosts), days=args.days)
+            for path in (paths.ca_cert, paths.server_cert, paths.server_key):
+                print(path)
+            print(f"copy {paths.ca_cert} to every device (SuperNodes and the machine running `flwr`); "
+                  f"{paths.server_key} stays on the SuperLink only")
+        elif args.step == "keys":
+            for key in deploy.make_node_keys(args.out, _split(args.names)):
+                pub = key.with_name(key.name + ".pub")
+                print(pub)
+                print(f"  register: flwr supernode register {shlex.quote(str(pub))} <connection-name>")
+            print("copy each private key to its device only; <connection-name> is the --name of "
+                  "`dpadmm deploy connection`")
+        elif args.step == "superlink":
+            command = _warned(lambda: deploy.superlink_command(
+                None if args.certs is None else Path(args.certs), host=args.host, port=args.port,
+                database=args.database, insecure=args.insecure))
+            if args.print:
+                print(shlex.join(command))
+            else:
+                _exec(command)
+        elif args.step == "supernode":
+            command = _warned(lambda: deploy.supernode_command(
+                args.superlink, args.node_config, ca_cert=args.ca_cert, private_key=args.key, port=args.port,
+                insecure=args.insecure))
+            if args.print:
+                print(shlex.join(command))
+            else:
+                _exec(command)
+        elif args.step == "connection":
+            block = _warned(lambda: deploy.connection_toml(args.name, args.address, args.ca_cert,
+                                                           insecure=args.insecure))
+            if args.print:
+                print(block, end="")
+            else:
+                home = Path(args.flwr_home or os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
+                path = _append_connection(home, args.name, block)
+                print(f"{path}: added [superlink.{args.name}]; run `flwr run . {args.name}`")
+    except (ValueError, OSError) as err:  # OSError: existing, missing or unwritable files
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "reproduce":
         return _reproduce(args)
+    if args.command == "deploy":
+        return _deploy(args)
     try:
         config = _config_from(args)
     except ValueError as err:

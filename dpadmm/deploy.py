@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ INSECURE_WARNING = (
     "agent. Use this only on a trusted loopback or test network."
 )
 CERT_DAYS = 365
+# A node key's file name, and a connection name (a TOML bare key, so `[superlink.<name>]` is one table).
+_BARE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_CONNECTION_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -130,15 +134,22 @@ def make_node_keys(out: str | Path, names: Sequence[str]) -> list[Path]:
     """
     if not names:
         raise ValueError("names is empty: give one name per SuperNode, e.g. node-0")
+    # Every name is checked before the first key is written, so a bad list leaves no half-made set.
+    for name in names:
+        if not _BARE_NAME.fullmatch(name) or name.startswith("."):
+            raise ValueError(f"node name {name!r} is not allowed; use letters, digits, '.', '-' and '_' "
+                             "(not starting with '.')")
+    repeated = sorted({name for name in names if list(names).count(name) > 1})
+    if repeated:
+        raise ValueError(f"node names {', '.join(repeated)} repeat; every SuperNode needs its own key")
     out = Path(out)
+    existing = [str(p) for name in names for p in (out / name, out / (name + ".pub")) if p.exists()]
+    if existing:
+        raise FileExistsError(f"{', '.join(existing)} already exist; remove them or choose other names")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in names:
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"node name {name!r} is not allowed; use letters, digits, '-' and '_'")
         path = out / name
-        if path.exists() or path.with_name(name + ".pub").exists():
-            raise FileExistsError(f"{path} or {path}.pub already exists; remove it or choose another name")
         key = ec.generate_private_key(ec.SECP384R1())
         _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                        serialization.NoEncryption()), private=True)
@@ -157,6 +168,7 @@ def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: 
     restarted SuperLink still knows the registered keys. The ServerApp runs in this
     environment (no runtime dependency installation).
     """
+    _check_port(port)
     command = ["flower-superlink", "--host", host, "--port", str(port),
                "--disable-runtime-dependency-installation"]
     if database is not None:
@@ -179,6 +191,9 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
     the CA that signed the SuperLink's certificate, ``private_key`` the node's registered
     key. ``port`` is the node's local runtime API (distinct per SuperNode on one machine).
     """
+    _check_port(port)
+    if not superlink:
+        raise ValueError("superlink is empty: give the SuperLink's host:port, e.g. 192.168.1.10:9093")
     command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
                "--port", str(port)]
     if insecure:
@@ -195,16 +210,39 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
 
 
 def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecure: bool = False) -> str:
-    """The ``[superlink.<name>]`` block of ``$FLWR_HOME/config.toml`` for ``flwr run . <name>``."""
-    lines = [f"[superlink.{name}]", f'address = "{address}"']
+    """The ``[superlink.<name>]`` block of ``$FLWR_HOME/config.toml`` for ``flwr run . <name>``.
+
+    ``name`` must be a TOML bare key: a dot would make ``[superlink.a.b]`` a nested table
+    that ``flwr`` does not read as a connection. Values are written as escaped TOML strings,
+    so a quote or backslash in a path cannot break the user's configuration file.
+    """
+    if not _CONNECTION_NAME.fullmatch(name):
+        raise ValueError(f"connection name {name!r} is not allowed; use letters, digits, '-' and '_'")
+    if not address:
+        raise ValueError("address is empty: give the SuperLink's host:port, e.g. 127.0.0.1:9093")
+    lines = [f"[superlink.{name}]", f"address = {_toml_string(address)}"]
     if insecure:
         warnings.warn(INSECURE_WARNING, stacklevel=2)
         lines.append("insecure = true")
     else:
         if ca_cert is None:
             raise ValueError("ca_cert missing: the flwr CLI needs the CA certificate (or insecure=True)")
-        lines.append(f'root-certificates = "{Path(ca_cert).resolve()}"')
+        if not Path(ca_cert).is_file():
+            raise FileNotFoundError(f"{ca_cert} does not exist; create it with `dpadmm deploy certs`")
+        lines.append(f"root-certificates = {_toml_string(str(Path(ca_cert).resolve()))}")
     return "\n".join(lines) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    """``value`` as a TOML basic string (quotes, backslashes and control characters escaped)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = "".join(f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped)
+    return f'"{escaped}"'
+
+
+def _check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port={port} is not allowed; it must be in 1..65535")
 
 
 def _certs(certs: str | Path | None) -> Certificates:

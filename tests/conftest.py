@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +97,29 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None, app: Path = ROOT,
+             superlink: str | None = None, timeout: float = 600) -> str:
+    """``flwr run <app> [<superlink>] --stream``; asserts exit code 0 and returns stdout + stderr."""
+    command = ["flwr", "run", str(app), *([superlink] if superlink else []), "--stream", "--run-config",
+               run_config]
+    if supernodes is not None:
+        command += ["--federation-config", f"num-supernodes={supernodes}"]
+    bin_dir = Path(env.get("VIRTUAL_ENV", "")) / "bin"
+    env = dict(env, PATH=f"{bin_dir}:{env['PATH']}") if bin_dir.exists() else env
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+def toml_value(value: object) -> str:
+    """A Python value as a TOML value (for --run-config and generated pyproject files)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"'{value}'"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)

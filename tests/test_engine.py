@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm import engine
+from dpadmm import engine, schedules
 from dpadmm.config import RunConfig
+from dpadmm.federation import agent_data, load_for
 from dpadmm.results import read_metrics
 
 # Authors' reference code, MNIST, P = 10 contiguous blocks, pixels / 255, non-private, t = 41.
@@ -122,3 +123,29 @@ def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) ->
     with pytest.raises(ValueError, match="belongs to another run"):
         engine.run_seeds(dataclasses.replace(config, epsilon=2.0), [1, 2], progress=False,
                          directories=part_dirs, checkpoint=tmp_path / "b" / "ckpt.pt")
+
+
+def test_partial_participation_keeps_the_state_of_agents_not_sampled() -> None:
+    config = RunConfig(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=3,
+                       fraction_train=0.6, seed=2)
+    dataset = load_for(config)
+    data = agent_data(dataset, config, range(config.num_agents))
+    zeros = torch.zeros((1, 5, *data.shape), dtype=torch.float64)
+    state = engine.EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(),
+                               lam=zeros.clone())
+    full = engine.EngineState(**{k: v.clone() for k, v in vars(state).items()})
+    for t in (1, 2):
+        before = engine.EngineState(**{k: v.clone() for k, v in vars(state).items()})
+        engine.step(config, data, state, t)
+        engine.step(dataclasses.replace(config, fraction_train=1.0), data, full, t)
+        sampled = schedules.participants(config, t)
+        for p in range(5):
+            for key in ("z", "z_chain", "lam"):
+                same = torch.equal(getattr(state, key)[0, p], getattr(before, key)[0, p])
+                assert same == (p not in sampled), (t, p, key)
+        # w averages all P agents, sampled or not (eq. (4a))
+        assert torch.allclose(state.w, (before.z - before.lam / schedules.rho_at(config, t)).mean(dim=1))
+    assert not torch.allclose(state.w, full.w)  # partial participation changes the run
+    first = engine.run(config, write=False, progress=False)
+    again = engine.run(config, write=False, progress=False)
+    assert torch.equal(first.state.w, again.state.w)  # and it is still a function of config and seed

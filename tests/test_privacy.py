@@ -123,3 +123,13 @@ def test_clipping_bounds_each_term_and_the_sensitivity() -> None:
     g = gradient(data, z, scale=1 / total, reg=0.0, clip=clip)
     assert float((g[0] - g[1]).abs().sum()) <= clipped_sensitivity(clip, total, "replace-one") + 1e-12
     assert clipped_sensitivity(clip, total, "add-remove") == pytest.approx(clip / total)
+
+
+def test_privacy_spent_composes_the_rounds_an_agent_took_part_in() -> None:
+    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, rounds=40)
+    assert privacy.spent(config, 0) == 0.0
+    for k in (1, 7, 40):
+        expected = privacy.ledger(config, rounds=k).whole_run.epsilon_pld
+        assert privacy.spent(config, k) == pytest.approx(expected)
+    assert privacy.spent(config, 7) < privacy.spent(config, 8)
+    assert privacy.spent(RunConfig(algorithm="iadmm"), 5) == math.inf

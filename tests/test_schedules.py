@@ -39,3 +39,24 @@ def test_outp_step_and_sigma() -> None:
     sigma = schedules.outp_sigma(0.1, delta, 102.0, inv)
     assert sigma == pytest.approx(2 * math.sqrt(2 * math.log(1.25 / delta)) / (0.1 * (102.0 + inv)))
     assert schedules.outp_sigma(math.inf, delta, 2.0, inv) == 0.0
+
+
+def test_participants_are_a_keyed_sample_of_ceil_fraction_p() -> None:
+    config = RunConfig(num_agents=10, fraction_train=0.3, seed=5)
+    samples = [schedules.participants(config, t) for t in range(1, 51)]
+    assert all(len(s) == 3 and s == sorted(set(s)) and all(0 <= p < 10 for p in s) for s in samples)
+    assert samples == [schedules.participants(config, t) for t in range(1, 51)]  # a function of (seed, t)
+    assert len({tuple(s) for s in samples}) > 20  # rounds differ
+    counts = [sum(p in s for s in samples) for p in range(10)]
+    assert min(counts) > 5  # every agent takes part now and then (expected 15 of 50)
+    other_seed = [schedules.participants(config, t, seed=6) for t in range(1, 51)]
+    assert other_seed != samples
+    assert schedules.participants(RunConfig(num_agents=7), 3) == list(range(7))
+    assert len(schedules.participants(RunConfig(num_agents=7, fraction_train=0.01), 3)) == 1  # at least one
+    assert len(schedules.participants(RunConfig(num_agents=10, fraction_train=0.7), 1)) == 7  # ceil, exactly
+
+
+def test_fraction_train_must_be_in_0_1() -> None:
+    for bad in (0.0, -0.5, 1.5, math.nan):
+        with pytest.raises(ValueError, match=r"fraction-train=.* must be in \(0, 1\]"):
+            RunConfig(fraction_train=bad)

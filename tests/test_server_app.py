@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,26 +16,14 @@ import pytest
 from dpadmm import engine
 from dpadmm.config import RunConfig
 from dpadmm.results import read_jsonl, read_metrics
-from tests.conftest import ROOT
+from tests.conftest import flwr_run, toml_value
 
 pytestmark = pytest.mark.slow
 
 
-def _flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None) -> str:
-    command = ["flwr", "run", ".", "--stream", "--run-config", run_config]
-    if supernodes is not None:
-        command += ["--federation-config", f"num-supernodes={supernodes}"]
-    bin_dir = Path(env.get("VIRTUAL_ENV", "")) / "bin"
-    env = dict(env, PATH=f"{bin_dir}:{env['PATH']}") if bin_dir.exists() else env
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    return output
-
-
 def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "default-run"
-    output = _flwr_run(flwr_env, f"rounds=2 out='{out}'", supernodes=10)
+    output = flwr_run(flwr_env, f"rounds=2 out='{out}'", supernodes=10)
     for t in (1, 2):
         assert f"dpadmm round {t}/2: test error" in output
     records = read_metrics(out)
@@ -57,8 +44,8 @@ def test_flower_simulation_equals_the_engine(algorithm: str, flwr_env: dict[str,
                        out=str(tmp_path / "flower"), save_weights=True)
     keys = ("algorithm", "epsilon", "rounds", "local-steps", "num-agents", "seed", "out", "save-weights")
     mapping = config.to_mapping()
-    run_config = " ".join(f"{k}={_toml(mapping[k])}" for k in keys)
-    _flwr_run(flwr_env, run_config, supernodes=5)
+    run_config = " ".join(f"{k}={toml_value(mapping[k])}" for k in keys)
+    flwr_run(flwr_env, run_config, supernodes=5)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
     flower_metrics = read_metrics(tmp_path / "flower")
     assert all(r["replies"] == 5 and r["rejected"] == 0 for r in flower_metrics)
@@ -73,16 +60,8 @@ def test_flower_simulation_equals_the_engine(algorithm: str, flwr_env: dict[str,
         assert ours["test-error"] == theirs["test-error"]
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"'{value}'"
-    return repr(value)
-
-
 def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_path: Path) -> None:
     """Flower simulates 2 SuperNodes unless told otherwise: the error says how to fix it."""
-    output = _flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")
+    output = flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")
     assert "only 2 of num-agents=3 nodes connected" in output
     assert "--federation-config 'num-supernodes=3'" in output

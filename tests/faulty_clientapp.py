@@ -1,0 +1,63 @@
+"""A ClientApp that runs the real agent (``clients.client_app``) and then spoils chosen replies.
+
+Used by ``tests/test_dpiadmm.py`` as the client of a real Flower simulation (it is copied
+into a temporary Flower app next to a pyproject.toml): each (partition, round) in FAULTS
+gets one kind of bad reply, everything else is the real agent's reply. The server must
+reject every spoiled reply with its reason and never aggregate it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients import client_app
+
+# (partition, round) -> fault; with seed 0, P = 5 and fraction-train 0.8 each of these
+# partitions is sampled in that round.
+FAULTS = {
+    (1, 1): "raise",
+    (2, 2): "non-finite",
+    (4, 2): "shape",
+    (0, 3): "dtype",
+    (3, 3): "other-id",
+    (1, 4): "late",
+    (2, 4): "malformed",
+}
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return client_app.query(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    p = int(context.node_config["partition-id"])
+    t = int(msg.content["config"]["server-round"])
+    fault = FAULTS.get((p, t))
+    if fault == "raise":
+        raise RuntimeError(f"injected failure of agent {p} in round {t}")
+    reply = client_app.train(msg, context)
+    if fault is None:
+        return reply
+    arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
+    metrics = dict(reply.content["metrics"])
+    if fault == "non-finite":
+        arrays["z"][0, 0] = np.nan
+    elif fault == "shape":
+        arrays["z"] = arrays["z"][:-1]
+    elif fault == "dtype":
+        arrays["z"] = arrays["z"].astype(np.float32)
+    elif fault == "other-id":
+        metrics["partition-id"] = (p + 1) % 5
+    elif fault == "late":
+        metrics["server-round"] = t - 1
+    spoiled = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    content = RecordDict({"arrays": spoiled})
+    if fault != "malformed":
+        content["metrics"] = MetricRecord(metrics)
+    return Message(content=content, reply_to=msg)

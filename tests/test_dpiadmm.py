@@ -1,0 +1,126 @@
+"""The DPIADMM strategy (strategies/dpiadmm.py): checkpoints, and faults in a real Flower simulation.
+
+The fault test runs a real ``flwr run`` of a Flower app whose ServerApp is ours and whose
+ClientApp (tests/faulty_clientapp.py) is the real agent with some replies spoiled. The
+server must reject each spoiled reply with its reason, keep those agents' state, and end
+with exactly the w of the engine run on the same participation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpadmm import engine, schedules
+from dpadmm.config import RunConfig
+from dpadmm.federation import agent_data, load_for
+from dpadmm.results import read_jsonl, read_metrics
+from strategies import DPIADMM
+from tests.conftest import ROOT, flwr_run, toml_value
+from tests.faulty_clientapp import FAULTS
+
+
+def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
+    config = RunConfig(num_agents=3, rounds=5, epsilon=0.5, seed=4)
+    path = tmp_path / "checkpoint.pt"
+    strategy = DPIADMM(config, (6, 2), checkpoint_path=path)
+    assert strategy.round == 0 and not path.exists()
+    generator = torch.Generator().manual_seed(0)
+    for name in ("w", "z", "z_chain", "lam"):
+        setattr(strategy, name, torch.randn(getattr(strategy, name).shape, generator=generator,
+                                            dtype=torch.float64))
+    strategy.round, strategy.taken, strategy.nodes = 2, [2, 1, 2], {11: 0, 12: 1, 13: 2}
+    strategy.save()
+    assert not path.with_name("checkpoint.pt.tmp").exists()  # written to a temporary file, then renamed
+
+    # Waiting times may change on a restart; nothing else may.
+    resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), (6, 2),
+                      checkpoint_path=path)
+    assert resumed.round == 2 and resumed.taken == [2, 1, 2] and resumed.nodes == strategy.nodes
+    for name in ("w", "z", "z_chain", "lam"):
+        assert torch.equal(getattr(resumed, name), getattr(strategy, name))
+    with pytest.raises(ValueError, match=r"belongs to another run \(config: epsilon=0.5 there, 1.0 here"):
+        DPIADMM(dataclasses.replace(config, epsilon=1.0), (6, 2), checkpoint_path=path)
+    with pytest.raises(ValueError, match="shape"):
+        DPIADMM(config, (6, 3), checkpoint_path=path)
+
+
+def _app(tmp_path: Path) -> Path:
+    """A Flower app folder: our ServerApp, the faulty ClientApp, every run-config key."""
+    app = tmp_path / "faulty-app"
+    app.mkdir()
+    shutil.copy(ROOT / "tests" / "faulty_clientapp.py", app / "faulty_clientapp.py")
+    keys = "\n".join(f"{k} = {toml_value(v)}" for k, v in RunConfig().to_mapping().items())
+    (app / "pyproject.toml").write_text(f"""[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "faultyapp"
+version = "0.1.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "dpadmm-tests"
+
+[tool.flwr.app.components]
+serverapp = "server.server_app:app"
+clientapp = "faulty_clientapp:app"
+
+[tool.flwr.app.config]
+{keys}
+""")
+    return app
+
+
+@pytest.mark.slow
+def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    config = RunConfig(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=5, seed=0,
+                       fraction_train=0.8, out=str(tmp_path / "run"), save_weights=True)
+    mapping = config.to_mapping()
+    run_config = " ".join(f"{k}={toml_value(mapping[k])}" for k in
+                          ("algorithm", "local-steps", "epsilon", "num-agents", "rounds", "seed",
+                           "fraction-train", "out", "save-weights"))
+    output = flwr_run(flwr_env, run_config, supernodes=5, app=_app(tmp_path))
+    assert "dpadmm round 5/5: test error" in output
+
+    rounds = read_jsonl(tmp_path / "run" / "rounds.jsonl")
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5]
+    reasons = {"raise": "the ClientApp failed", "non-finite": "z has non-finite entries",
+               "shape": "z has shape (783, 10), expected (784, 10)",
+               "dtype": "z has dtype float32, expected float64",
+               "other-id": "claims partition 4, but its node holds partition 3",
+               "late": "computed for round 3, not this round 4", "malformed": "malformed"}
+    for report in rounds:
+        t = report["round"]
+        assert report["sampled"] == schedules.participants(config, t)
+        faulty = {p: fault for (p, r), fault in FAULTS.items() if r == t}
+        assert {r["partition"] for r in report["rejected"]} == set(faulty)
+        for rejected in report["rejected"]:
+            assert reasons[faulty[rejected["partition"]]] in rejected["reason"]
+        assert report["replied"] == sorted(set(report["sampled"]) - set(faulty))
+        assert report["no_reply"] == []
+    spent = [r["privacy_spent"] for r in rounds]
+    assert spent == sorted(spent) and spent[0] > 0  # each agent's rounds are counted when it is asked
+
+    # The engine, told which agents counted in each round, reproduces every round's w.
+    dataset = load_for(config)
+    data = agent_data(dataset, config, range(config.num_agents))
+    zeros = torch.zeros((1, config.num_agents, *data.shape), dtype=torch.float64)
+    state = engine.EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(),
+                               lam=zeros.clone())
+    flower_w = np.load(tmp_path / "run" / "weights.npz")
+    for report in rounds:
+        active = torch.zeros((1, config.num_agents), dtype=torch.bool)
+        active[0, report["replied"]] = True
+        engine.step(config, data, state, report["round"], active=active)
+        np.testing.assert_allclose(flower_w[f"round-{report['round']}"], state.w[0].numpy(), rtol=1e-5,
+                                   atol=1e-12)
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["rejected"] for m in metrics] == [len(r["rejected"]) for r in rounds]
