@@ -280,6 +280,12 @@ def _deploy(args: argparse.Namespace) -> int:
             else:
                 _exec(command)
         elif args.step == "supernode":
+            missing = [flag for flag, value in (("--ca-cert", args.ca_cert), ("--key", args.key))
+                       if value is None]
+            if missing and not args.insecure:
+                raise ValueError(f"{' and '.join(missing)} missing: a secure SuperNode needs the CA "
+                                 "certificate (ca.crt) and its registered private key (or --insecure, "
+                                 "explicitly)")
             command = _warned(lambda: deploy.supernode_command(
                 args.superlink, args.node_config, ca_cert=args.ca_cert, private_key=args.key, port=args.port,
                 insecure=args.insecure))

@@ -1,0 +1,378 @@
+"""`dpadmm.deploy` and `dpadmm deploy`: real certificates, keys, TLS handshakes and Flower's own readers.
+
+Nothing is mocked: the certificates are checked with `cryptography` and a real `ssl` handshake,
+the keys and the connection with the loaders `flwr` itself uses, and one test runs a real
+SuperLink and SuperNodes through the CLI (exec, TLS, registration, authentication).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import shlex
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from dpadmm import deploy
+from dpadmm.cli import main
+
+NODE_CONFIG = "partition-id=0 data-path='/x.npz' num-samples-total=60000"
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> deploy.Certificates:
+    return deploy.make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+
+
+def _load_cert(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- certificates ---------------------------------------------------------------------------------------
+
+
+def test_server_certificate_is_signed_by_the_ca(certs: deploy.Certificates) -> None:
+    ca, server = _load_cert(certs.ca_cert), _load_cert(certs.server_cert)
+    # Raises InvalidSignature if the CA did not sign it.
+    ca.public_key().verify(server.signature, server.tbs_certificate_bytes,
+                           ec.ECDSA(server.signature_hash_algorithm))
+    assert server.issuer == ca.subject
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    now = datetime.datetime.now(datetime.UTC)
+    for cert in (ca, server):
+        assert cert.not_valid_before_utc <= now < cert.not_valid_after_utc
+        assert cert.not_valid_after_utc > now + datetime.timedelta(days=364)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert server.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert os.stat(certs.server_key).st_mode & 0o777 == 0o600
+
+
+def test_existing_certificates_are_refused_and_kept(certs: deploy.Certificates) -> None:
+    before = {p: p.read_bytes() for p in (certs.ca_cert, certs.server_cert, certs.server_key)}
+    with pytest.raises(FileExistsError, match="ca.crt"):
+        deploy.make_certificates(certs.ca_cert.parent, ["127.0.0.1"])
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_bad_certificate_arguments_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hosts is empty"):
+        deploy.make_certificates(tmp_path, [" ", ""])
+    with pytest.raises(ValueError, match="days=0"):
+        deploy.make_certificates(tmp_path, ["127.0.0.1"], days=0)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def tls_server(certs: deploy.Certificates) -> Iterator[int]:
+    """A real TLS server on 127.0.0.1 with server.crt/server.key; yields its port."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # timeout, or closed by the fixture
+                continue
+            try:
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"ok")
+            except (ssl.SSLError, OSError):  # the client refused our certificate
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    listener.close()
+    thread.join(timeout=15)
+
+
+def test_tls_handshake_trusts_only_the_ca(tls_server: int, certs: deploy.Certificates,
+                                          tmp_path: Path) -> None:
+    client = ssl.create_default_context(cafile=str(certs.ca_cert))  # checks the hostname
+    with socket.create_connection(("127.0.0.1", tls_server), timeout=10) as sock, \
+            client.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+        assert tls.recv(2) == b"ok"
+    other = deploy.make_certificates(tmp_path / "other", ["127.0.0.1"])
+    stranger = ssl.create_default_context(cafile=str(other.ca_cert))
+    with socket.create_connection(("127.0.0.1", tls_server), timeout=10) as sock, \
+            pytest.raises(ssl.SSLCertVerificationError):
+        stranger.wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+# --- node keys ------------------------------------------------------------------------------------------
+
+
+def test_node_keys_load_with_flowers_loaders(tmp_path: Path) -> None:
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    paths = deploy.make_node_keys(tmp_path / "keys", ["node-0", "node-1"])
+    assert [p.name for p in paths] == ["node-0", "node-1"]
+    publics = []
+    for path in paths:
+        private = load_ssh_private_key(path.read_bytes(), password=None)
+        assert isinstance(private, ec.EllipticCurvePrivateKey)
+        assert isinstance(private.curve, ec.SECP384R1)
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        public = try_load_public_key(path.with_name(path.name + ".pub"))
+        assert public == public_key_to_bytes(private.public_key())
+        publics.append(public)
+    assert publics[0] != publics[1]
+
+
+def test_node_keys_refuse_bad_names_and_existing_files(tmp_path: Path) -> None:
+    out = tmp_path / "keys"
+    for names, message in (([], "names is empty"), (["ok", "a/b"], "'a/b' is not allowed"),
+                           ([".hidden"], "'.hidden' is not allowed"), (["n", "n"], "n repeat")):
+        with pytest.raises(ValueError, match=message):
+            deploy.make_node_keys(out, names)
+    assert not out.exists()  # checked before anything was written
+    (key,) = deploy.make_node_keys(out, ["node-0"])
+    before = key.read_bytes()
+    with pytest.raises(FileExistsError, match="node-0"):
+        deploy.make_node_keys(out, ["node-1", "node-0"])
+    assert key.read_bytes() == before and not (out / "node-1").exists()
+
+
+# --- commands -------------------------------------------------------------------------------------------
+
+
+def test_superlink_command_is_secure_by_default(certs: deploy.Certificates, tmp_path: Path) -> None:
+    command = deploy.superlink_command(certs.ca_cert.parent, port=9093, database=tmp_path / "state.db")
+    for flag, value in (("--ssl-ca-certfile", certs.ca_cert), ("--ssl-certfile", certs.server_cert),
+                        ("--ssl-keyfile", certs.server_key), ("--database", tmp_path / "state.db")):
+        assert command[command.index(flag) + 1] == str(value)
+    assert command[0] == "flower-superlink" and "--enable-supernode-auth" in command
+    assert "--insecure" not in command
+    with pytest.raises(ValueError, match="certs missing"):
+        deploy.superlink_command(None)
+    with pytest.raises(ValueError, match="port=0"):
+        deploy.superlink_command(certs.ca_cert.parent, port=0)
+    certs.server_key.unlink()
+    with pytest.raises(FileNotFoundError, match="server.key"):
+        deploy.superlink_command(certs.ca_cert.parent)
+
+
+def test_supernode_command_is_secure_by_default(certs: deploy.Certificates, tmp_path: Path) -> None:
+    (key,) = deploy.make_node_keys(tmp_path / "keys", ["node-0"])
+    command = deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=certs.ca_cert, private_key=key)
+    assert command[command.index("--root-certificates") + 1] == str(certs.ca_cert)
+    assert command[command.index("--auth-supernode-private-key") + 1] == str(key)
+    assert command[command.index("--node-config") + 1] == NODE_CONFIG
+    assert "--insecure" not in command
+    with pytest.raises(ValueError, match="private_key missing"):
+        deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=certs.ca_cert)
+    with pytest.raises(ValueError, match="ca_cert and private_key missing"):
+        deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=tmp_path / "nowhere", private_key=key)
+
+
+def test_insecure_is_explicit_and_warned() -> None:
+    with pytest.warns(UserWarning, match="INSECURE deployment"):
+        link = deploy.superlink_command(None, insecure=True)
+    with pytest.warns(UserWarning, match="INSECURE deployment"):
+        node = deploy.supernode_command("127.0.0.1:9093", NODE_CONFIG, insecure=True)
+    with pytest.warns(UserWarning, match="INSECURE deployment"):
+        block = deploy.connection_toml("test", "127.0.0.1:9093", None, insecure=True)
+    for command in (link, node):
+        assert command[-1] == "--insecure"
+        assert not {"--ssl-certfile", "--root-certificates", "--enable-supernode-auth"} & set(command)
+    assert tomllib.loads(block)["superlink"]["test"] == {"address": "127.0.0.1:9093", "insecure": True}
+
+
+def test_connection_toml_escapes_and_refuses(tmp_path: Path) -> None:
+    odd = tmp_path / 'a "quoted" \\ folder'
+    odd.mkdir()
+    ca = deploy.make_certificates(odd, ["127.0.0.1"]).ca_cert
+    parsed = tomllib.loads(deploy.connection_toml("lab", "127.0.0.1:9093", ca))
+    assert parsed == {"superlink": {"lab": {"address": "127.0.0.1:9093", "root-certificates": str(ca)}}}
+    with pytest.raises(ValueError, match="'a.b' is not allowed"):
+        deploy.connection_toml("a.b", "127.0.0.1:9093", ca)
+    with pytest.raises(ValueError, match="ca_cert missing"):
+        deploy.connection_toml("lab", "127.0.0.1:9093", None)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        deploy.connection_toml("lab", "127.0.0.1:9093", tmp_path / "nowhere")
+
+
+# --- the CLI --------------------------------------------------------------------------------------------
+
+
+def test_cli_certs_and_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "certs"
+    assert main(["deploy", "certs", "--out", str(out), "--hosts", "127.0.0.1,localhost", "--days", "30"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("ca.crt", "server.crt", "server.key"):
+        assert str(out / name) in printed
+    assert "copy" in printed and "every device" in printed
+    server = _load_cert(out / "server.crt")
+    assert server.not_valid_after_utc < datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=31)
+    assert main(["deploy", "certs", "--out", str(out), "--hosts", "127.0.0.1"]) == 2
+    assert "dpadmm: error:" in capsys.readouterr().err
+
+    keys = tmp_path / "keys"
+    assert main(["deploy", "keys", "--out", str(keys), "--names", "node-0,node-1"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("node-0", "node-1"):
+        pub = keys / f"{name}.pub"
+        assert pub.is_file() and f"flwr supernode register {pub} <connection-name>" in printed
+    assert main(["deploy", "keys", "--out", str(keys), "--names", "node-1"]) == 2
+    assert "node-1" in capsys.readouterr().err
+    assert main(["deploy", "certs", "--out", str(tmp_path / "x"), "--hosts", ","]) == 2
+    assert "hosts is empty" in capsys.readouterr().err
+
+
+def test_cli_connection_is_read_by_flower(certs: deploy.Certificates, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.cli.config_utils import load_certificate_in_connection
+    from flwr.cli.flower_config import read_superlink_connection
+
+    home = tmp_path / "flwr-home"
+    args = ["deploy", "connection", "--name", "lab", "--address", "127.0.0.1:9093",
+            "--ca-cert", str(certs.ca_cert), "--flwr-home", str(home)]
+    assert main(args) == 0
+    config = tomllib.loads((home / "config.toml").read_text())
+    assert config["superlink"]["default"] == "lab"
+    assert config["superlink"]["lab"] == {"address": "127.0.0.1:9093",
+                                          "root-certificates": str(certs.ca_cert.resolve())}
+    before = (home / "config.toml").read_text()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "[superlink.lab]" in err and str(home / "config.toml") in err
+    assert (home / "config.toml").read_text() == before
+
+    # A second connection is appended; $FLWR_HOME is the default home.
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    assert main(["deploy", "connection", "--name", "loop", "--address", "127.0.0.1:9093", "--insecure"]) == 0
+    assert "INSECURE deployment" in capsys.readouterr().err
+
+    connection = read_superlink_connection("lab")
+    assert connection.address == "127.0.0.1:9093"
+    assert connection.root_certificates == str(certs.ca_cert.resolve()) and not connection.insecure
+    assert load_certificate_in_connection(connection) == certs.ca_cert.read_bytes()
+    assert read_superlink_connection().name == "lab"  # the default
+    loop = read_superlink_connection("loop")
+    assert loop.insecure and loop.root_certificates is None
+
+    (home / "config.toml").write_text("[superlink\n")
+    assert main(["deploy", "connection", "--name", "x", "--address", "a:1", "--insecure"]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_cli_prints_commands(certs: deploy.Certificates, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    folder = certs.ca_cert.parent
+    assert main(["deploy", "superlink", "--certs", str(folder), "--port", "9999", "--print"]) == 0
+    out, err = capsys.readouterr()
+    assert shlex.split(out) == deploy.superlink_command(folder, port=9999) and err == ""
+    (key,) = deploy.make_node_keys(tmp_path / "keys", ["node-0"])
+    assert main(["deploy", "supernode", "--superlink", "10.0.0.1:9093", "--node-config", NODE_CONFIG,
+                 "--ca-cert", str(certs.ca_cert), "--key", str(key), "--print"]) == 0
+    out, err = capsys.readouterr()
+    assert shlex.split(out) == deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=certs.ca_cert,
+                                                        private_key=key)
+    assert err == ""
+    assert main(["deploy", "connection", "--name", "lab", "--address", "a:1", "--ca-cert", str(certs.ca_cert),
+                 "--flwr-home", str(tmp_path / "home"), "--print"]) == 0
+    assert "[superlink.lab]" in capsys.readouterr().out and not (tmp_path / "home").exists()
+
+
+def test_cli_insecure_warns_once_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["deploy", "superlink", "--insecure", "--print"]) == 0
+    out, err = capsys.readouterr()
+    assert shlex.split(out)[-1] == "--insecure"
+    assert err.count(deploy.INSECURE_WARNING) == 1 and err.startswith("dpadmm: warning: INSECURE")
+    assert main(["deploy", "supernode", "--superlink", "h:1", "--node-config", "a=1", "--insecure",
+                 "--print"]) == 0
+    assert capsys.readouterr().err.count(deploy.INSECURE_WARNING) == 1
+
+
+def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (["deploy", "superlink", "--print"], "certs missing"),
+        (["deploy", "superlink", "--certs", str(tmp_path / "none"), "--print"], "ca.crt"),
+        (["deploy", "superlink", "--certs", str(tmp_path), "--port", "70000", "--print"], "port=70000"),
+        (["deploy", "supernode", "--superlink", "h:1", "--node-config", "a=1", "--print"],
+         "--ca-cert and --key missing"),
+        (["deploy", "connection", "--name", "x", "--address", "a:1", "--flwr-home", str(tmp_path)],
+         "ca_cert missing"),
+        (["deploy", "connection", "--name", "a.b", "--address", "a:1", "--insecure", "--print"],
+         "'a.b' is not allowed"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("dpadmm: error:") and message in err, (argv, err)
+
+
+def test_cli_execs_a_real_secure_superlink(tmp_path: Path, flwr_env: dict[str, str]) -> None:
+    """`deploy superlink` becomes flower-superlink (same pid), serves our certificate, and `flwr` reaches it.
+
+    The registration goes through the written connection (address and root-certificates) with a
+    `deploy keys` public key. SuperNodes joining and being refused are in test_deployment.py (slow).
+    """
+    script = str(Path(sys.executable).with_name("dpadmm"))
+    certs = deploy.make_certificates(tmp_path / "certs", ["127.0.0.1"])
+    (key,) = deploy.make_node_keys(tmp_path / "keys", ["node-0"])
+    port = _free_port()
+    assert main(["deploy", "connection", "--name", "lab", "--address", f"127.0.0.1:{port}",
+                 "--ca-cert", str(certs.ca_cert), "--flwr-home", flwr_env["FLWR_HOME"]]) == 0
+    log = tmp_path / "superlink.log"
+    with open(log, "wb") as out:
+        link = subprocess.Popen([script, "deploy", "superlink", "--certs", str(certs.ca_cert.parent),
+                                 "--host", "127.0.0.1", "--port", str(port),
+                                 "--database", str(tmp_path / "state.db")],
+                                env=flwr_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        client = ssl.create_default_context(cafile=str(certs.ca_cert))
+        deadline = time.monotonic() + 60
+        while True:
+            assert link.poll() is None, log.read_text(errors="replace")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock, \
+                        client.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+                    served = x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+                break
+            except (ConnectionRefusedError, TimeoutError):
+                assert time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.2)
+        assert served == _load_cert(certs.server_cert)
+        # exec, not a child: the pid we started is the SuperLink itself.
+        assert b"flower-superlink" in Path(f"/proc/{link.pid}/cmdline").read_bytes()
+        flwr = str(Path(sys.executable).with_name("flwr"))
+        registered = subprocess.run([flwr, "supernode", "register", f"{key}.pub", "lab", "--format", "json"],
+                                    env=flwr_env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert registered.returncode == 0, registered.stdout + registered.stderr
+        assert json.loads(registered.stdout)["success"] is True
+    finally:
+        link.terminate()
+        link.wait(timeout=30)
