@@ -71,9 +71,10 @@ class DPIADMM(Strategy):
 
     An agent that was not sampled, did not reply in time or whose reply was rejected keeps
     its last z_p and lambda_p; w still averages all P. A reply is rejected (with a logged
-    reason, never aggregated) when it carries an error, comes from a node not asked this
-    round, claims another partition than its node holds, was computed for another round, or
-    has a ``z`` of the wrong shape or dtype or with non-finite entries.
+    reason, never aggregated) when it carries an error (the ClientApp's, or the SuperLink's
+    "node unavailable"), answers no message of this round, comes from another node than the
+    one asked, claims another partition than its node holds, was computed for another round,
+    or has a ``z`` of the wrong shape or dtype or with non-finite entries.
 
     Agents are identified by the partition id each node reports once (a query message);
     the binding node -> partition is kept, and a second node claiming a partition that a
@@ -105,7 +106,7 @@ class DPIADMM(Strategy):
         self.on_round = on_round
         self.last_train_metrics: MetricRecord | None = None
         self.last_report: RoundReport | None = None
-        self._asked: dict[int, int] = {}  # node id -> partition asked this round
+        self._sent: list[tuple[Message, int, int]] = []  # this round's (message, node id, partition)
         self._started = time.perf_counter()
         self._waited = False
         self._resume()
@@ -173,8 +174,7 @@ class DPIADMM(Strategy):
         if self.config.algorithm != "outp":
             self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round))
         holders = self._bind_nodes(grid, needed=len(sampled))
-        self._asked = {}
-        messages = []
+        self._sent = []
         for p in sampled:
             node = holders.get(p)
             if node is None:
@@ -185,10 +185,10 @@ class DPIADMM(Strategy):
             train_config["partition-id"] = p
             state = ArrayRecord({"w": self.w.clone(), "lambda": self.lam[p].clone(),
                                  "z": self.z_chain[p].clone()})
-            messages.append(Message(content=RecordDict({"arrays": state, "config": train_config}),
-                                    message_type=MessageType.TRAIN, dst_node_id=node))
-            self._asked[node] = p
-        return messages
+            message = Message(content=RecordDict({"arrays": state, "config": train_config}),
+                              message_type=MessageType.TRAIN, dst_node_id=node)
+            self._sent.append((message, node, p))
+        return [message for message, _, _ in self._sent]
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
@@ -196,10 +196,11 @@ class DPIADMM(Strategy):
         rho_t = schedules.rho_at(self.config, server_round)
         report = self.last_report or RoundReport(round=server_round, sampled=[])
         accepted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # The grid gave each sent message its id; a reply names the message it answers.
+        asked = {message.metadata.message_id: (node, p) for message, node, p in self._sent}
         for reply in replies:
-            node = reply.metadata.src_node_id
-            p = self._asked.pop(node, None)
-            outcome = self._check(reply, p, server_round)
+            node, p = asked.pop(reply.metadata.reply_to_message_id, (reply.metadata.src_node_id, None))
+            outcome = self._check(reply, node, p, server_round)
             if isinstance(outcome, str):
                 partition = p if p is not None else _claimed_partition(reply)
                 report.rejected.append({"node": node, "partition": partition, "reason": outcome})
@@ -325,13 +326,15 @@ class DPIADMM(Strategy):
                     del self.nodes[old]
                 self.nodes[node] = claimed
 
-    def _check(self, reply: Message, p: int | None,
+    def _check(self, reply: Message, node: int, p: int | None,
                server_round: int) -> tuple[torch.Tensor, torch.Tensor] | str:
         """(z_p, last local iterate) of an acceptable reply, or the reason to reject it."""
-        if reply.has_error():
+        if reply.has_error():  # also the SuperLink's own "node unavailable" replies
             return f"the ClientApp failed: {reply.error.reason}"
         if p is None:
-            return "its node was not asked this round (a late or duplicate reply)"
+            return "it answers no message of this round (a late or duplicate reply)"
+        if reply.metadata.src_node_id != node:
+            return f"it comes from node {reply.metadata.src_node_id}, but the message went to node {node}"
         try:
             metrics = reply.content["metrics"]
             claimed, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
