@@ -97,7 +97,7 @@ class DPIADMM(Strategy):
         zeros = torch.zeros((config.num_agents, *self.shape), dtype=self.dtype)
         self.w = zeros[0].clone()
         self.z = zeros.clone()
-        self.z_chain = zeros.clone()
+        self.z_chain = self._chain()
         self.lam = zeros.clone()
         self.round = 0
         self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
@@ -259,12 +259,20 @@ class DPIADMM(Strategy):
         saved = checkpoint.load(self.checkpoint_path, {"config": self._identity(), "shape": list(self.shape)})
         if saved is None:
             return
-        for key in ("w", "z", "z_chain", "lam"):
+        for key in ("w", "z", "lam"):
             setattr(self, key, saved[key].to(self.dtype))
+        self.z_chain = self._chain(saved["z_chain"].to(self.dtype))
         self.round = int(saved["round"])
         self.taken = [int(k) for k in saved["taken"]]
         self.nodes = {int(n): int(p) for n, p in saved["nodes"]}
         log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
+
+    def _chain(self, saved: torch.Tensor | None = None) -> torch.Tensor:
+        """The agents' last local iterates: z itself when E = 1 (they are equal), so the server keeps
+        two [P, J, K] tensors instead of three for every algorithm but ObjPM."""
+        if self.config.steps == 1:
+            return self.z
+        return torch.zeros_like(self.z) if saved is None else saved
 
     def _identity(self) -> dict[str, Any]:
         """The configuration a checkpoint must match (waiting times may differ)."""

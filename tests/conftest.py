@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flwr.cli.constant import LOCAL_SUPERLINK_HTTP_API_PORT as LOCAL_SUPERLINK_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -59,14 +58,16 @@ def flwr_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     `flwr run` leaves a SuperLink and a SuperExec running in sessions of their own; they
     are found by the FLWR_HOME in their environment and terminated (then killed).
     """
-    if _local_superlink_answers():
-        pytest.fail(f"a SuperLink started elsewhere already listens on 127.0.0.1:{LOCAL_SUPERLINK_PORT}; "
-                    "`flwr run` would reuse it (with its own FLWR_HOME and settings). Stop it first.")
     home = tmp_path / "flwr-home"
     # Runtime dependency installation would `uv sync` the app's requirements into a new
     # environment (a multi-GB CUDA torch build); the app runs in this environment instead.
+    # Private ports for the local SuperLink `flwr run` starts: on Flower's fixed ports (39091,
+    # 39093) a run would reuse a SuperLink that another test or session left running, with
+    # that one's FLWR_HOME and environment.
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+               FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
     yield env
     assert stop_flwr_processes(home) == []
 
@@ -85,11 +86,11 @@ def stop_flwr_processes(home: Path) -> list[int]:
     return [p for p in _pids_with_env("FLWR_HOME", str(home)) if not _is_zombie(p)]
 
 
-def _local_superlink_answers() -> bool:
-    """Whether something listens on the fixed port of `flwr run`'s local SuperLink."""
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", int(LOCAL_SUPERLINK_PORT))) == 0
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _is_zombie(pid: int) -> bool:
@@ -100,12 +101,16 @@ def _is_zombie(pid: int) -> bool:
 
 
 def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None, app: Path = ROOT,
-             superlink: str | None = None, timeout: float = 600) -> str:
-    """``flwr run <app> [<superlink>] --stream``; asserts exit code 0 and returns stdout + stderr."""
+             superlink: str | None = None, timeout: float = 600, federation: tuple[str, ...] = ()) -> str:
+    """``flwr run <app> [<superlink>] --stream``; asserts exit code 0 and returns stdout + stderr.
+
+    ``supernodes`` and ``federation`` (more ``key=value`` items) form ``--federation-config``.
+    """
     command = ["flwr", "run", str(app), *([superlink] if superlink else []), "--stream", "--run-config",
                run_config]
-    if supernodes is not None:
-        command += ["--federation-config", f"num-supernodes={supernodes}"]
+    items = ([f"num-supernodes={supernodes}"] if supernodes is not None else []) + list(federation)
+    if items:
+        command += ["--federation-config", " ".join(items)]
     bin_dir = Path(env.get("VIRTUAL_ENV", "")) / "bin"
     env = dict(env, PATH=f"{bin_dir}:{env['PATH']}") if bin_dir.exists() else env
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from dpadmm import deploy
 from dpadmm.cli import main
+from tests.conftest import free_port
 
 NODE_CONFIG = "partition-id=0 data-path='/x.npz' num-samples-total=60000"
 
@@ -40,15 +41,6 @@ def certs(tmp_path: Path) -> deploy.Certificates:
 
 def _load_cert(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# --- certificates ---------------------------------------------------------------------------------------
 
 
 def test_server_certificate_is_signed_by_the_ca(certs: deploy.Certificates) -> None:
@@ -343,7 +335,7 @@ def test_cli_execs_a_real_secure_superlink(tmp_path: Path, flwr_env: dict[str, s
     script = str(Path(sys.executable).with_name("dpadmm"))
     certs = deploy.make_certificates(tmp_path / "certs", ["127.0.0.1"])
     (key,) = deploy.make_node_keys(tmp_path / "keys", ["node-0"])
-    port = _free_port()
+    port = free_port()
     assert main(["deploy", "connection", "--name", "lab", "--address", f"127.0.0.1:{port}",
                  "--ca-cert", str(certs.ca_cert), "--flwr-home", flwr_env["FLWR_HOME"]]) == 0
     log = tmp_path / "superlink.log"

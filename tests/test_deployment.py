@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,19 +24,13 @@ from dpadmm import engine
 from dpadmm.config import RunConfig
 from dpadmm.federation import agent_data, load_for
 from dpadmm.results import read_jsonl, read_metrics
-from tests.conftest import ROOT, stop_flwr_processes
+from tests.conftest import ROOT, free_port, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
 AGENTS = 3
 ROUNDS_WITH_DROPOUT = 9  # enough for a killed SuperNode to be let back in (about a minute)
 CONNECTION = "dpadmm-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Deployment:
@@ -50,8 +43,8 @@ class Deployment:
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                         PATH=f"{bin_dir}:{os.environ['PATH']}")
-        self.port = _free_port()
-        self.node_ports = [_free_port() for _ in range(AGENTS + 1)]
+        self.port = free_port()
+        self.node_ports = [free_port() for _ in range(AGENTS + 1)]
         self.processes: dict[str, subprocess.Popen] = {}
 
     def dpadmm(self, *args: str) -> subprocess.CompletedProcess:

@@ -65,3 +65,21 @@ def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_p
     output = flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")
     assert "only 2 of num-agents=3 nodes connected" in output
     assert "--federation-config 'num-supernodes=3'" in output
+
+
+def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[str, str], tmp_path: Path,
+                                                                 femnist_dir: Path) -> None:
+    """The papers' FEMNIST federation at full size: 195 SuperNodes, one per writer, on Ray."""
+    config = RunConfig(dataset="femnist", data_dir=str(femnist_dir), num_agents=195, rounds=2, seed=3,
+                       dtype="float32", out=str(tmp_path / "flower"), save_weights=True)
+    keys = ("dataset", "data-dir", "num-agents", "rounds", "seed", "dtype", "out", "save-weights")
+    mapping = config.to_mapping()
+    output = flwr_run(flwr_env, " ".join(f"{k}={toml_value(mapping[k])}" for k in keys), supernodes=195,
+                      federation=("client-resources-num-cpus=1",))
+    assert "dpadmm round 2/2: test error" in output
+    assert [r["replied"] for r in read_jsonl(tmp_path / "flower" / "rounds.jsonl")] == [list(range(195))] * 2
+    flower_w = np.load(tmp_path / "flower" / "weights.npz")
+    engine_w = np.load(engine.run(dataclasses.replace(config, out=str(tmp_path / "engine")),
+                                  progress=False).directory / "weights.npz")
+    for key in ("round-1", "round-2"):
+        np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-4, atol=1e-6)

@@ -1,0 +1,259 @@
+"""The Flower simulation across the nodes of an existing multi-node Ray cluster, for real.
+
+The cluster is built the way an operator builds one, with Ray's own CLI: ``ray start --head``
+and ``ray start --address=HEAD:PORT`` for a second node, each a raylet of its own with 1 CPU,
+on the loopback addresses 127.0.0.2 and 127.0.0.3 (two IPs, so that the two nodes look like
+two hosts; Ray rewrites ``--node-ip-address=127.0.0.1`` to the machine's outward address, the
+other loopback addresses it keeps). ``flwr run`` with ``RAY_ADDRESS`` attaches Flower's Ray
+backend to that cluster (``ray.init()`` with no address reads ``RAY_ADDRESS``). With 1 CPU per
+node and ``client-resources-num-cpus=1`` Flower's actor pool has one ClientApp actor per node,
+and the test shows that
+
+- ClientApps ran on both nodes: the GCS's actor table puts Flower's ``ClientAppActor`` actors on
+  the two raylets started here, and Ray's task timeline has ``ClientAppActor.run`` (one
+  ClientApp call) on both node IPs;
+- the result does not depend on where the agents ran: w after every round equals, bit for
+  bit, that of the same configuration run by a plain ``flwr run`` on a local Ray instance.
+
+Cleanup never uses ``ray stop``, which stops *every* Ray process on the machine (other
+sessions' simulations included). Each ``ray start`` runs in a session of its own, and every
+process of those sessions (GCS, raylets, agents, workers), or carrying the cluster's marker
+in its environment, or naming its temp dir on its command line, is terminated, then killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, stop_flwr_processes
+
+pytestmark = pytest.mark.slow
+
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+RAY = str(Path(sys.executable).with_name("ray"))
+MARKER = "DPADMM_TEST_RAY_CLUSTER"
+AGENTS = 4
+RUN_CONFIG = f"num-agents={AGENTS} rounds=2 seed=3 local-steps=2 save-weights=true"
+FEDERATION = f"num-supernodes={AGENTS} client-resources-num-cpus=1"
+
+# A driver connected to the cluster: the alive nodes, Flower's ClientApp actors with the node each
+# lived on, and the node IP of every ClientApp call. The state API (`ray list actors`) needs the
+# dashboard of ray[default], which Flower's `flwr[simulation]` does not install; the GCS's actor
+# table (read by ray._private.state, what `ray.util.state` would serve) keeps dead actors, and
+# `ray.timeline()` (public) returns the task events the GCS collected from every worker.
+QUERY = """
+import json, sys
+import ray
+import ray._private.state
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+actors = [{"class": a["ActorClassName"], "node": a["Address"]["NodeID"], "state": a["State"]}
+          for a in ray._private.state.actors().values()]
+runs = [e["pid"] for e in ray.timeline() if e.get("cat") == "task::ClientAppActor.run"]
+ray.shutdown()
+print(json.dumps({"nodes": nodes, "actors": actors, "runs": runs}))
+"""
+
+
+@dataclass
+class RayCluster:
+    """A running cluster: its GCS address and what identifies the processes that belong to it."""
+
+    address: str
+    temp_dir: Path
+    sessions: set[int]
+    marker: str
+
+    def query(self) -> dict:
+        """Nodes, actors and ClientApp calls, as seen by a fresh driver (a process of its own)."""
+        done = subprocess.run([sys.executable, "-c", QUERY, self.address], env=_ray_env(self.marker),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct TCP ports free on every interface (sockets held open together, then released)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def _ray_env(marker: str) -> dict[str, str]:
+    """This environment without RAY_ADDRESS, plus the marker that names the test's cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return dict(env, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0")
+
+
+def _ray_start(args: list[str], env: dict[str, str]) -> int:
+    """``ray start ARGS`` in a new session; returns the session id, which its daemons keep."""
+    process = subprocess.Popen([RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats",
+                                "--object-store-memory=100000000"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
+    return process.pid
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cluster_pids(cluster: RayCluster) -> list[int]:
+    """Live processes of the cluster: in its sessions, with its marker, or naming its temp dir."""
+    marker = f"{MARKER}={cluster.marker}".encode()
+    temp = str(cluster.temp_dir).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        stat = _stat(int(entry.name))
+        if stat is None or stat[0] == "Z":
+            continue
+        try:
+            ours = (int(stat[3]) in cluster.sessions
+                    or marker in (entry / "environ").read_bytes().split(b"\0")
+                    or temp in (entry / "cmdline").read_bytes())
+        except OSError:
+            continue
+        if ours:
+            found.append(int(entry.name))
+    return found
+
+
+def _stop_cluster(cluster: RayCluster) -> list[int]:
+    """Terminate, then kill, the cluster's processes; return those still alive.
+
+    GCS and raylets shut down slowly on SIGTERM (they wait for each other), so after a few
+    seconds the rest are killed; nothing of the cluster needs to survive.
+    """
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        pids = _cluster_pids(cluster)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = _cluster_pids(cluster)
+    return _cluster_pids(cluster)
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[RayCluster]:
+    """Two Ray nodes of 1 CPU each, started with ``ray start``; every process stopped at the end."""
+    # Short: Ray's Unix sockets live under the temp dir, and socket paths are limited to 107 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    marker = temp.name
+    env = _ray_env(marker)
+    gcs, client, *agent_ports = _free_ports(10)
+    cluster = RayCluster(address=f"{HEAD_IP}:{gcs}", temp_dir=temp, sessions=set(), marker=marker)
+
+    def node_ports(ports: list[int]) -> list[str]:
+        """Ports Ray otherwise takes from fixed defaults (two nodes on one machine would collide)."""
+        names = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                 "runtime-env-agent-port")
+        return [f"--{name}={port}" for name, port in zip(names, ports, strict=True)]
+
+    try:
+        cluster.sessions.add(_ray_start(["--head", f"--node-ip-address={HEAD_IP}", f"--port={gcs}",
+                                         f"--temp-dir={temp / 'head'}", "--include-dashboard=false",
+                                         f"--ray-client-server-port={client}", *node_ports(agent_ports[:4])],
+                                        env))
+        cluster.sessions.add(_ray_start([f"--address={cluster.address}", f"--node-ip-address={WORKER_IP}",
+                                         f"--temp-dir={temp / 'worker'}", *node_ports(agent_ports[4:])], env))
+        deadline = time.monotonic() + 60
+        while sorted(cluster.query()["nodes"].values()) != [HEAD_IP, WORKER_IP]:
+            assert time.monotonic() < deadline, "the second Ray node did not join the cluster"
+            time.sleep(1)
+        yield cluster
+    finally:
+        left = _stop_cluster(cluster)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert left == [], f"Ray processes of the test's cluster still alive: {left}"
+
+
+@contextlib.contextmanager
+def _flwr_home(env: dict[str, str], home: Path) -> Iterator[dict[str, str]]:
+    """``env`` with FLWR_HOME=home; the SuperLink and SuperExec of that home are stopped on exit.
+
+    Stopping them between runs matters: `flwr run` reuses a SuperLink that answers on its port
+    (the fixture's private one), and that SuperLink's environment (with or without RAY_ADDRESS)
+    was fixed at its start.
+    """
+    try:
+        yield dict(env, FLWR_HOME=str(home))
+    finally:
+        assert stop_flwr_processes(home) == []
+
+
+def _flwr_run(env: dict[str, str], out: Path) -> str:
+    """The test's configuration through ``flwr run . --stream``; asserts success, returns its output."""
+    bin_dir = Path(sys.executable).parent
+    env = dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    command = ["flwr", "run", str(ROOT), "--stream", "--federation-config", FEDERATION,
+               "--run-config", f"{RUN_CONFIG} out='{out}'"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "dpadmm round 2/2: test error" in output, output[-4000:]
+    return output
+
+
+def test_clientapps_run_on_every_node_of_an_existing_ray_cluster(
+        ray_cluster: RayCluster, flwr_env: dict[str, str], tmp_path: Path) -> None:
+    before = ray_cluster.query()
+    assert [a for a in before["actors"] if a["class"] == "ClientAppActor"] == []
+
+    with _flwr_home(dict(flwr_env, RAY_ADDRESS=ray_cluster.address), tmp_path / "home-cluster") as env:
+        _flwr_run(env, tmp_path / "cluster")
+
+    seen = ray_cluster.query()
+    node_ips = seen["nodes"]
+    assert sorted(node_ips.values()) == [HEAD_IP, WORKER_IP]
+    clientapp_actors = [a for a in seen["actors"] if a["class"] == "ClientAppActor"]
+    # One actor per node (1 CPU each, 1 CPU per ClientApp), on the two raylets started here.
+    assert sorted(node_ips[a["node"]] for a in clientapp_actors) == [HEAD_IP, WORKER_IP]
+    assert {a["state"] for a in clientapp_actors} == {"DEAD"}  # Flower ends its actors after the run
+    # Every message to a ClientApp is one ClientAppActor.run call: 4 queries and 4 x 2 trainings (12 in
+    # every run seen). Workers report task events asynchronously, so the count is bounded, not matched.
+    deadline = time.monotonic() + 60
+    while set(seen["runs"]) != {HEAD_IP, WORKER_IP} and time.monotonic() < deadline:
+        time.sleep(2)  # a worker's task events may reach the GCS after the run has ended
+        seen = ray_cluster.query()
+    assert set(seen["runs"]) == {HEAD_IP, WORKER_IP}
+    assert len(seen["runs"]) <= AGENTS * 3
+
+    # The same configuration on a plain local Ray instance (no RAY_ADDRESS: Ray starts one).
+    local_env = {k: v for k, v in flwr_env.items() if k != "RAY_ADDRESS"}
+    with _flwr_home(local_env, tmp_path / "home-local") as env:
+        _flwr_run(env, tmp_path / "local")
+    assert ray_cluster.query()["actors"] == seen["actors"]  # that run did not use the cluster
+
+    cluster_w = np.load(tmp_path / "cluster" / "weights.npz")
+    local_w = np.load(tmp_path / "local" / "weights.npz")
+    assert cluster_w.files == local_w.files == ["round-1", "round-2"]
+    for key in cluster_w.files:
+        np.testing.assert_array_equal(cluster_w[key], local_w[key])  # bit for bit
+    assert abs(cluster_w["round-2"]).max() > 0
