@@ -306,7 +306,7 @@ def variant_command(variant: str, args: argparse.Namespace, work: Path) -> tuple
     flwr = Path(sys.executable).parent / "flwr"
     common = {"num-agents": args.agents, "rounds": args.rounds, "dtype": args.dtype, "dataset": "femnist",
               "data-dir": str(Path(args.femnist_dir).resolve()), "algorithm": args.algorithm,
-              "local-steps": args.local_steps, "epsilon": args.epsilon}
+              "local-steps": args.local_steps, "epsilon": args.epsilon, "device": args.device}
     if variant == "ours":
         app, watched = ROOT, work / "run" / "rounds.jsonl"
         config = {**common, "eval-every": args.eval_every, "out": str(work / "run")}
@@ -314,9 +314,11 @@ def variant_command(variant: str, args: argparse.Namespace, work: Path) -> tuple
         app, watched = FEDAVG_APP, work / "timings.jsonl"
         config = {**common, "bench-mode": variant.removeprefix("fedavg-"), "bench-timings": str(watched)}
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+    federation = f"num-supernodes={args.agents} client-resources-num-cpus=1"
+    if args.gpus_per_clientapp:
+        federation += f" client-resources-num-gpus={args.gpus_per_clientapp:g}"
     command = [str(flwr) if flwr.exists() else "flwr", "run", str(app), "--stream",
-               "--run-config", run_config,
-               "--federation-config", f"num-supernodes={args.agents} client-resources-num-cpus=1"]
+               "--run-config", run_config, "--federation-config", federation]
     return command, watched, work / "flwr-home"
 
 
@@ -470,6 +472,10 @@ def main() -> int:
                         help="P: agents = SuperNodes (FEMNIST's first P writers)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds R per run; rounds 2..R are timed")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the ClientApps compute (ours and same-work)")
+    parser.add_argument("--gpus-per-clientapp", type=float, default=0.0,
+                        help="client-resources-num-gpus: each ClientApp's GPU fraction (with --device cuda)")
     parser.add_argument("--algorithm", default="objpm", help="dpadmm algorithm (ours and same-work)")
     parser.add_argument("--local-steps", type=int, default=0,
                         help="E; 0 = the algorithm's default (10 for objpm)")
