@@ -39,7 +39,7 @@ app = ClientApp()
 
 
 @lru_cache(maxsize=8)
-def _calibrated(config: RunConfig) -> RunConfig:
+def calibrated(config: RunConfig) -> RunConfig:
     """The run config with eps-bar calibrated to target-epsilon, computed by the agent itself."""
     return privacy.calibrate(config)
 
@@ -88,18 +88,15 @@ def query(msg: Message, context: Context) -> Message:
         {"partition-id": int(context.node_config["partition-id"])})}), reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Receive w, lambda_p and the last iterate; run E local updates; send z_p^{t+1}."""
-    config = _calibrated(RunConfig.from_mapping(context.run_config))
-    arrays = msg.content["arrays"]
+def local_update(config: RunConfig, node_config: Mapping[str, Any], arrays: ArrayRecord,
+                 t: int) -> tuple[AgentData, dict[str, torch.Tensor]]:
+    """The agent's data and the arrays of its reply: E local updates from the received state.
+
+    ``arrays`` holds w, lambda_p and the last iterate z as the strategy sends them; the reply
+    is z_p^{t+1} and, when E > 1, the last iterate ``z-last`` (the chain continues from it).
+    """
     w_received = arrays["w"].numpy()
-    data = agent_data_for(config, context.node_config, num_classes=int(w_received.shape[1]))
-    partition_id = int(data.agents[0])
-    sent_for = int(msg.content["config"]["partition-id"])
-    if sent_for != partition_id:
-        raise ValueError(f"the server sent the state of partition {sent_for} to agent {partition_id}; "
-                         "refusing to compute on another agent's state")
+    data = agent_data_for(config, node_config, num_classes=int(w_received.shape[1]))
     received = {key: arrays[key].numpy() for key in ("w", "lambda", "z")}
     for key, value in received.items():
         if value.shape != data.shape:
@@ -107,10 +104,23 @@ def train(msg: Message, context: Context) -> Message:
                              f"but this agent's data give {data.shape}")
     w, lam, z_chain = (torch.tensor(received[k], device=data.x.device, dtype=data.x.dtype)
                        for k in ("w", "lambda", "z"))
-    t = int(msg.content["config"]["server-round"])
     result = agent_round(config, data, w, lam[None], z_chain[None], t)
     out = {"z": result.z_sent[0].cpu()}
-    if config.steps > 1:  # the chain continues from the last iterate, which differs from the average
+    if config.steps > 1:  # the last iterate differs from the average only when E > 1
         out["z-last"] = result.z_last[0].cpu()
+    return data, out
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Receive w, lambda_p and the last iterate; run E local updates; send z_p^{t+1}."""
+    config = calibrated(RunConfig.from_mapping(context.run_config))
+    partition_id = int(context.node_config["partition-id"])
+    sent_for = int(msg.content["config"]["partition-id"])
+    if sent_for != partition_id:
+        raise ValueError(f"the server sent the state of partition {sent_for} to agent {partition_id}; "
+                         "refusing to compute on another agent's state")
+    t = int(msg.content["config"]["server-round"])
+    _, out = local_update(config, context.node_config, msg.content["arrays"], t)
     metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
     return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)
