@@ -60,7 +60,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
+from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDAVG_APP = ROOT / "benchmarks" / "fedavg_app"
@@ -240,15 +239,6 @@ def _kill_leftovers(seen: set[tuple[int, int]]) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     return killed
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free on 127.0.0.1 now (the kernel's choice)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 # ----- one run -----

@@ -64,10 +64,11 @@ def flwr_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     # Private ports for the local SuperLink `flwr run` starts: on Flower's fixed ports (39091,
     # 39093) a run would reuse a SuperLink that another test or session left running, with
     # that one's FLWR_HOME and environment.
+    superlink_port, control_port = free_ports(2)
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-               FLWR_LOCAL_CONTROL_API_PORT=str(free_port()))
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
+               FLWR_LOCAL_CONTROL_API_PORT=str(control_port))
     yield env
     assert stop_flwr_processes(home) == []
 
@@ -86,11 +87,14 @@ def stop_flwr_processes(home: Path) -> list[int]:
     return [p for p in _pids_with_env("FLWR_HOME", str(home)) if not _is_zombie(p)]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that nothing listens on now, on any interface (the sockets are
+    held together while the kernel picks, so the ports differ)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _is_zombie(pid: int) -> bool:

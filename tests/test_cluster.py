@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, stop_flwr_processes
+from tests.conftest import ROOT, free_ports, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
@@ -85,15 +84,6 @@ class RayCluster:
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct TCP ports free on every interface (sockets held open together, then released)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def _ray_env(marker: str) -> dict[str, str]:
@@ -167,7 +157,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     marker = temp.name
     env = _ray_env(marker)
-    gcs, client, *agent_ports = _free_ports(10)
+    gcs, client, *agent_ports = free_ports(10)
     cluster = RayCluster(address=f"{HEAD_IP}:{gcs}", temp_dir=temp, sessions=set(), marker=marker)
 
     def node_ports(ports: list[int]) -> list[str]:

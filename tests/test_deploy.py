@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from dpadmm import deploy
 from dpadmm.cli import main
-from tests.conftest import free_port
+from tests.conftest import free_ports
 
 NODE_CONFIG = "partition-id=0 data-path='/x.npz' num-samples-total=60000"
 
@@ -335,7 +335,7 @@ def test_cli_execs_a_real_secure_superlink(tmp_path: Path, flwr_env: dict[str, s
     script = str(Path(sys.executable).with_name("dpadmm"))
     certs = deploy.make_certificates(tmp_path / "certs", ["127.0.0.1"])
     (key,) = deploy.make_node_keys(tmp_path / "keys", ["node-0"])
-    port = free_port()
+    (port,) = free_ports(1)
     assert main(["deploy", "connection", "--name", "lab", "--address", f"127.0.0.1:{port}",
                  "--ca-cert", str(certs.ca_cert), "--flwr-home", flwr_env["FLWR_HOME"]]) == 0
     log = tmp_path / "superlink.log"

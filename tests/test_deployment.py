@@ -24,7 +24,7 @@ from dpadmm import engine
 from dpadmm.config import RunConfig
 from dpadmm.federation import agent_data, load_for
 from dpadmm.results import read_jsonl, read_metrics
-from tests.conftest import ROOT, free_port, stop_flwr_processes
+from tests.conftest import ROOT, free_ports, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +43,7 @@ class Deployment:
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                         PATH=f"{bin_dir}:{os.environ['PATH']}")
-        self.port = free_port()
-        self.node_ports = [free_port() for _ in range(AGENTS + 1)]
+        self.port, *self.node_ports = free_ports(AGENTS + 2)
         self.processes: dict[str, subprocess.Popen] = {}
 
     def dpadmm(self, *args: str) -> subprocess.CompletedProcess:
