@@ -61,6 +61,7 @@ def _released(config: RunConfig, x: torch.Tensor, y: torch.Tensor, first_agent: 
     # The same data set for every trial (views, not copies); each trial has its own noise key.
     data = AgentData(x=one.x.expand(trials, -1, -1), y=one.y.expand(trials, -1, -1),
                      counts=one.counts.expand(trials), x_l1=one.x_l1.expand(trials, -1),
+                     x_l2=one.x_l2.expand(trials, -1),
                      agents=torch.arange(first_agent, first_agent + trials), total=one.total)
     zeros = torch.zeros((trials, x.shape[1], 2), dtype=torch.float64)
     w = torch.zeros(x.shape[1], 2, dtype=torch.float64)

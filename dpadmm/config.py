@@ -20,6 +20,7 @@ from typing import Any
 
 from dpadmm.data import DATASET_NAMES as DATASETS
 from dpadmm.data import DEFAULT_AGENTS
+from dpadmm.modules import MODELS
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")
@@ -27,6 +28,7 @@ DTYPES = ("float64", "float32")
 RHO_PRESETS = ("auto", "mnist", "femnist", "custom")
 SENSITIVITIES = ("clipped", "data-dependent")
 NEIGHBOURING = ("replace-one", "add-remove")
+MECHANISMS = ("laplace", "gaussian")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -104,7 +106,25 @@ class RunConfig:
                           "covered by Theorem 1) or data-dependent (the papers' eq. (9b), not covered)"},
     )
     clip_norm: float = field(
-        default=200.0, metadata={"help": "C: L1 bound of each sample's gradient term x_i (h_i - y_i)^T"}
+        default=200.0,
+        metadata={"help": "C: bound of each sample's gradient (L1 for laplace, L2 for gaussian); for "
+                          "logistic regression the term x_i (h_i - y_i)^T"},
+    )
+    mechanism: str = field(
+        default="laplace",
+        metadata={"help": "noise of the objective perturbation: laplace (eq. (9a), L1 clipping, pure eps-bar "
+                          "per step) or gaussian (L2 clipping, noise std Delta_2 / epsilon; (eps, delta) by "
+                          "the ledger)"},
+    )
+    model: str = field(
+        default="logistic",
+        metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN) or mlp "
+                          "(one hidden layer of 64); any other nn.Module through the Python API"},
+    )
+    batch_size: int = field(
+        default=0,
+        metadata={"help": "samples per local step for a module model (drawn from a keyed stream); "
+                          "0 = full batch, as in the papers"},
     )
     neighbouring: str = field(
         default="replace-one",
@@ -141,6 +161,9 @@ class RunConfig:
         _allowed("rho-preset", self.rho_preset, RHO_PRESETS)
         _allowed("sensitivity", self.sensitivity, SENSITIVITIES)
         _allowed("neighbouring", self.neighbouring, NEIGHBOURING)
+        _allowed("mechanism", self.mechanism, MECHANISMS)
+        _allowed("model", self.model, MODELS)
+        self._check_model()
         if not self.clip_norm > 0:
             raise ValueError(f"clip-norm={self.clip_norm!r} is not allowed; it must be > 0")
         if not 0 < self.delta < 1:
@@ -179,6 +202,32 @@ class RunConfig:
         if not 0 < self.outp_delta < 1:
             raise ValueError(f"outp-delta={self.outp_delta!r} is not allowed; it must be in (0, 1)")
 
+    def _check_model(self) -> None:
+        """The combinations the theory covers: what a module model and the Gaussian variant need."""
+        if self.batch_size < 0:
+            raise ValueError(f"batch-size={self.batch_size!r} is not allowed; it must be >= 0 "
+                             "(0 = full batch)")
+        if self.mechanism == "gaussian" and (self.algorithm == "outp" or self.sensitivity != "clipped"):
+            culprit = ("algorithm='outp'" if self.algorithm == "outp"
+                       else f"sensitivity={self.sensitivity!r}")
+            raise ValueError(f"mechanism='gaussian' is not allowed with {culprit}; it is the objective "
+                             "perturbation with L2-clipped gradients (sensitivity='clipped')")
+        if self.model == "logistic":
+            if self.batch_size:
+                raise ValueError(f"batch-size={self.batch_size} is not allowed with model='logistic', whose "
+                                 "closed-form fast path is full-batch as in the papers; use 0")
+            return
+        if self.algorithm == "outp":
+            raise ValueError(f"algorithm='outp' is not allowed with model={self.model!r}: OutP's sensitivity "
+                             "is derived for logistic regression only")
+        if self.sensitivity != "clipped":
+            raise ValueError(f"sensitivity={self.sensitivity!r} is not allowed with model={self.model!r}: "
+                             "eq. (9b) is derived for logistic regression; use 'clipped'")
+        if self.batch_size and self.neighbouring != "replace-one":
+            raise ValueError(f"batch-size={self.batch_size} is not allowed with neighbouring="
+                             f"{self.neighbouring!r}: the minibatch scale I_p / B is public only when "
+                             "one sample is replaced; use replace-one or batch-size=0")
+
     # ----- derived values (computed, never stored, so they cannot disagree) -----
 
     @property
@@ -194,6 +243,11 @@ class RunConfig:
     def clipped(self) -> bool:
         """Whether per-sample clipping and the data-independent Laplace scale are in force."""
         return self.private and self.sensitivity == "clipped" and self.algorithm != "outp"
+
+    @property
+    def clip_norm_type(self) -> str:
+        """The norm of per-sample clipping and of the sensitivity: l1 for Laplace, l2 for Gaussian noise."""
+        return "l2" if self.mechanism == "gaussian" else "l1"
 
     @property
     def steps(self) -> int:

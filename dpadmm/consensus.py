@@ -3,32 +3,46 @@
 The dual update is line 8 of Algorithm 1 and also the agents' line 23, which computes the
 same value from the same (lambda_p, w, z_p, rho): the Flower server computes it once and
 sends each agent its lambda_p, the engine computes it for all agents at once.
+
+Variables are logistic regression's tensors (agents in dimension -3: [(S,) P, J, K]) or a
+module's parameters, dicts of [P, ...] tensors (agents first); the updates apply per tensor.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
+from dpadmm.modules import Params, tree_map
 
-def global_update(z: torch.Tensor, lam: torch.Tensor, rho: float) -> torch.Tensor:
+Tree = torch.Tensor | Params
+
+
+def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
     """w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t): the minimiser of eq. (4a), line 5 of 003.
 
-    z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs).
+    z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs); or dicts of
+    [P, ...] -> [...].
     """
-    return (z - lam / rho).mean(dim=-3)
+    agent_dim = 0 if isinstance(z, Mapping) else -3
+    return tree_map(lambda z_, lam_: (z_ - lam_ / rho).mean(dim=agent_dim), z, lam)
 
 
-def dual_update(lam: torch.Tensor, w: torch.Tensor, z: torch.Tensor, rho: float) -> torch.Tensor:
+def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:
     """lambda_p^{t+1} = lambda_p^t + rho^t (w^{t+1} - z_p^{t+1}): eq. (4c), lines 8 and 23 of 003.
 
-    lam, z: [(S,) P, J, K]; w: [(S,) J, K], or [J, K] for a single agent's copy.
+    lam, z: [(S,) P, J, K] with w [(S,) J, K], or one agent's [J, K] copies; or dicts of
+    [P, ...] (or one agent's [...]) with w's [...].
     """
-    if lam.dim() == 4:
+    if not isinstance(lam, Mapping) and lam.dim() == 4:
         w = w.unsqueeze(-3)
-    return lam + rho * (w - z)
+    return tree_map(lambda lam_, w_, z_: lam_ + rho * (w_ - z_), lam, w, z)
 
 
-def consensus_violation(w: torch.Tensor, z: torch.Tensor) -> float:
-    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]."""
+def consensus_violation(w: Tree, z: Tree) -> float:
+    """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]
+    (or dicts of [...] and [P, ...]: the L1 norm over all parameters)."""
+    if isinstance(z, Mapping):
+        return float(sum((w[k] - z[k]).abs().sum() for k in z) / next(iter(z.values())).shape[0])
     return float((w - z).abs().sum() / z.shape[0])
-

@@ -3,28 +3,40 @@
 It runs the identical mathematics as the Flower app (the same functions of
 ``dpadmm.local`` and ``dpadmm.consensus``, the same keyed noise) without the framework's
 per-message overhead, for research sweeps. Only the loop over rounds lives here.
+
+Logistic regression (the papers' model) runs every agent, and a batch of seeds, as one set
+of [S, P, J, K] tensors. Any other model (``model`` in the config, or an ``nn.Module``
+given to :func:`run`) keeps its parameters as dicts of [P, ...] tensors and runs the agents
+in chunks that fit memory, each chunk under ``vmap`` over the stacked parameters (or, with
+``vectorize=False``, as a plain loop over agents).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from dpadmm import checkpoint, privacy, schedules
 from dpadmm.config import RunConfig
 from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.data import Dataset
 from dpadmm.federation import agent_data, load_for
-from dpadmm.local import agent_round
+from dpadmm.local import Tree, agent_round
 from dpadmm.models import AgentData
+from dpadmm.modules import build_model, initial_parameters, numel, tree_map
 from dpadmm.privacy import Ledger
 from dpadmm.results import RunWriter, central_metrics
+
+# Elements of a module's per-chunk temporaries (gradients, noise, iterates) in the engine (2**25: 128 MiB
+# in float32 each): the number of agents updated at once is this over the model's size.
+AGENT_CHUNK_BUDGET = 2**25
 
 
 @dataclass
@@ -35,13 +47,15 @@ class EngineState:
     batch); the results hand each run its own slice, without it.
     """
 
-    w: torch.Tensor  # [(S,) J, K] the global model of the last round
-    z: torch.Tensor  # [(S,) P, J, K] the last released z_p
-    z_chain: torch.Tensor  # [(S,) P, J, K] the last local iterate z_p^{t,E+1}
-    lam: torch.Tensor  # [(S,) P, J, K] lambda_p
+    w: Tree  # [(S,) J, K] the global model of the last round (a module's: dict of [...])
+    z: Tree  # [(S,) P, J, K] the last released z_p (dict of [P, ...])
+    z_chain: Tree  # [(S,) P, J, K] the last local iterate z_p^{t,E+1} (z itself when E = 1)
+    lam: Tree  # [(S,) P, J, K] lambda_p (dict of [P, ...])
 
     def run(self, s: int) -> EngineState:
-        """Run s of a batched state."""
+        """Run s of a batched state (a module's state holds one run: itself)."""
+        if isinstance(self.w, Mapping):
+            return self
         return EngineState(w=self.w[s], z=self.z[s], z_chain=self.z_chain[s], lam=self.lam[s])
 
 
@@ -62,14 +76,20 @@ def run(
     dataset: Dataset | None = None,
     write: bool = True,
     progress: bool = True,
+    module: nn.Module | None = None,
+    vectorize: bool = True,
 ) -> EngineResult:
     """Train with every agent batched; record (and write) one metrics dict per evaluated round.
 
     Each dict has ``round``, ``test-error``, ``train-loss``, ``consensus-violation``
     (sum_p |w - z_p| / P), ``noise-magnitude`` (mean |noise| over agents, steps and
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
+    ``module`` trains that network instead of ``config.model`` (its parameters start from
+    :func:`dpadmm.modules.initial_parameters` with the config's seed); ``vectorize=False``
+    runs a module's agents in a plain loop instead of under ``vmap`` (same numbers).
     """
-    return run_seeds(config, [config.seed], dataset=dataset, write=write, progress=progress)[0]
+    return run_seeds(config, [config.seed], dataset=dataset, write=write, progress=progress,
+                     module=module, vectorize=vectorize)[0]
 
 
 def run_seeds(
@@ -82,6 +102,8 @@ def run_seeds(
     directories: Sequence[str | Path] | None = None,
     checkpoint: str | Path | None = None,
     checkpoint_seconds: float = 60.0,
+    module: nn.Module | None = None,
+    vectorize: bool = True,
 ) -> list[EngineResult]:
     """:func:`run` for several seeds of one configuration at once, one result per seed.
 
@@ -94,6 +116,9 @@ def run_seeds(
     ``checkpoint`` the state is saved there (atomically, at an evaluated round at most
     every ``checkpoint_seconds``); a later call with the same arguments resumes from it,
     keeps the folders' metrics up to that round and ends as the uninterrupted run would.
+
+    A module model (``config.model`` other than logistic, or ``module``) runs its seeds one
+    after the other (``module`` and ``vectorize`` as in :func:`run`).
     """
     config = privacy.calibrate(config)
     seeds = [int(s) for s in seeds]
@@ -106,11 +131,17 @@ def run_seeds(
         raise ValueError("checkpoint needs write=True and explicit directories "
                          "(a resumed run appends to them)")
     dataset = load_for(config) if dataset is None else dataset
+    if module is None and config.model != "logistic":
+        module = build_model(config.model, dataset.num_features, dataset.num_classes)
+    if module is not None and len(seeds) > 1:
+        return [run_seeds(c, [c.seed], dataset=dataset, write=write, progress=progress,
+                          directories=None if directories is None else [directories[i]],
+                          checkpoint=None if checkpoint is None else Path(f"{checkpoint}.seed-{c.seed}"),
+                          checkpoint_seconds=checkpoint_seconds, module=module, vectorize=vectorize)[0]
+                for i, c in enumerate(configs)]
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     data = agent_data(dataset, config, range(config.num_agents))
-    zeros = torch.zeros((len(seeds), config.num_agents, *data.shape), dtype=data.x.dtype,
-                        device=data.x.device)
-    state = EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
+    state = _initial_state(config, data, len(seeds), module)
     first = 1
     saved = _load_checkpoint(checkpoint, config, seeds, state)
     if saved:
@@ -128,23 +159,24 @@ def run_seeds(
     try:
         for t in range(first, config.rounds + 1):
             started = time.perf_counter()
-            magnitude = step(config, data, state, t, seeds)
+            magnitude = step(config, data, state, t, seeds, module=module, vectorize=vectorize)
             if data.x.is_cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             if t % config.eval_every == 0 or t == config.rounds:
                 for s in range(len(seeds)):
+                    run_state = state.run(s)
                     record = {
                         "round": t,
-                        **central_metrics(state.w[s], dataset, config.beta),
-                        "consensus-violation": consensus_violation(state.w[s], state.z[s]),
+                        **central_metrics(run_state.w, dataset, config.beta, module),
+                        "consensus-violation": consensus_violation(run_state.w, run_state.z),
                         "noise-magnitude": magnitude[s],
                         "rho": schedules.rho_at(config, t),
                         "seconds": seconds,
                     }
                     records[s].append(record)
                     if writers:
-                        writers[s].record(record, state.w[s])
+                        writers[s].record(record, run_state.w)
                 if checkpoint is not None and (t == config.rounds
                                                or time.monotonic() - last_save >= checkpoint_seconds):
                     _save_checkpoint(checkpoint, config, seeds, state, t)
@@ -167,7 +199,8 @@ def run_seeds(
 
 
 def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
-         seeds: Sequence[int] | None = None, active: torch.Tensor | None = None) -> list[float]:
+         seeds: Sequence[int] | None = None, active: torch.Tensor | None = None, *,
+         module: nn.Module | None = None, vectorize: bool = True) -> list[float]:
     """Round t of Algorithm 1 (or of OutP) in place, for every run of ``seeds``.
 
     The state has a leading run dimension (one per seed); ``seeds=None`` means the one
@@ -175,6 +208,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     the others keep their z_p, last iterate and lambda_p, as a Flower agent that was not
     sampled or did not reply, while w still averages all P (eq. (4a)). By default it is the
     sample of :func:`dpadmm.schedules.participants` (everyone when fraction-train is 1).
+    With ``module`` the state is that module's parameters (one run) and the agents are
+    updated chunk by chunk (:func:`_module_step`).
     Returns each run's mean noise magnitude over its active agents.
     """
     seeds = [config.seed] if seeds is None else seeds
@@ -183,6 +218,9 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
         for s, seed in enumerate(seeds):
             active[s, schedules.participants(config, t, seed)] = True
     rho_t = schedules.rho_at(config, t)
+    if module is not None:
+        return [_module_step(config, data, state, t, rho_t, None if active is None else active[0], module,
+                             vectorize)]
     if config.algorithm == "outp":
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
@@ -197,6 +235,47 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
         return result.noise_magnitude.mean(dim=-1).tolist()
     mask = active.to(result.noise_magnitude)
     return ((result.noise_magnitude * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)).tolist()
+
+
+def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int, rho_t: float,
+                 active: torch.Tensor | None, module: nn.Module, vectorize: bool) -> float:
+    """Round t for a module's parameters: w (line 5), then each chunk of active agents' local round
+    and duals (lines 15-23), written into the state in place; the mean noise magnitude.
+
+    An agent's round reads only its own state and w, so chunks of agents can be updated in
+    place one after the other; chunks bound the temporaries (gradients, noise, E iterates)
+    to about ``AGENT_CHUNK_BUDGET`` elements each.
+    """
+    state.w = global_update(state.z, state.lam, rho_t)
+    agents = torch.arange(config.num_agents) if active is None else active.nonzero().flatten()
+    chunk = max(1, AGENT_CHUNK_BUDGET // numel(state.w))
+    magnitudes = []
+    for c0 in range(0, agents.numel(), chunk):
+        index = agents[c0:c0 + chunk].to(data.x.device)
+        lam = {k: v[index] for k, v in state.lam.items()}
+        z_chain = {k: v[index] for k, v in state.z_chain.items()}
+        result = agent_round(config, data.select(index), state.w, lam, z_chain, t, module=module,
+                             vectorize=vectorize)
+        new_lam = dual_update(lam, state.w, result.z_sent, rho_t)
+        for k in state.w:
+            state.z[k][index] = result.z_sent[k]
+            state.z_chain[k][index] = result.z_last[k]
+            state.lam[k][index] = new_lam[k]
+        magnitudes.append(result.noise_magnitude)
+    return float(torch.cat(magnitudes).mean()) if magnitudes else 0.0
+
+
+def _initial_state(config: RunConfig, data: AgentData, runs: int, module: nn.Module | None) -> EngineState:
+    """w = z_p = lambda_p = 0 for logistic regression ([S, P, J, K]); for a module w = z_p = its initial
+    parameters (``dpadmm.modules.initial_parameters``) and lambda_p = 0, one run."""
+    dtype, device = data.x.dtype, data.x.device
+    if module is None:
+        zeros = torch.zeros((runs, config.num_agents, *data.shape), dtype=dtype, device=device)
+        return EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
+    w = initial_parameters(module, config.seed, dtype=dtype, device=device)
+    z = {k: v.expand(config.num_agents, *v.shape).clone() for k, v in w.items()}
+    z_chain = z if config.steps == 1 else {k: v.clone() for k, v in z.items()}
+    return EngineState(w=w, z=z, z_chain=z_chain, lam={k: torch.zeros_like(v) for k, v in z.items()})
 
 
 def _where(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -220,7 +299,10 @@ def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int
     if saved is None:
         return None
     for key in ("w", "z", "z_chain", "lam"):
-        setattr(state, key, saved[key].to(device=state.w.device, dtype=state.w.dtype))
+        setattr(state, key, tree_map(lambda v, like: v.to(device=like.device, dtype=like.dtype), saved[key],
+                                     getattr(state, key)))
+    if isinstance(state.z, Mapping) and config.steps == 1:
+        state.z_chain = state.z  # aliased, as when the run started
     return int(saved["round"])
 
 

@@ -10,22 +10,28 @@ are then [S, P, J, K], w is [S, J, K], and run s draws from the streams of ``see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from dpadmm import noise, schedules
 from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilities, sensitivity
+from dpadmm.models import AgentData, gradient
+from dpadmm.modules import Params, tree_map
+from dpadmm.oracles import LogisticOracle, ModuleOracle
+
+Tree = torch.Tensor | Params  # logistic regression's one tensor, or a module's parameters
+Oracle = LogisticOracle | ModuleOracle
 
 
 @dataclass(frozen=True)
 class LocalResult:
     """What one local round produces for each agent."""
 
-    z_sent: torch.Tensor  # [(S,) P, J, K] z_p^{t+1}, the released average (line 21)
-    z_last: torch.Tensor  # [(S,) P, J, K] z_p^{t,E+1}, where the next round's chain starts (line 16)
+    z_sent: Tree  # [(S,) P, J, K] (or a module's [P, ...] tensors) z_p^{t+1}, the released average (line 21)
+    z_last: Tree  # the same shapes: z_p^{t,E+1}, where the next round's chain starts (line 16)
     noise_magnitude: torch.Tensor  # [(S,) P] mean |noise| over the round's draws (003 Fig. 3)
 
 
@@ -71,56 +77,79 @@ def outp_step(z: torch.Tensor, w: torch.Tensor, lam: torch.Tensor, g: torch.Tens
     return (z * inv + rho * w + lam - g) / (rho + inv)
 
 
-def laplace_scale(config: RunConfig, data: AgentData, probs: torch.Tensor) -> torch.Tensor:
-    """Delta / eps-bar per agent ([(S,) P]), the scale of eq. (9a): Delta = 2C/I (or C/I) when clipped,
-    else eq. (9b)."""
-    if config.clipped:
-        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
-        return torch.full(probs.shape[:-2], delta / config.epsilon, dtype=probs.dtype, device=probs.device)
-    return sensitivity(data, probs) / config.epsilon
-
-
 def _noise(draw: Callable[..., torch.Tensor], seeds: Sequence[int] | None, config: RunConfig,
-           data: AgentData, t: int, e: int, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Noise of round t, step e for every agent ([P, J, K]), or for every run of ``seeds`` ([S, P, J, K])."""
+           agents: torch.Tensor, t: int, e: int, like: Tree, scale: torch.Tensor,
+           stream: int) -> Tree:
+    """Noise of round t, step e for every agent, shaped like ``like``: [P, J, K] (or [S, P, J, K] for
+    every run of ``seeds``), or a dict of [P, ...] tensors split from one draw per agent.
+
+    A module's parameters are one vector per agent in the module's parameter order, so its
+    noise is the same whatever the parameters are named or how the agents are chunked.
+    """
+    if isinstance(like, Mapping):
+        sizes = [v[0].numel() for v in like.values()]
+        flat = draw(config.seed, agents, t, e, (sum(sizes),), scale, dtype=_dtype(like), stream=stream)
+        parts = flat.to(scale.device).split(sizes, dim=1)
+        return {k: part.view(v.shape) for (k, v), part in zip(like.items(), parts, strict=True)}
+    shape = tuple(like.shape[-2:])
     if seeds is None:
-        return draw(config.seed, data.agents, t, e, data.shape, scale, dtype=dtype)
-    scales = scale.expand(len(seeds), data.num_agents)
-    return torch.stack([draw(s, data.agents, t, e, data.shape, scales[i], dtype=dtype)
+        return draw(config.seed, agents, t, e, shape, scale, dtype=like.dtype, stream=stream)
+    scales = scale.expand(len(seeds), agents.shape[0])
+    return torch.stack([draw(s, agents, t, e, shape, scales[i], dtype=like.dtype, stream=stream)
                         for i, s in enumerate(seeds)])
 
 
-def objective_perturbation_round(config: RunConfig, data: AgentData, w: torch.Tensor,
-                                 lam: torch.Tensor, z_chain: torch.Tensor, t: int,
-                                 seeds: Sequence[int] | None = None) -> LocalResult:
-    """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM.
+def _dtype(tree: Tree) -> torch.dtype:
+    return next(iter(tree.values())).dtype if isinstance(tree, Mapping) else tree.dtype
+
+
+def _mean_abs(xi: Tree) -> torch.Tensor:
+    """Mean |noise| per agent over its coordinates ([(S,) P]), the noise magnitude of 003 Fig. 3."""
+    if isinstance(xi, Mapping):
+        total = sum(v.abs().flatten(1).sum(dim=1) for v in xi.values())
+        return total / sum(v[0].numel() for v in xi.values())
+    return torch.linalg.vector_norm(xi, ord=1, dim=(-2, -1)) / (xi.shape[-2] * xi.shape[-1])
+
+
+def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam: Tree, z_chain: Tree,
+                                 t: int, seeds: Sequence[int] | None = None) -> LocalResult:
+    """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM, for any model.
 
     Starting from the last local iterate z^{t,1} = z^{t-1,E+1}, take E steps of eq. (8)
-    (or 000's trust-region eq. (9) for objt), each with fresh Laplace noise of scale
-    Delta / eps (eq. (9a)), and release the average of the E iterates. Delta is 2C/I with
-    clipped gradients (``sensitivity="clipped"``) or the papers' data-dependent eq. (9b).
+    (or 000's trust-region eq. (9) for objt), each with fresh noise of scale Delta / eps
+    (eq. (9a); Laplace, or Gaussian with ``mechanism="gaussian"``), and release the average
+    of the E iterates. The oracle gives g and Delta / eps: the papers' logistic regression
+    (Delta = 2C/I when clipped, else the data-dependent eq. (9b)) or any module (clipped).
+    The steps apply per parameter tensor; they are elementwise.
     """
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
+    if config.algorithm == "objt":
+        radius = schedules.trust_radius(t, config.prox_scale)
+        step = lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)  # noqa: E731
+    else:
+        eta = schedules.eta(t, config.prox_scale)
+        step = lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)  # noqa: E731
+    draw = noise.gaussian if config.mechanism == "gaussian" else noise.laplace
     z = z_chain
-    w = w.unsqueeze(-3)  # broadcast over the agents
-    total = torch.zeros_like(z)
-    magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
+    if not isinstance(w, Mapping):
+        w = w.unsqueeze(-3)  # broadcast over the agents (a module's [...] broadcasts against [P, ...])
+    no_noise = tree_map(lambda _: 0.0, z)
+    total = tree_map(torch.zeros_like, z)
+    # [(S,) P] for logistic regression's tensors, [P] for a module's parameters
+    first = next(iter(z.values())) if isinstance(z, Mapping) else z
+    runs_agents = first.shape[:1] if isinstance(z, Mapping) else z.shape[:-2]
+    magnitude = torch.zeros(runs_agents, dtype=first.dtype, device=first.device)
     for e in range(1, steps + 1):
-        probs = probabilities(data.x, z)
-        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs,
-                     clip=config.clip_norm if config.clipped else None)
-        if config.private:
-            xi = _noise(noise.laplace, seeds, config, data, t, e, laplace_scale(config, data, probs), z.dtype)
-            magnitude += torch.linalg.vector_norm(xi, ord=1, dim=(-2, -1)) / (data.shape[0] * data.shape[1])
-        else:
-            xi = 0.0
-        if config.algorithm == "objt":
-            z = trust_region_step(z, w, lam, g, xi, rho_t, schedules.trust_radius(t, config.prox_scale))
-        else:
-            z = proximal_step(z, w, lam, g, xi, rho_t, schedules.eta(t, config.prox_scale))
-        total += z
-    return LocalResult(z_sent=total / steps, z_last=z, noise_magnitude=magnitude / steps)
+        g, scale = oracle.gradient(z, t, e)
+        xi = no_noise
+        if scale is not None:
+            xi = _noise(draw, seeds, config, oracle.agents, t, e, z, scale, noise.STREAM_OBJECTIVE)
+            magnitude = magnitude + _mean_abs(xi)
+        z = tree_map(step, z, w, lam, g, xi)
+        total = tree_map(torch.Tensor.add_, total, z)
+    z_sent = tree_map(lambda v: v.div_(steps), total)
+    return LocalResult(z_sent=z_sent, z_last=z, noise_magnitude=magnitude / steps)
 
 
 def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.Tensor,
@@ -141,23 +170,33 @@ def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.
     magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
     if config.private:
         sigma = schedules.outp_sigma(eps, config.outp_delta, rho_t, inverse_eta)
-        nu = _noise(noise.gaussian, seeds, config, data, t, 1, sigma, z.dtype)
+        nu = _noise(noise.gaussian, seeds, config, data.agents, t, 1, z, sigma, noise.STREAM_OUTPUT)
         z_new = z_new + nu
         magnitude = nu.abs().mean(dim=(-2, -1))
     return LocalResult(z_sent=z_new, z_last=z_new, noise_magnitude=magnitude)
 
 
-def agent_round(config: RunConfig, data: AgentData, w: torch.Tensor, lam: torch.Tensor,
-                z_chain: torch.Tensor, t: int, seeds: Sequence[int] | None = None) -> LocalResult:
+def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain: Tree, t: int,
+                seeds: Sequence[int] | None = None, *, module: nn.Module | None = None,
+                vectorize: bool = True) -> LocalResult:
     """One local round of the configured algorithm.
 
     ``w`` is the model the round uses: w^{t+1} for the objective-perturbation family
     (line 15), the previous w^t for OutP, whose server update comes after the agents'.
-    ``seeds`` batches runs: w [S, J, K], lam and z_chain [S, P, J, K] (None: one run, config.seed).
+    Logistic regression (``module=None``): w [J, K], lam and z_chain [P, J, K]; ``seeds``
+    batches runs: w [S, J, K], lam and z_chain [S, P, J, K] (None: one run, config.seed).
+    Any other model: ``module`` and dicts of its parameters, w [...] and lam, z_chain [P, ...];
+    ``vectorize`` batches the agents under vmap (False: a plain loop).
     """
+    if module is not None:
+        if seeds is not None:
+            raise ValueError(f"seeds={list(seeds)} is not allowed with a module model; "
+                             "run one seed at a time")
+        return objective_perturbation_round(config, ModuleOracle(config, module, data, vectorize=vectorize),
+                                            w, lam, z_chain, t)
     if z_chain.dim() != (3 if seeds is None else 4) or (seeds is not None and len(seeds) != z_chain.shape[0]):
         raise ValueError(f"z_chain of shape {tuple(z_chain.shape)} does not match seeds={seeds}: "
                          "[P, J, K] without seeds, [S, P, J, K] with S seeds")
     if config.algorithm == "outp":
         return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
-    return objective_perturbation_round(config, data, w, lam, z_chain, t, seeds)
+    return objective_perturbation_round(config, LogisticOracle(config, data), w, lam, z_chain, t, seeds)

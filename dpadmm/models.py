@@ -26,7 +26,8 @@ class AgentData:
     x: torch.Tensor  # [P, Imax, J] features
     y: torch.Tensor  # [P, Imax, K] one-hot labels; all-zero rows are padding
     counts: torch.Tensor  # [P] I_p, the number of real rows per agent
-    x_l1: torch.Tensor  # [P, Imax] ||x_i||_1, precomputed for eq. (9b)
+    x_l1: torch.Tensor  # [P, Imax] ||x_i||_1, precomputed for eq. (9b) and L1 clipping
+    x_l2: torch.Tensor  # [P, Imax] ||x_i||_2, precomputed for L2 clipping (the Gaussian variant)
     agents: torch.Tensor  # [P] int64 agent ids (the keys of the noise streams)
     total: int  # I, the number of samples over all agents (a public parameter)
 
@@ -38,6 +39,12 @@ class AgentData:
     def shape(self) -> tuple[int, int]:
         """(J, K): the shape of w, z_p and lambda_p."""
         return (self.x.shape[2], self.y.shape[2])
+
+    def select(self, agents: slice | torch.Tensor) -> AgentData:
+        """The agents of ``agents`` (a slice of the batch: views; or an index tensor: copies)."""
+        return AgentData(x=self.x[agents], y=self.y[agents], counts=self.counts[agents],
+                         x_l1=self.x_l1[agents], x_l2=self.x_l2[agents], agents=self.agents[agents],
+                         total=self.total)
 
     @classmethod
     def from_blocks(
@@ -71,6 +78,7 @@ class AgentData:
             y=y,
             counts=torch.tensor(counts, dtype=dtype, device=device),
             x_l1=x.abs().sum(dim=2),
+            x_l2=torch.linalg.vector_norm(x, dim=2),
             agents=torch.tensor(list(agents), dtype=torch.int64, device=device),
             total=int(total),
         )
@@ -95,18 +103,19 @@ def probabilities(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, reg: float,
-             probs: torch.Tensor | None = None, clip: float | None = None) -> torch.Tensor:
+             probs: torch.Tensor | None = None, clip: float | None = None, norm: str = "l1") -> torch.Tensor:
     """scale * X_p^T (H - Y) + 2 reg z, batched over agents.
 
     With scale = 1/I and reg = beta/P this is grad f_p of eq. (63) in 003 (note the global I,
     not I_p); OutP uses scale = 1/I_p and reg = beta (its local mean). ``scale`` may be a
     [P] tensor. With ``clip = C`` each sample's term x_i (h_i - y_i)^T is first scaled to
-    L1 norm at most C (``clip_factors``), which bounds the sensitivity independently of the data.
+    L1 norm (``norm="l2"``: L2 norm) at most C (``clip_factors``), which bounds the sensitivity
+    independently of the data.
     """
     h = probabilities(data.x, z) if probs is None else probs
     residual = h - data.y
     if clip is not None:
-        residual = residual * clip_factors(data, residual, clip).unsqueeze(-1)
+        residual = residual * clip_factors(data, residual, clip, norm).unsqueeze(-1)
     if isinstance(scale, torch.Tensor):
         residual = residual * scale.reshape(-1, 1, 1)
         scale = 1.0
@@ -117,22 +126,28 @@ def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, r
     return g.mul_(scale).add_(z, alpha=2.0 * reg)
 
 
-def clip_factors(data: AgentData, residual: torch.Tensor, clip: float) -> torch.Tensor:
-    """min(1, C / ||x_i (h_i - y_i)^T||_1) per sample, [(S,) P, Imax].
+def clip_factors(data: AgentData, residual: torch.Tensor, clip: float, norm: str = "l1") -> torch.Tensor:
+    """min(1, C / ||x_i (h_i - y_i)^T||) per sample, [(S,) P, Imax], in the L1 or (``norm="l2"``) L2 norm.
 
-    The L1 norm of the rank-one term factorises, ||x_i||_1 ||h_i - y_i||_1, so clipping needs
-    no per-sample gradient tensors. Padding rows (x_i = 0) get factor 1 (their term is zero).
+    Both norms of the rank-one term factorise, ||x_i||_1 ||h_i - y_i||_1 and
+    ||x_i||_2 ||h_i - y_i||_2 (Frobenius), so clipping needs no per-sample gradient tensors.
+    Padding rows (x_i = 0) get factor 1 (their term is zero).
     """
-    norms = data.x_l1 * residual.abs().sum(dim=-1)
+    if norm == "l2":
+        norms = data.x_l2 * torch.linalg.vector_norm(residual, dim=-1)
+    else:
+        norms = data.x_l1 * residual.abs().sum(dim=-1)
     return (clip / norms).clamp(max=1.0)
 
 
 def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
-    """L1 sensitivity of the clipped gradient: 2C/I if one sample is replaced, C/I if added or removed.
+    """Sensitivity of the clipped gradient: 2C/I if one sample is replaced, C/I if added or removed.
 
-    Replacing sample i changes sum_i x_i (h_i - y_i)^T / I by the difference of two terms of
-    L1 norm <= C each; adding or removing changes it by one such term. (I is the public
-    sample count.) This is the Delta of eq. (9) for which Theorem 1 of 003 holds as stated.
+    Replacing sample i changes sum_i clip(g_i) / I by the difference of two terms of norm
+    <= C each; adding or removing changes it by one such term. (I is the public sample
+    count.) In the L1 norm this is the Delta of eq. (9) for which Theorem 1 of 003 holds as
+    stated; in the L2 norm it is the Delta_2 of the Gaussian variant. Either way the step's
+    output depends on the data only through g + xi, so it is post-processing of the mechanism.
     """
     return (2.0 if neighbouring == "replace-one" else 1.0) * clip / total
 
@@ -150,11 +165,20 @@ def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:
 
 def training_loss(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta: float) -> float:
     """sum_p f_p(w) = -(1/I) sum_i ln h_{y_i}(w; x_i) + beta ||w||^2 (eqs. (2c), (63))."""
-    logp = torch.log_softmax(x @ w, dim=1)
-    nll = -logp.gather(1, y.reshape(-1, 1)).mean()
-    return float(nll + beta * (w * w).sum())
+    return loss_from_logits(x @ w, y, float((w * w).sum()), beta)
+
+
+def loss_from_logits(logits: torch.Tensor, y: torch.Tensor, squared_norm: float, beta: float) -> float:
+    """-(1/I) sum_i ln softmax(logits_i)_{y_i} + beta ||w||^2: eq. (2c) for any model's logits."""
+    nll = -torch.log_softmax(logits, dim=1).gather(1, y.reshape(-1, 1)).mean()
+    return float(nll) + beta * squared_norm
 
 
 def error_rate(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
     """Fraction of samples whose arg-max class under w is wrong."""
-    return float(((x @ w).argmax(dim=1) != y).double().mean())
+    return error_from_logits(x @ w, y)
+
+
+def error_from_logits(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of rows whose arg-max is not the label."""
+    return float((logits.argmax(dim=1) != y).double().mean())

@@ -54,9 +54,10 @@ import torch
 STREAM_OBJECTIVE: int = 0  # Laplace noise xi of the objective perturbation, eq. (9a) of paper 003
 STREAM_OUTPUT: int = 1  # Gaussian noise of the output-perturbation baseline (OutP)
 STREAM_PARTICIPATION: int = 2  # which agents a round samples (partial participation)
+STREAM_BATCH: int = 3  # which samples a local step of a minibatched agent uses
 
 __all__ = [
-    "STREAM_OBJECTIVE", "STREAM_OUTPUT", "STREAM_PARTICIPATION",
+    "STREAM_BATCH", "STREAM_OBJECTIVE", "STREAM_OUTPUT", "STREAM_PARTICIPATION",
     "gaussian", "laplace", "philox4x32", "uniform",
 ]
 
@@ -526,15 +527,15 @@ def laplace(
     scale: torch.Tensor,
     *,
     dtype: torch.dtype = torch.float64,
+    stream: int = STREAM_OBJECTIVE,
 ) -> torch.Tensor:
-    """[P, *shape] Laplace(0, scale_p) draws from STREAM_OBJECTIVE; scale: [P], >= 0.
+    """[P, *shape] Laplace(0, scale_p) draws from ``stream`` (STREAM_OBJECTIVE); scale: [P], >= 0.
 
     Inverse CDF of u = uniform(seed, agents, round_, step, STREAM_OBJECTIVE, prod(shape)):
     b log(2u) for u < 1/2 and -b log(2 - 2u) otherwise, in float64, then cast to dtype.
     Scale 0 gives zeros.
     """
-    return _shaped(seed, agents, round_, step, shape, ("scale", scale), dtype, STREAM_OBJECTIVE,
-                   _laplace_transform)
+    return _shaped(seed, agents, round_, step, shape, ("scale", scale), dtype, stream, _laplace_transform)
 
 
 def gaussian(
@@ -546,19 +547,22 @@ def gaussian(
     std: torch.Tensor,
     *,
     dtype: torch.dtype = torch.float64,
+    stream: int = STREAM_OUTPUT,
 ) -> torch.Tensor:
-    """[P, *shape] N(0, std_p**2) draws from STREAM_OUTPUT; std: [P], >= 0.
+    """[P, *shape] N(0, std_p**2) draws from ``stream`` (STREAM_OUTPUT: OutP's; the Gaussian objective
+    perturbation uses STREAM_OBJECTIVE); std: [P], >= 0.
 
     Box-Muller on the pairs (u_2j, u_2j+1) of uniform(seed, agents, round_, step,
     STREAM_OUTPUT, ...): elements 2j and 2j+1 are r cos(2 pi u_2j+1) and r sin(2 pi u_2j+1)
     with r = std sqrt(-2 log u_2j), in float64, then cast to dtype.
     """
-    return _shaped(seed, agents, round_, step, shape, ("std", std), dtype, STREAM_OUTPUT, _gaussian_transform)
+    return _shaped(seed, agents, round_, step, shape, ("std", std), dtype, stream, _gaussian_transform)
 
 
 def _shaped(seed, agents, round_, step, shape, named_param, dtype, stream, transform) -> torch.Tensor:
     """Validate the arguments of a [P, *shape] draw, then draw it (shared by laplace and gaussian)."""
-    seed, round_, step = (_u32(n, v) for n, v in (("seed", seed), ("round_", round_), ("step", step)))
+    seed, round_, step, stream = (_u32(n, v) for n, v in (("seed", seed), ("round_", round_), ("step", step),
+                                                         ("stream", stream)))
     agents = _check_agents(agents)
     shape = _check_shape(shape)
     param = _check_scale(named_param[0], named_param[1], agents)

@@ -182,7 +182,8 @@ def mechanism_of(config: RunConfig) -> tuple[str, float, int]:
     """(mechanism, noise multiplier, releases per round) of one agent under ``config``."""
     if config.algorithm == "outp":
         return "gaussian", outp_multiplier(config.epsilon, config.outp_delta, config.neighbouring), 1
-    return "laplace", 1.0 / config.epsilon, config.steps
+    # The objective perturbation: noise of scale Delta / epsilon, in the mechanism's norm.
+    return config.mechanism, 1.0 / config.epsilon, config.steps
 
 
 def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | None = None) -> Ledger:
@@ -205,15 +206,25 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
     elif config.sensitivity == "clipped":
         calibration, covered = "clipped", True
         form = "2C/I" if config.neighbouring == "replace-one" else "C/I"
+        norm = config.clip_norm_type.upper()
+        scale_name = "b" if mechanism == "laplace" else "sigma"
+        batch = " x I_p / B_p" if config.batch_size else ""  # minibatches of B_p = min(B, I_p) samples
         if total_samples:
             value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring)
-            sens = f"L1: {form} = {value:.6g} (C = {config.clip_norm:g}, I = {total_samples})"
-            scale = f"b = Delta / eps-bar = {value / config.epsilon:.6g}"
+            sens = (f"{norm}: {form}{batch} = {value:.6g}{batch} "
+                    f"(C = {config.clip_norm:g}, I = {total_samples})")
+            scale = f"{scale_name} = Delta / eps-bar = {value / config.epsilon:.6g}{batch}"
         else:
-            sens, scale = f"L1: {form} (C = {config.clip_norm:g})", "b = Delta / eps-bar"
-        note = (f"Per-sample gradient terms clipped to L1 norm {config.clip_norm:g}: Delta = "
-                f"{'2C/I' if config.neighbouring == 'replace-one' else 'C/I'} bounds every step, so "
-                "Theorem 1 of 003 applies as stated.")
+            sens = f"{norm}: {form}{batch} (C = {config.clip_norm:g})"
+            scale = f"{scale_name} = Delta / eps-bar"
+        note = (f"Per-sample gradients clipped to {norm} norm {config.clip_norm:g}: Delta = {form}{batch} "
+                "bounds every step whatever the data, and the step's output depends on the data only "
+                "through g + noise, so "
+                + ("Theorem 1 of 003 applies as stated." if mechanism == "laplace" else
+                   "each step is the Gaussian mechanism (noise multiplier 1 / epsilon) followed by "
+                   "post-processing.")
+                + (f" Minibatches of B = {config.batch_size} (B_p = min(B, I_p) samples of agent p) are not "
+                   "credited with amplification by subsampling." if batch else ""))
     else:
         calibration, covered = "data-dependent", False
         sens = "eq. (9b): max_i ||x_i||_1 ||h_i - y_i||_1 / I over the agent's data, each step"
@@ -265,8 +276,8 @@ def calibrate(config: RunConfig) -> RunConfig:
         config.target_epsilon, config.delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=1e-4,
     )
-    if mechanism == "laplace":
-        epsilon = 1.0 / multiplier
-    else:
+    if config.algorithm == "outp":
         epsilon = outp_multiplier(1.0, config.outp_delta, config.neighbouring) / multiplier
+    else:
+        epsilon = 1.0 / multiplier
     return dataclasses.replace(config, epsilon=epsilon)

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
-from dpadmm.models import error_rate, training_loss
+from dpadmm.models import error_from_logits, error_rate, loss_from_logits, training_loss
+from dpadmm.modules import Params, logits_of
 from dpadmm.privacy import Ledger
 
 
@@ -32,13 +34,25 @@ def fresh_directory(path: str | Path) -> Path:
     return candidate
 
 
-def central_metrics(w: torch.Tensor, dataset: Dataset, beta: float) -> dict[str, float]:
-    """Test error and training objective of the global model w."""
-    x_test = dataset.x_test.to(device=w.device, dtype=w.dtype)
-    x_train = dataset.x_train.to(device=w.device, dtype=w.dtype)
+def central_metrics(w: torch.Tensor | Params, dataset: Dataset, beta: float,
+                    module: nn.Module | None = None) -> dict[str, float]:
+    """Test error and training objective (eq. (2c)) of the global model w: logistic regression's
+    [J, K] tensor, or the parameters of ``module``."""
+    if module is None:
+        x_test = dataset.x_test.to(device=w.device, dtype=w.dtype)
+        x_train = dataset.x_train.to(device=w.device, dtype=w.dtype)
+        return {
+            "test-error": error_rate(x_test, dataset.y_test.to(w.device), w),
+            "train-loss": training_loss(x_train, dataset.y_train.to(w.device), w, beta),
+        }
+    first = next(iter(w.values()))
+    with torch.no_grad():
+        test = logits_of(module, w, dataset.x_test.to(device=first.device, dtype=first.dtype))
+        train = logits_of(module, w, dataset.x_train.to(device=first.device, dtype=first.dtype))
+    squared = float(sum((p * p).sum() for p in w.values()))
     return {
-        "test-error": error_rate(x_test, dataset.y_test.to(w.device), w),
-        "train-loss": training_loss(x_train, dataset.y_train.to(w.device), w, beta),
+        "test-error": error_from_logits(test, dataset.y_test.to(first.device)),
+        "train-loss": loss_from_logits(train, dataset.y_train.to(first.device), squared, beta),
     }
 
 
@@ -99,13 +113,18 @@ class RunWriter:
         data = {key: json_value(v) for key, v in ledger.to_dict().items()}
         (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=json_value) + "\n")
 
-    def record(self, metrics: dict[str, Any], w: torch.Tensor | None = None) -> None:
-        """Append one evaluated round (and keep w for weights.npz if asked)."""
+    def record(self, metrics: dict[str, Any], w: torch.Tensor | Params | None = None) -> None:
+        """Append one evaluated round (and keep w for weights.npz if asked: key ``round-<t>``, or
+        ``round-<t>.<parameter name>`` for a module's parameters)."""
         line = {key: json_value(v) for key, v in metrics.items()}
         self._metrics.write(json.dumps(line) + "\n")
         self._metrics.flush()
         if self.save_weights and w is not None:
-            self._weights[f"round-{metrics['round']}"] = w.detach().cpu().numpy()
+            key = f"round-{metrics['round']}"
+            if isinstance(w, torch.Tensor):
+                self._weights[key] = w.detach().cpu().numpy()
+            else:
+                self._weights.update({f"{key}.{name}": p.detach().cpu().numpy() for name, p in w.items()})
 
     def record_round(self, report: dict[str, Any]) -> None:
         """Append one round's operator report (who replied, who was rejected and why) to rounds.jsonl."""

@@ -1,0 +1,137 @@
+"""Any ``torch.nn.Module`` as the model of DP-IADMM: parameters as a dict of tensors.
+
+The papers' model is multiclass logistic regression (``dpadmm.models``, the fast path).
+Here w, z_p and lambda_p are instead the parameter tensors of a module, a dict
+``name -> tensor`` (``Params``), and the module is only a *structure*: it is evaluated
+with ``torch.func.functional_call`` on whatever parameters the algorithm holds, so one
+module serves every agent, every local iterate and the batched engine.
+
+The agent's objective keeps the form of eq. (63) of 003 with the model's logits in place
+of x z:
+
+    f_p(z) = (1/I) sum_{i in p} l_i(z) + (beta/P) ||z||^2,
+    l_i(z) = -sum_k y_ik ln softmax(model(z; x_i))_k,
+
+so that with :class:`LogisticRegression` it is exactly the papers' f_p.
+The gradient and its per-sample clipping live in :mod:`dpadmm.oracles`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+Params = dict[str, torch.Tensor]
+
+MODELS = ("logistic", "cnn", "mlp")
+
+
+class LogisticRegression(nn.Module):
+    """x z with z of shape [J, K] and no bias: eq. (63) of 003 as a module.
+
+    The weight is stored [J, K] (not ``nn.Linear``'s [K, J]) so that its flat layout, and
+    therefore its keyed noise, is the same as the fast path's.
+    """
+
+    def __init__(self, num_features: int, num_classes: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_features, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1) @ self.weight
+
+
+class LeafCNN(nn.Module):
+    """The LEAF FEMNIST CNN (Caldas et al., 2018): conv 5x5 32, pool, conv 5x5 64, pool, dense 2048, K.
+
+    Inputs are flattened 28 x 28 images ([N, 784]), as the data sets here hold them.
+    """
+
+    def __init__(self, num_features: int = 784, num_classes: int = 62):
+        super().__init__()
+        if num_features != 28 * 28:
+            raise ValueError(f"the LEAF CNN takes 28 x 28 images (784 features); got {num_features} features")
+        self.conv1 = nn.Conv2d(1, 32, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
+        self.fc1 = nn.Linear(7 * 7 * 64, 2048)
+        self.fc2 = nn.Linear(2048, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, 1, 28, 28)
+        x = nn.functional.max_pool2d(nn.functional.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(nn.functional.relu(self.conv2(x)), 2)
+        return self.fc2(nn.functional.relu(self.fc1(x.flatten(1))))
+
+
+class MLP(nn.Module):
+    """A small fully connected network (one hidden layer of 64 units): a cheap non-convex model."""
+
+    def __init__(self, num_features: int, num_classes: int, hidden: int = 64):
+        super().__init__()
+        self.fc1 = nn.Linear(num_features, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x.flatten(1))))
+
+
+def build_model(name: str, num_features: int, num_classes: int) -> nn.Module:
+    """The module called ``name`` (one of :data:`MODELS`) for the data set's shape."""
+    if name == "logistic":
+        return LogisticRegression(num_features, num_classes)
+    if name == "cnn":
+        return LeafCNN(num_features, num_classes)
+    if name == "mlp":
+        return MLP(num_features, num_classes)
+    raise ValueError(f"model={name!r} is not allowed; choose one of {', '.join(MODELS)}")
+
+
+def initial_parameters(module: nn.Module, seed: int, *, dtype: torch.dtype = torch.float64,
+                       device: torch.device | str = "cpu") -> Params:
+    """w^1 = z_p^0: zeros for :class:`LogisticRegression`, else the module's own initialisation.
+
+    Algorithm 1 starts from w = z_p = 0, which suits the convex logistic regression; a
+    network started at zero has zero gradients in every hidden layer (each unit's input
+    and output weights vanish together), so it starts from its seeded default
+    initialisation instead: every submodule's ``reset_parameters`` on a copy, under a
+    private generator state seeded with ``seed`` (the caller's module and RNG are left
+    untouched; parameters a module sets elsewhere keep the values they have).
+    """
+    module = copy.deepcopy(module)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for child in module.modules():
+            if child is not module and hasattr(child, "reset_parameters"):
+                child.reset_parameters()
+    params = {name: p.detach().clone() for name, p in module.named_parameters()}
+    if isinstance(module, LogisticRegression):
+        params = {name: torch.zeros_like(p) for name, p in params.items()}
+    return {name: p.to(device=device, dtype=dtype) for name, p in params.items()}
+
+
+def logits_of(module: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+              chunk: int = 2048) -> torch.Tensor:
+    """The module's output on the rows of x with ``params`` in place of its own parameters
+    (``chunk`` rows at a time, so a whole data set fits in memory)."""
+    return torch.cat([functional_call(module, dict(params), (part,)) for part in x.split(chunk)])
+
+
+def numel(params: Mapping[str, torch.Tensor], agent_dim: bool = False) -> int:
+    """Number of scalar parameters (per agent when the tensors carry a leading agent dimension)."""
+    return sum(p[0].numel() if agent_dim else p.numel() for p in params.values())
+
+
+def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
+    """fn applied per parameter: on the tensors of dicts with the same keys, or on plain tensors.
+
+    This is how each equation of the algorithm, written once for a tensor, applies per tensor
+    to a module's parameters (the logistic-regression fast path passes single tensors).
+    """
+    if isinstance(trees[0], Mapping):
+        return {k: fn(*(tree[k] for tree in trees)) for k in trees[0]}
+    return fn(*trees)

@@ -1,0 +1,164 @@
+"""What a local step needs from the model: the gradient g of f_p and the scale of its noise.
+
+One local step of 003 Algorithm 1 (eq. (8), or 000's trust region, eq. (9)) is the same
+closed form for every model: only g and the noise scale depend on it. An *oracle* gives
+both for a batch of agents:
+
+- :class:`LogisticOracle`, the papers' multiclass logistic regression on [(S,) P, J, K]
+  tensors: closed-form gradients, per-sample clipping by a factorised norm, and also the
+  papers' data-dependent eq. (9b);
+- :class:`ModuleOracle`, any ``nn.Module`` on dicts of [P, ...] parameter tensors:
+  per-sample gradients with ``torch.func`` (``vmap(grad)``), each clipped to norm C before
+  they are summed, batched over agents with a second ``vmap`` over stacked parameters
+  (``functional_call``), in chunks of agents and samples that fit a memory budget.
+
+With clipping the sensitivity is a theorem, not a measurement: one sample changes the
+clipped gradient by at most 2C/I (replace-one; C/I add-remove) in the clipping norm, L1
+for the Laplace mechanism and L2 for the Gaussian one (``models.clipped_sensitivity``).
+With a minibatch of B_p = min(B, I_p) samples the gradient is rescaled by I_p / B_p to stay
+an unbiased estimate of the full one, and so is its sensitivity (I_p is fixed between
+replace-one neighbours, so the scale is still data-independent; no amplification by
+subsampling is claimed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from dpadmm import noise
+from dpadmm.config import RunConfig
+from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilities, sensitivity
+from dpadmm.modules import Params
+
+# Elements of per-sample gradients held at once by ModuleOracle (2**26 float32: 256 MiB).
+PER_SAMPLE_BUDGET = 2**26
+
+
+class LogisticOracle:
+    """g = (1/I) X_p^T (H - Y) + (2 beta/P) z (eq. (63) of 003) and the Laplace scale of eq. (9a)."""
+
+    def __init__(self, config: RunConfig, data: AgentData):
+        self.config = config
+        self.data = data
+        self.agents = data.agents
+
+    def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(g, noise scale per agent [(S,) P]) at z [(S,) P, J, K]; the scale is None without noise."""
+        config, data = self.config, self.data
+        probs = probabilities(data.x, z)
+        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs,
+                     clip=config.clip_norm if config.clipped else None, norm=config.clip_norm_type)
+        if not config.private:
+            return g, None
+        if config.clipped:
+            delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
+            return g, torch.full(probs.shape[:-2], delta / config.epsilon, dtype=z.dtype, device=z.device)
+        return g, sensitivity(data, probs) / config.epsilon
+
+
+class ModuleOracle:
+    """g = (1/I) sum_i clip(grad l_i(z)) + (2 beta/P) z for any module (``dpadmm.modules``), per agent.
+
+    ``vectorize=False`` computes the agents one after the other (a plain loop, each agent's
+    samples still vectorised); the default stacks them under ``vmap``. Both give the same
+    numbers up to floating-point rounding.
+    """
+
+    def __init__(self, config: RunConfig, module: nn.Module, data: AgentData, *, vectorize: bool = True,
+                 budget: int = PER_SAMPLE_BUDGET):
+        if any(True for _ in module.buffers()):
+            raise ValueError(f"{type(module).__name__} has buffers (e.g. BatchNorm statistics), which mix "
+                             "samples and break per-sample clipping; use a module without buffers "
+                             "(GroupNorm instead of BatchNorm)")
+        self.config = config
+        self.module = module
+        self.data = data
+        self.agents = data.agents
+        self.vectorize = vectorize
+        self.budget = budget
+
+        def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            out = functional_call(module, params, (x.unsqueeze(0),))[0]
+            return -(y * torch.log_softmax(out, dim=-1)).sum()
+
+        def batch_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            out = functional_call(module, params, (x,))
+            return -(y * torch.log_softmax(out, dim=-1)).sum()
+
+        per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+        clip, norm = config.clip_norm, config.clip_norm_type
+
+        def clipped_sum(params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+            """sum_i min(1, C / ||g_i||) g_i over one agent's samples x [c, J], y [c, K]."""
+            grads = per_sample(params, x, y)
+            flat = [g.flatten(1) for g in grads.values()]
+            if norm == "l2":
+                norms = torch.sqrt(sum(f.square().sum(dim=1) for f in flat))
+            else:
+                norms = sum(f.abs().sum(dim=1) for f in flat)
+            factors = (clip / norms).clamp(max=1.0)  # padding rows: gradient 0, norm 0, factor 1
+            return {k: torch.tensordot(factors, g, dims=1) for k, g in grads.items()}
+
+        self._agent_sum = clipped_sum if config.clipped else grad(batch_loss)
+        self._agents_sum = vmap(self._agent_sum, in_dims=(0, 0, 0))
+
+    def gradient(self, z: Params, t: int, e: int) -> tuple[Params, torch.Tensor | None]:
+        """(g, noise scale per agent [P]) at z (dict of [P, ...] tensors); the scale is None without noise."""
+        config, data = self.config, self.data
+        rows, factor = self._batch(t, e)
+        x = data.x if rows is None else torch.take_along_dim(data.x, rows.unsqueeze(-1), dim=1)
+        y = data.y if rows is None else torch.take_along_dim(data.y, rows.unsqueeze(-1), dim=1)
+        sums = self._sum(z, x, y)
+        reg = 2.0 * config.beta / config.num_agents
+        g = {k: sums[k].mul_(_expand(factor, sums[k])).add_(z[k], alpha=reg) for k in z}
+        if not config.private:
+            return g, None
+        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
+        return g, factor * (data.total * delta / config.epsilon)
+
+    def _batch(self, t: int, e: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The rows of step (t, e) per agent ([P, B], None for all) and the factor of the sum per agent.
+
+        Full batch: 1/I (eq. (63)). Minibatch: B_p = min(B, I_p) rows drawn without
+        replacement from the keyed stream (seed, agent, t, e), factor I_p / (B_p I).
+        """
+        data, size = self.data, self.config.batch_size
+        counts = data.counts
+        if not size or size >= data.x.shape[1]:
+            return None, torch.full_like(counts, 1.0 / data.total)
+        keys = noise.uniform(self.config.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
+        keys = keys.to(data.x.device)
+        padding = torch.arange(data.x.shape[1], device=keys.device).unsqueeze(0) >= counts.unsqueeze(1)
+        keys[padding] = 2.0  # real rows (keys < 1) first; an agent with I_p < B also gets zero rows
+        rows = keys.argsort(dim=1)[:, :size]
+        return rows, counts / (counts.clamp(max=size) * data.total)
+
+    def _sum(self, z: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+        """The agents' (clipped) per-sample gradients summed over their rows, chunk by chunk."""
+        agents, rows = x.shape[0], x.shape[1]
+        per_sample = sum(p[0].numel() for p in z.values()) if self.config.clipped else 1
+        per_agent_rows = max(1, self.budget // per_sample)
+        sample_chunk = min(rows, per_agent_rows)
+        agent_chunk = max(1, per_agent_rows // sample_chunk) if self.vectorize else 1
+        out = {k: torch.zeros_like(v) for k, v in z.items()}
+        for a0 in range(0, agents, agent_chunk):
+            a1 = min(a0 + agent_chunk, agents)
+            params = {k: v[a0:a1] for k, v in z.items()}
+            for s0 in range(0, rows, sample_chunk):
+                xs, ys = x[a0:a1, s0:s0 + sample_chunk], y[a0:a1, s0:s0 + sample_chunk]
+                if self.vectorize:
+                    part = self._agents_sum(params, xs, ys)
+                else:
+                    part = {k: v.unsqueeze(0) for k, v in self._agent_sum(
+                        {k: v[0] for k, v in params.items()}, xs[0], ys[0]).items()}
+                for k in out:
+                    out[k][a0:a1] += part[k]
+        return out
+
+
+def _expand(per_agent: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A [P] tensor shaped to broadcast against [P, ...]."""
+    return per_agent.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
+
