@@ -1,0 +1,112 @@
+"""dpadmm.modules: the models by name, their shapes, seeded initial parameters and the tree helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dpadmm.modules import (
+    MLP,
+    MODELS,
+    LeafCNN,
+    LogisticRegression,
+    build_model,
+    initial_parameters,
+    logits_of,
+    numel,
+    tree_map,
+)
+
+
+@pytest.mark.parametrize(("name", "kind"), [("logistic", LogisticRegression), ("cnn", LeafCNN), ("mlp", MLP)])
+def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
+    """Every name of MODELS (the config's allowed values) builds its module for the data set's shape."""
+    assert name in MODELS
+    model = build_model(name, 784, 62)
+    assert isinstance(model, kind)
+    assert model(torch.zeros(3, 784)).shape == (3, 62)
+
+
+def test_build_model_names_the_bad_value_and_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"model='resnet' is not allowed; choose one of logistic, cnn, mlp"):
+        build_model("resnet", 784, 10)
+
+
+def test_leaf_cnn_is_the_leaf_femnist_network() -> None:
+    """784 inputs (28 x 28), 62 classes, and LEAF's 6,603,710 parameters (conv 32, conv 64, dense 2048)."""
+    model = LeafCNN()
+    assert sum(p.numel() for p in model.parameters()) == 6_603_710
+    assert numel(dict(model.named_parameters())) == 6_603_710
+    assert model(torch.rand(2, 784)).shape == (2, 62)
+
+
+@pytest.mark.parametrize("features", [783, 3 * 32 * 32])
+def test_leaf_cnn_refuses_other_feature_counts(features: int) -> None:
+    with pytest.raises(ValueError, match=f"784 features\\); got {features} features"):
+        LeafCNN(features, 62)
+
+
+def test_logistic_regression_module_is_x_times_z() -> None:
+    """The weight is [J, K] (the fast path's layout) and the output x z, without bias."""
+    model = LogisticRegression(5, 3)
+    assert [name for name, _ in model.named_parameters()] == ["weight"]
+    z = torch.randn(5, 3, dtype=torch.float64)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    torch.testing.assert_close(logits_of(model, {"weight": z}, x), x @ z, rtol=0, atol=0)
+
+
+def test_initial_parameters_are_deterministic_per_seed_and_differ_across_seeds() -> None:
+    model = MLP(20, 4)
+    first, again, other = (initial_parameters(model, s) for s in (7, 7, 8))
+    assert list(first) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    for name in first:
+        assert first[name].dtype == torch.float64
+        assert torch.equal(first[name], again[name])
+        assert not torch.equal(first[name], other[name])
+        assert first[name].abs().sum() > 0  # not the zero start that stalls a network
+
+
+def test_initial_parameters_of_logistic_regression_are_zero() -> None:
+    """Algorithm 1's w = z_p = 0, as the fast path starts."""
+    params = initial_parameters(LogisticRegression(6, 4), seed=3, dtype=torch.float32)
+    assert list(params) == ["weight"] and params["weight"].shape == (6, 4)
+    assert params["weight"].dtype == torch.float32 and not params["weight"].any()
+
+
+def test_initial_parameters_leave_the_global_rng_and_the_module_untouched() -> None:
+    torch.manual_seed(123)
+    model = MLP(10, 3)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    params = initial_parameters(model, seed=5)
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name])
+        assert not torch.equal(params[name], p.detach().to(torch.float64))  # a fresh initialisation
+    # the next global draw is the one it would have been without the call
+    expected = torch.rand(3, generator=torch.Generator().set_state(rng))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_tree_map_on_dicts_and_tensors() -> None:
+    a = {"x": torch.tensor([1.0, 2.0]), "y": torch.tensor([[3.0]])}
+    b = {"x": torch.tensor([10.0, 20.0]), "y": torch.tensor([[30.0]])}
+    summed = tree_map(torch.add, a, b)
+    assert list(summed) == ["x", "y"]
+    assert torch.equal(summed["x"], torch.tensor([11.0, 22.0]))
+    assert torch.equal(summed["y"], torch.tensor([[33.0]]))
+    assert torch.equal(tree_map(lambda u, v: u * v, torch.tensor(3.0), torch.tensor(4.0)), torch.tensor(12.0))
+    assert numel(a) == 3
+    stacked = {k: v.expand(4, *v.shape) for k, v in a.items()}
+    assert numel(stacked, agent_dim=True) == 3
+
+
+def test_logits_of_in_chunks_equals_one_call() -> None:
+    model = MLP(12, 5)
+    params = initial_parameters(model, seed=1)
+    x = torch.randn(103, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    whole = logits_of(model, params, x, chunk=1000)
+    assert whole.shape == (103, 5)
+    torch.testing.assert_close(logits_of(model, params, x, chunk=10), whole, rtol=0, atol=1e-15)
+    torch.testing.assert_close(logits_of(model, params, x, chunk=1), whole, rtol=0, atol=1e-15)
