@@ -1,0 +1,305 @@
+"""dpadmm.oracles: clipped per-sample gradients against autograd, the sensitivity bound, minibatches, scales.
+
+The privacy of a module run rests on three facts tested here: the oracle's gradient is
+(1/I) sum_i clip_C(grad l_i) + (2 beta/P) z exactly (compared with a per-sample
+``torch.autograd.grad`` loop that shares no code with ``torch.func``), one replaced sample
+moves it by at most 2C/I in the clipping norm, and the noise scale is the ledger's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from dpadmm import noise, privacy
+from dpadmm.config import RunConfig
+from dpadmm.local import agent_round
+from dpadmm.models import AgentData, clip_factors, clipped_sensitivity, probabilities
+from dpadmm.modules import MLP, LogisticRegression, Params
+from dpadmm.oracles import LogisticOracle, ModuleOracle
+
+J, K, HIDDEN = 6, 3, 5
+COUNTS = (7, 2, 9, 5)
+TOTAL = 40
+
+
+def _data(seed: int = 0, counts: tuple[int, ...] = COUNTS) -> AgentData:
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.rand(c, J, generator=gen, dtype=torch.float64) * 2 for c in counts]
+    ys = [torch.randint(0, K, (c,), generator=gen) for c in counts]
+    return AgentData.from_blocks(xs, ys, num_classes=K, total=TOTAL, agents=range(len(counts)))
+
+
+def _params(module: nn.Module, agents: int, seed: int = 1) -> Params:
+    """Different random parameters for every agent: dict of [P, ...] float64 tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(agents, *p.shape, generator=gen, dtype=torch.float64)
+            for name, p in module.named_parameters()}
+
+
+def _config(**overrides: object) -> RunConfig:
+    values: dict = {"algorithm": "objpm", "epsilon": 0.5, "local_steps": 2, "num_agents": len(COUNTS),
+                    "beta": 0.3, "clip_norm": 1.0, "model": "mlp"}
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+def _explicit(config: RunConfig, module: nn.Module, z: Params, data: AgentData,
+              rows: list[list[int]] | None = None) -> Params:
+    """(1/I) (I_p/B_p) sum_i clip(grad l_i(z_p)) + (2 beta/P) z_p, one sample at a time with autograd.
+
+    The module's own parameters are overwritten with z_p and differentiated by
+    ``torch.autograd.grad``, so nothing of ``torch.func`` or the oracle is reused.
+    """
+    model = copy.deepcopy(module).to(torch.float64)
+    names = [name for name, _ in model.named_parameters()]
+    out = {name: torch.zeros_like(v) for name, v in z.items()}
+    for p in range(data.num_agents):
+        count = int(data.counts[p])
+        chosen = list(range(count)) if rows is None else [r for r in rows[p] if r < count]
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(z[name][p])
+        for i in chosen:
+            loss = -(data.y[p, i] * torch.log_softmax(model(data.x[p, i].unsqueeze(0))[0], dim=-1)).sum()
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            flat = torch.cat([g.flatten() for g in grads])
+            size = flat.norm(p=2) if config.clip_norm_type == "l2" else flat.abs().sum()
+            factor = min(1.0, config.clip_norm / float(size))
+            for name, g in zip(names, grads, strict=True):
+                out[name][p] += factor * g
+        scale = count / len(chosen) / data.total
+        for name in out:
+            out[name][p] = out[name][p] * scale + 2 * config.beta / config.num_agents * z[name][p]
+    return out
+
+
+def _clipped_fraction(config: RunConfig, module: nn.Module, z: Params, data: AgentData) -> float:
+    """The fraction of real samples whose gradient norm exceeds C (so the test exercises clipping)."""
+    model = copy.deepcopy(module).to(torch.float64)
+    above, seen = 0, 0
+    for p in range(data.num_agents):
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(z[name][p])
+        for i in range(int(data.counts[p])):
+            loss = -(data.y[p, i] * torch.log_softmax(model(data.x[p, i].unsqueeze(0))[0], dim=-1)).sum()
+            flat = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))])
+            size = flat.norm(p=2) if config.clip_norm_type == "l2" else flat.abs().sum()
+            above += int(size > config.clip_norm)
+            seen += 1
+    return above / seen
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_clipped_gradient_equals_a_per_sample_autograd_loop(mechanism: str) -> None:
+    """L1 clipping for Laplace noise, L2 for Gaussian; some samples clipped, some not."""
+    data = _data()
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    clip = 3.0 if mechanism == "laplace" else 1.0
+    config = _config(mechanism=mechanism, clip_norm=clip)
+    assert 0.1 < _clipped_fraction(config, module, z, data) < 0.9
+    g, scale = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
+    expected = _explicit(config, module, z, data)
+    assert list(g) == list(expected)
+    for name in g:
+        torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
+    assert scale is not None and scale.shape == (data.num_agents,)
+
+
+def test_without_noise_the_gradient_is_not_clipped() -> None:
+    """iadmm (non-private) takes the plain gradient of f_p and returns no noise scale."""
+    data = _data()
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    config = _config(algorithm="iadmm", clip_norm=1e-3)
+    g, scale = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
+    expected = _explicit(_config(clip_norm=1e300), module, z, data)
+    assert scale is None
+    for name in g:
+        torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
+
+
+def _norm(tensors: Params, p: int, kind: str) -> float:
+    flat = torch.cat([v[p].flatten() for v in tensors.values()])
+    return float(flat.norm(p=2) if kind == "l2" else flat.abs().sum())
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_one_replaced_sample_moves_the_gradient_by_at_most_2c_over_i(mechanism: str) -> None:
+    """Agents 1..4 hold agent 0's data with one sample replaced by an adversarial, huge one.
+
+    At the same z, their clipped gradients differ from agent 0's by at most 2C/I in the
+    clipping norm (Delta of eq. (9a)); unclipped, the same replacements move it several times more
+    (tanh saturates, so a huge input does not give a huge gradient).
+    """
+    gen = torch.Generator().manual_seed(4)
+    base_x = torch.rand(8, J, generator=gen, dtype=torch.float64)
+    base_y = torch.randint(0, K, (8,), generator=gen)
+    xs, ys = [base_x], [base_y]
+    for i, magnitude in enumerate((1e2, 1e4, -1e3, 1e6)):
+        x, y = base_x.clone(), base_y.clone()
+        x[2 * i] = torch.randn(J, generator=gen, dtype=torch.float64) * magnitude
+        y[2 * i] = (y[2 * i] + 1) % K
+        xs.append(x)
+        ys.append(y)
+    data = AgentData.from_blocks(xs, ys, num_classes=K, total=TOTAL, agents=range(5))
+    module = MLP(J, K, hidden=HIDDEN)
+    one = _params(module, 1, seed=9)
+    z = {name: v.expand(5, *v.shape[1:]).clone() for name, v in one.items()}
+    config = _config(mechanism=mechanism, num_agents=5, clip_norm=0.5)
+    g, _ = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
+    free, _ = ModuleOracle(_config(algorithm="iadmm", num_agents=5), module, data).gradient(z, t=1, e=1)
+    bound = clipped_sensitivity(config.clip_norm, TOTAL, "replace-one")
+    kind = config.clip_norm_type
+    for p in range(1, 5):
+        moved = _norm({k: g[k][p:p + 1] - g[k][0:1] for k in g}, 0, kind)
+        assert 0 < moved <= bound * (1 + 1e-12)
+        assert _norm({k: free[k][p:p + 1] - free[k][0:1] for k in free}, 0, kind) > 2 * bound
+
+
+def test_the_loop_over_agents_equals_vmap_and_chunking_changes_nothing() -> None:
+    """vectorize=False, and budgets that split agents and samples into chunks, give the same numbers."""
+    data = _data()
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    config = _config(mechanism="gaussian")
+    whole, scale = ModuleOracle(config, module, data).gradient(z, 2, 1)
+    per_sample = sum(v[0].numel() for v in z.values())
+    for vectorize, budget in ((False, 2**26), (True, per_sample * 2), (False, per_sample * 3),
+                              (True, per_sample * 20)):
+        g, other = ModuleOracle(config, module, data, vectorize=vectorize, budget=budget).gradient(z, 2, 1)
+        assert torch.equal(other, scale)
+        for name in g:
+            torch.testing.assert_close(g[name], whole[name], rtol=1e-12, atol=1e-15)
+
+
+def test_minibatch_rows_are_distinct_real_rows_and_keyed() -> None:
+    """B_p = min(B, I_p) rows per agent, without replacement, from the stream (seed, agent, t, e).
+
+    Agent 1 has I_p = 2 < B = 3: it takes both its rows (and a padding row that adds nothing).
+    The same agent alone (a Flower client: P = 1) draws the same rows as in the batch.
+    """
+    data = _data()
+    size = 3
+    config = _config(batch_size=size)
+    oracle = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data)
+    rows, factor = oracle._batch(1, 1)
+    assert rows is not None and rows.shape == (data.num_agents, size)
+    for p, count in enumerate(COUNTS):
+        chosen = rows[p].tolist()
+        assert len(set(chosen)) == size
+        if count >= size:
+            assert max(chosen) < count
+        else:
+            assert sorted(chosen[:count]) == list(range(count)) and min(chosen[count:]) >= count
+        assert float(factor[p]) == pytest.approx(count / min(size, count) / TOTAL, rel=1e-15)
+    again, _ = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data)._batch(1, 1)
+    assert torch.equal(rows, again)
+    alone, _ = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data.select(slice(2, 3)))._batch(1, 1)
+    assert torch.equal(alone[0], rows[2])
+    others = [oracle._batch(t, e)[0] for t, e in ((1, 2), (2, 1), (3, 2))]
+    other_seed = ModuleOracle(_config(batch_size=size, seed=1), MLP(J, K, hidden=HIDDEN), data)
+    others.append(other_seed._batch(1, 1)[0])
+    for other in others:  # the big agents' rows change between steps and seeds
+        assert not torch.equal(other[[0, 2]], rows[[0, 2]])
+    expected_keys = noise.uniform(config.seed, data.agents, 1, 1, noise.STREAM_BATCH, data.x.shape[1])
+    assert rows[0].tolist() == expected_keys[0, :COUNTS[0]].argsort()[:size].tolist()
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_minibatch_gradient_is_the_rescaled_clipped_sum_over_its_rows(mechanism: str) -> None:
+    data = _data()
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    config = _config(batch_size=4, mechanism=mechanism)
+    oracle = ModuleOracle(config, module, data)
+    rows, _ = oracle._batch(2, 3)
+    assert rows is not None
+    g, _ = oracle.gradient(z, 2, 3)
+    expected = _explicit(config, module, z, data, rows.tolist())
+    for name in g:
+        torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
+
+
+def test_a_batch_as_large_as_the_biggest_agent_is_the_full_batch() -> None:
+    data = _data()
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    full, full_scale = ModuleOracle(_config(), module, data).gradient(z, 1, 1)
+    for size in (max(COUNTS), 1000):
+        g, scale = ModuleOracle(_config(batch_size=size), module, data).gradient(z, 1, 1)
+        assert torch.equal(scale, full_scale)
+        for name in g:
+            assert torch.equal(g[name], full[name])
+
+
+@pytest.mark.parametrize(("mechanism", "size"), [("laplace", 0), ("laplace", 4), ("gaussian", 4)])
+def test_noise_scale_is_the_ledgers(mechanism: str, size: int) -> None:
+    """Delta / eps-bar per agent with Delta = 2C/I x I_p / B_p (the ledger's words and numbers), and the
+    noise a round actually draws has that scale (mean |xi| = b for Laplace, sigma sqrt(2/pi) for Gaussian)."""
+    data = _data()
+    module = MLP(J, K, hidden=64)
+    config = _config(mechanism=mechanism, batch_size=size, epsilon=0.25, clip_norm=2.0, local_steps=10)
+    _, scale = ModuleOracle(config, module, data).gradient(_params(module, data.num_agents), 1, 1)
+    ledger = privacy.ledger(config, total_samples=TOTAL)
+    delta = clipped_sensitivity(config.clip_norm, TOTAL, "replace-one")
+    assert f"2C/I{' x I_p / B_p' if size else ''} = {delta:.6g}" in ledger.sensitivity
+    assert f"= {delta / config.epsilon:.6g}" in ledger.noise_scale
+    assert ledger.noise_multiplier == pytest.approx(1 / config.epsilon)
+    assert ledger.sensitivity.startswith("L2" if mechanism == "gaussian" else "L1")
+    assert scale is not None
+    for p, count in enumerate(COUNTS):
+        batch = min(size, count) if size else count
+        assert float(scale[p]) == pytest.approx(delta * count / batch * ledger.noise_multiplier, rel=1e-14)
+    z = _params(module, data.num_agents)
+    w = {name: v[0] for name, v in z.items()}
+    lam = {name: torch.zeros_like(v) for name, v in z.items()}
+    result = agent_round(config, data, w, lam, z, t=1, module=module)
+    mean_abs = scale * (1.0 if mechanism == "laplace" else (2 / torch.pi) ** 0.5)
+    torch.testing.assert_close(result.noise_magnitude, mean_abs, rtol=0.06, atol=0)
+
+
+def test_modules_with_buffers_are_refused() -> None:
+    module = nn.Sequential(nn.Linear(J, 4), nn.BatchNorm1d(4), nn.Linear(4, K))
+    message = r"Sequential has buffers \(e\.g\. BatchNorm statistics\).*GroupNorm"
+    with pytest.raises(ValueError, match=message):
+        ModuleOracle(_config(), module, _data())
+
+
+def test_logistic_oracle_clips_in_l2_for_the_gaussian_mechanism() -> None:
+    """The fast path's gradient with mechanism='gaussian': each x_i (h_i - y_i)^T scaled to Frobenius norm
+    <= C, by hand; it differs from L1 clipping, and the module path agrees with it."""
+    data = _data()
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(data.num_agents, J, K, generator=gen, dtype=torch.float64)
+    config = _config(mechanism="gaussian", model="logistic", clip_norm=0.8)
+    g, scale = LogisticOracle(config, data).gradient(z, 1, 1)
+    residual = probabilities(data.x, z) - data.y
+    expected = torch.zeros_like(z)
+    clipped = 0
+    for p in range(data.num_agents):
+        for i in range(int(data.counts[p])):
+            term = torch.outer(data.x[p, i], residual[p, i])
+            factor = min(1.0, config.clip_norm / float(term.norm()))
+            clipped += factor < 1
+            expected[p] += factor * term
+    expected = expected / TOTAL + 2 * config.beta / config.num_agents * z
+    assert 0 < clipped < sum(COUNTS)
+    torch.testing.assert_close(g, expected, rtol=1e-12, atol=1e-14)
+    by_factors = clip_factors(data, residual, config.clip_norm, "l2")
+    torch.testing.assert_close(
+        g, torch.einsum("pij,pi,pik->pjk", data.x, by_factors, residual) / TOTAL + 2 * 0.3 / 4 * z,
+        rtol=1e-12, atol=1e-14)
+    l1, _ = LogisticOracle(_config(model="logistic", clip_norm=0.8), data).gradient(z, 1, 1)
+    assert not torch.allclose(g, l1)
+    assert scale is not None
+    torch.testing.assert_close(scale, torch.full((4,), 2 * 0.8 / TOTAL / 0.5, dtype=torch.float64))
+    module_oracle = ModuleOracle(config, LogisticRegression(J, K), data)
+    module_g, module_scale = module_oracle.gradient({"weight": z}, 1, 1)
+    torch.testing.assert_close(module_g["weight"], g, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(module_scale, scale)
