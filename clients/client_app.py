@@ -1,7 +1,8 @@
 """The DP-IADMM ClientApp: one agent's lines 15-22 of 003 Algorithm 1.
 
-The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1; this module only
-moves tensors in and out of Flower Messages. The agent keeps **no state between rounds**:
+The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1, called through
+``clients.dpiadmm`` (the protocol helpers any user's ClientApp can call too); this module only
+finds the agent's data and model. The agent keeps **no state between rounds**:
 the server sends it w together with its own lambda_p and last local iterate, and it sends
 back z_p^{t+1} (and its last iterate when E > 1). lambda_p is a function of the w's and
 z_p's the server already holds, so the server's copy is the agent's line 23 computed once;
@@ -24,16 +25,18 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
+from torch import nn
 
+from clients.dpiadmm import answer_query, train_reply
 from dpadmm import privacy
 from dpadmm.config import RunConfig
+from dpadmm.data import NUM_CLASSES, NUM_FEATURES
 from dpadmm.data.node import load_node_data
 from dpadmm.federation import DTYPES, agent_data, load_for, resolve_device
-from dpadmm.local import agent_round
 from dpadmm.models import AgentData
+from dpadmm.modules import build_model
 
 app = ClientApp()
 
@@ -81,46 +84,31 @@ def agent_data_for(config: RunConfig, node_config: Mapping[str, Any], num_classe
     return _partition(config, partition_id)
 
 
+@lru_cache(maxsize=4)
+def model_for(config: RunConfig) -> nn.Module | None:
+    """The configured module (None: logistic regression's closed-form fast path)."""
+    if config.model == "logistic":
+        return None
+    return build_model(config.model, NUM_FEATURES, NUM_CLASSES[config.dataset])
+
+
+def num_classes_for(config: RunConfig, arrays: ArrayRecord) -> int:
+    """K: logistic regression's from the received weight [J, K], a module's from the data set."""
+    if config.model == "logistic":
+        return int(arrays["w.weight"].shape[1])
+    return NUM_CLASSES[config.dataset]
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which agent this node is (its partition id, from the node config)."""
-    return Message(content=RecordDict({"metrics": MetricRecord(
-        {"partition-id": int(context.node_config["partition-id"])})}), reply_to=msg)
-
-
-def local_update(config: RunConfig, node_config: Mapping[str, Any], arrays: ArrayRecord,
-                 t: int) -> tuple[AgentData, dict[str, torch.Tensor]]:
-    """The agent's data and the arrays of its reply: E local updates from the received state.
-
-    ``arrays`` holds w, lambda_p and the last iterate z as the strategy sends them; the reply
-    is z_p^{t+1} and, when E > 1, the last iterate ``z-last`` (the chain continues from it).
-    """
-    w_received = arrays["w"].numpy()
-    data = agent_data_for(config, node_config, num_classes=int(w_received.shape[1]))
-    received = {key: arrays[key].numpy() for key in ("w", "lambda", "z")}
-    for key, value in received.items():
-        if value.shape != data.shape:
-            raise ValueError(f"the server's {key} has shape {value.shape} "
-                             f"but this agent's data give {data.shape}")
-    w, lam, z_chain = (torch.tensor(received[k], device=data.x.device, dtype=data.x.dtype)
-                       for k in ("w", "lambda", "z"))
-    result = agent_round(config, data, w, lam[None], z_chain[None], t)
-    out = {"z": result.z_sent[0].cpu()}
-    if config.steps > 1:  # the last iterate differs from the average only when E > 1
-        out["z-last"] = result.z_last[0].cpu()
-    return data, out
+    return answer_query(msg, int(context.node_config["partition-id"]))
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Receive w, lambda_p and the last iterate; run E local updates; send z_p^{t+1}."""
     config = calibrated(RunConfig.from_mapping(context.run_config))
-    partition_id = int(context.node_config["partition-id"])
-    sent_for = int(msg.content["config"]["partition-id"])
-    if sent_for != partition_id:
-        raise ValueError(f"the server sent the state of partition {sent_for} to agent {partition_id}; "
-                         "refusing to compute on another agent's state")
-    t = int(msg.content["config"]["server-round"])
-    _, out = local_update(config, context.node_config, msg.content["arrays"], t)
-    metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
-    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)
+    arrays = msg.content["arrays"]
+    data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
+    return train_reply(msg, config, data, int(context.node_config["partition-id"]), model_for(config))

@@ -19,7 +19,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpadmm import privacy
 from dpadmm.config import RunConfig
-from dpadmm.federation import load_for
+from dpadmm.federation import DTYPES, load_for
+from dpadmm.modules import build_model, initial_parameters
 from dpadmm.results import RunWriter, central_metrics
 from strategies import DPIADMM
 
@@ -32,15 +33,16 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = privacy.calibrate(RunConfig.from_mapping(context.run_config))
     dataset = load_for(config)
-    shape = (dataset.num_features, dataset.num_classes)
+    module = build_model(config.model, dataset.num_features, dataset.num_classes)
+    parameters = initial_parameters(module, config.seed, dtype=DTYPES[config.dtype])
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     resume = bool(config.out) and (Path(config.out) / CHECKPOINT).exists()
     if resume:
-        strategy = DPIADMM(config, shape, checkpoint_path=Path(config.out) / CHECKPOINT)
+        strategy = DPIADMM(config, parameters, checkpoint_path=Path(config.out) / CHECKPOINT)
         writer = RunWriter(config, engine="flower", directory=config.out, resume_round=strategy.round)
     else:
         writer = RunWriter(config, engine="flower")
-        strategy = DPIADMM(config, shape, checkpoint_path=writer.directory / CHECKPOINT)
+        strategy = DPIADMM(config, parameters, checkpoint_path=writer.directory / CHECKPOINT)
     strategy.on_round = lambda report: writer.record_round(report.to_dict())
     log(INFO, "dpadmm: %s %s", "resuming" if resume else "writing",
         Path(writer.directory).resolve() / "metrics.jsonl")
@@ -50,8 +52,10 @@ def main(grid: Grid, context: Context) -> None:
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0 or not (server_round % config.eval_every == 0 or server_round == config.rounds):
             return None
-        w = torch.tensor(arrays["w"].numpy())
-        record = {"round": server_round, **central_metrics(w, dataset, config.beta)}
+        params = {name: torch.tensor(array.numpy()) for name, array in arrays.items()}
+        # Logistic regression is evaluated (and saved) as its one [J, K] tensor, as the engine does.
+        w, model = (params["weight"], None) if config.model == "logistic" else (params, module)
+        record = {"round": server_round, **central_metrics(w, dataset, config.beta, model)}
         record.update(dict(strategy.last_train_metrics or {}))
         if strategy.last_report is not None:
             record["privacy-spent"] = strategy.last_report.privacy_spent

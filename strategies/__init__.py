@@ -5,13 +5,15 @@
 in 003 with the core functions of ``dpadmm.consensus``, and keeps the per-agent state
 (z_p, lambda_p) keyed by the partition id each client reports (node ids are random).
 
-Protocol (what a ClientApp must speak; ``clients.client_app`` does):
+Protocol (what a ClientApp must speak; ``clients.dpiadmm`` implements it for any model):
 
-* train message to every node: ``arrays["w"]`` (the model the round uses: w^{t+1}, or
-  w^t for OutP) and ``config["server-round"] = t``;
-* reply: ``arrays["z"]`` (z_p^{t+1}) and ``metrics`` with ``partition-id``,
-  ``noise-magnitude``, ``dual-sum`` and ``dual-l1`` (a checksum of the client's lambda_p that the
-  strategy compares with its own copy).
+* a query message: reply ``metrics["partition-id"]``, the agent this node holds;
+* a train message to each sampled agent p: one ``arrays`` record keyed ``<role>.<parameter>``
+  (:mod:`dpadmm.wire`) with roles ``w`` (the model the round uses: w^{t+1}, or w^t for OutP),
+  ``lambda`` (lambda_p) and ``z`` (its last local iterate), and ``config["server-round"] = t``,
+  ``config["partition-id"] = p``;
+* reply: ``arrays`` with ``z.<parameter>`` (z_p^{t+1}) and, when E > 1, ``z-last.<parameter>``,
+  and ``metrics`` with ``partition-id`` and ``server-round``.
 """
 
 from strategies.dpiadmm import DPIADMM

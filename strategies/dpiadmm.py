@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -26,10 +26,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from dpadmm import checkpoint, privacy, schedules
+from dpadmm import checkpoint, privacy, schedules, wire
 from dpadmm.config import RunConfig
 from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.federation import DTYPES
+from dpadmm.modules import Params
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -82,23 +83,33 @@ class DPIADMM(Strategy):
     atomically after every round, and a new strategy with the same configuration resumes
     from it (:attr:`round` is the last completed round).
 
+    The model is any set of named parameter tensors: ``parameters`` is w^1 = z_p^0 (zeros
+    for logistic regression, as in Algorithm 1; a network's own initialisation, see
+    :func:`dpadmm.modules.initial_parameters`), and lambda_p starts at 0. Every update
+    applies per tensor. Messages carry the variables in one ``ArrayRecord`` keyed
+    ``<role>.<parameter>`` (:mod:`dpadmm.wire`).
+
     Example (in a ServerApp)::
 
-        strategy = DPIADMM(RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10), shape=(784, 10))
-        result = strategy.start(grid=grid, num_rounds=strategy.config.rounds, evaluate_fn=my_eval)
+        config = RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10, model="mlp")
+        w1 = initial_parameters(MyNet(), config.seed)  # or {"weight": torch.zeros(784, 10)}
+        strategy = DPIADMM(config, w1)
+        result = strategy.start(grid=grid, num_rounds=config.rounds, evaluate_fn=my_eval)
     """
 
-    def __init__(self, config: RunConfig, shape: tuple[int, int], *,
+    def __init__(self, config: RunConfig, parameters: Mapping[str, torch.Tensor], *,
                  checkpoint_path: str | Path | None = None,
                  on_round: Callable[[RoundReport], None] | None = None):
+        if not parameters:
+            raise ValueError("parameters is empty; give the model's initial parameters as a dict of tensors")
         self.config = config
-        self.shape = (int(shape[0]), int(shape[1]))
         self.dtype = DTYPES[config.dtype]
-        zeros = torch.zeros((config.num_agents, *self.shape), dtype=self.dtype)
-        self.w = zeros[0].clone()
-        self.z = zeros.clone()
+        self.shapes = {name: tuple(int(d) for d in p.shape) for name, p in parameters.items()}
+        self.w: Params = {name: p.detach().to(device="cpu", dtype=self.dtype).clone()
+                          for name, p in parameters.items()}
+        self.z: Params = {name: p.expand(config.num_agents, *p.shape).clone() for name, p in self.w.items()}
         self.z_chain = self._chain()
-        self.lam = zeros.clone()
+        self.lam: Params = {name: torch.zeros_like(p) for name, p in self.z.items()}
         self.round = 0
         self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
         self.nodes: dict[int, int] = {}  # node id -> partition id
@@ -114,8 +125,8 @@ class DPIADMM(Strategy):
     # ----- Strategy API -----
 
     def initial_arrays(self) -> ArrayRecord:
-        """The current global model: w = 0 at the start (Algorithm 1), the saved w on resume."""
-        return ArrayRecord({"w": self.w.clone()})
+        """The current global model: w^1 at the start, the saved w on resume."""
+        return ArrayRecord(_copy(self.w))
 
     def summary(self) -> None:
         c = self.config
@@ -183,8 +194,8 @@ class DPIADMM(Strategy):
             train_config = ConfigRecord(dict(config))
             train_config["server-round"] = server_round
             train_config["partition-id"] = p
-            state = ArrayRecord({"w": self.w.clone(), "lambda": self.lam[p].clone(),
-                                 "z": self.z_chain[p].clone()})
+            state = ArrayRecord(wire.pack({"w": _copy(self.w), "lambda": _agent(self.lam, p),
+                                           "z": _agent(self.z_chain, p)}))
             message = Message(content=RecordDict({"arrays": state, "config": train_config}),
                               message_type=MessageType.TRAIN, dst_node_id=node)
             self._sent.append((message, node, p))
@@ -195,7 +206,7 @@ class DPIADMM(Strategy):
         """Store each accepted z_p^{t+1} and update lambda_p (line 8); w^{t+1} after the agents for OutP."""
         rho_t = schedules.rho_at(self.config, server_round)
         report = self.last_report or RoundReport(round=server_round, sampled=[])
-        accepted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        accepted: dict[int, tuple[Params, Params]] = {}
         # The grid gave each sent message its id; a reply names the message it answers.
         asked = {message.metadata.message_id: (node, p) for message, node, p in self._sent}
         for reply in replies:
@@ -209,11 +220,14 @@ class DPIADMM(Strategy):
                 continue
             accepted[p] = outcome
         for p, (z_p, z_last) in accepted.items():
-            self.z[p], self.z_chain[p] = z_p, z_last
+            for name in self.shapes:  # z_chain is z itself when E = 1: the same values either way
+                self.z[name][p], self.z_chain[name][p] = z_p[name], z_last[name]
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t)
         for p in accepted:
-            self.lam[p] = dual_update(self.lam[p], self.w, self.z[p], rho_t)
+            lam_p = dual_update(_agent(self.lam, p), self.w, _agent(self.z, p), rho_t)
+            for name in self.shapes:
+                self.lam[name][p] = lam_p[name]
         self.round = server_round
         report.replied = sorted(accepted)
         report.no_reply = sorted(set(report.sampled) - set(accepted)
@@ -230,7 +244,7 @@ class DPIADMM(Strategy):
             "seconds": report.seconds,
         })
         self.last_train_metrics = metrics
-        return ArrayRecord({"w": self.w.clone()}), metrics
+        return ArrayRecord(_copy(self.w)), metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -247,7 +261,7 @@ class DPIADMM(Strategy):
         if self.checkpoint_path is None:
             return
         checkpoint.save(self.checkpoint_path, {
-            "round": self.round, "config": self._identity(), "shape": list(self.shape),
+            "round": self.round, "config": self._identity(), "shapes": self._shape_identity(),
             "w": self.w, "z": self.z, "z_chain": self.z_chain, "lam": self.lam,
             "rho": schedules.rho_at(self.config, max(self.round, 1)),
             "taken": list(self.taken), "privacy_spent": privacy.spent(self.config, max(self.taken)),
@@ -256,23 +270,28 @@ class DPIADMM(Strategy):
         })
 
     def _resume(self) -> None:
-        saved = checkpoint.load(self.checkpoint_path, {"config": self._identity(), "shape": list(self.shape)})
+        saved = checkpoint.load(self.checkpoint_path, {"config": self._identity(),
+                                                       "shapes": self._shape_identity()})
         if saved is None:
             return
         for key in ("w", "z", "lam"):
-            setattr(self, key, saved[key].to(self.dtype))
-        self.z_chain = self._chain(saved["z_chain"].to(self.dtype))
+            setattr(self, key, {name: v.to(self.dtype) for name, v in saved[key].items()})
+        self.z_chain = self._chain({name: v.to(self.dtype) for name, v in saved["z_chain"].items()})
         self.round = int(saved["round"])
         self.taken = [int(k) for k in saved["taken"]]
         self.nodes = {int(n): int(p) for n, p in saved["nodes"]}
         log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
 
-    def _chain(self, saved: torch.Tensor | None = None) -> torch.Tensor:
-        """The agents' last local iterates: z itself when E = 1 (they are equal), so the server keeps
-        two [P, J, K] tensors instead of three for every algorithm but ObjPM."""
+    def _chain(self, saved: Params | None = None) -> Params:
+        """The agents' last local iterates, z_p^0 at the start: z itself when E = 1 (they are equal), so
+        the server keeps two copies of the agents' parameters instead of three for all but ObjPM."""
         if self.config.steps == 1:
             return self.z
-        return torch.zeros_like(self.z) if saved is None else saved
+        return _copy(self.z) if saved is None else saved
+
+    def _shape_identity(self) -> dict[str, list[int]]:
+        """The model a checkpoint must match: each parameter's name and shape."""
+        return {name: list(shape) for name, shape in self.shapes.items()}
 
     def _identity(self) -> dict[str, Any]:
         """The configuration a checkpoint must match (waiting times may differ)."""
@@ -335,7 +354,7 @@ class DPIADMM(Strategy):
                 self.nodes[node] = claimed
 
     def _check(self, reply: Message, node: int, p: int | None,
-               server_round: int) -> tuple[torch.Tensor, torch.Tensor] | str:
+               server_round: int) -> tuple[Params, Params] | str:
         """(z_p, last local iterate) of an acceptable reply, or the reason to reject it."""
         if reply.has_error():  # also the SuperLink's own "node unavailable" replies
             return f"the ClientApp failed: {reply.error.reason}"
@@ -343,11 +362,12 @@ class DPIADMM(Strategy):
             return "it answers no message of this round (a late or duplicate reply)"
         if reply.metadata.src_node_id != node:
             return f"it comes from node {reply.metadata.src_node_id}, but the message went to node {node}"
+        roles = ("z", "z-last") if self.config.steps > 1 else ("z",)
         try:
             metrics = reply.content["metrics"]
             claimed, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
-            arrays = {key: reply.content["arrays"][key].numpy() for key in ("z", "z-last")
-                      if key == "z" or self.config.steps > 1}
+            received = wire.unpack(reply.content["arrays"])
+            arrays = {role: {name: received[role][name].numpy() for name in self.shapes} for role in roles}
         except (KeyError, TypeError, ValueError) as err:
             return f"malformed: {type(err).__name__} {err}"
         if claimed != p:
@@ -355,15 +375,20 @@ class DPIADMM(Strategy):
         if computed_for != server_round:
             return f"computed for round {computed_for}, not this round {server_round}"
         expected = np.dtype(str(self.dtype).removeprefix("torch."))
-        for key, value in arrays.items():
-            if value.dtype != expected:
-                return f"{key} has dtype {value.dtype}, expected {expected}"
-            if tuple(value.shape) != self.shape:
-                return f"{key} has shape {tuple(value.shape)}, expected {self.shape}"
-            if not np.isfinite(value).all():
-                return f"{key} has non-finite entries"
-        z_p = torch.from_numpy(arrays["z"].copy())
-        return z_p, torch.from_numpy(arrays["z-last"].copy()) if "z-last" in arrays else z_p
+        for role in roles:
+            if set(received[role]) != set(self.shapes):
+                return f"{role} has parameters {sorted(received[role])}, expected {sorted(self.shapes)}"
+            for name, value in arrays[role].items():
+                key = role if list(self.shapes) == [name] else f"{role}.{name}"
+                if value.dtype != expected:
+                    return f"{key} has dtype {value.dtype}, expected {expected}"
+                if tuple(value.shape) != self.shapes[name]:
+                    return f"{key} has shape {tuple(value.shape)}, expected {self.shapes[name]}"
+                if not np.isfinite(value).all():
+                    return f"{key} has non-finite entries"
+        tensors = {role: {name: torch.from_numpy(v.copy()) for name, v in arrays[role].items()}
+                   for role in roles}
+        return tensors["z"], tensors.get("z-last", tensors["z"])
 
     def _log(self, report: RoundReport) -> None:
         spent = ("none (non-private)" if math.isinf(report.privacy_spent)
@@ -380,3 +405,12 @@ def _claimed_partition(reply: Message) -> int | None:
         return int(reply.content["metrics"]["partition-id"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _agent(params: Params, p: int) -> Params:
+    """Agent p's copy of the per-agent parameters ([P, ...] -> [...])."""
+    return {name: v[p].clone() for name, v in params.items()}
+
+
+def _copy(params: Params) -> Params:
+    return {name: v.clone() for name, v in params.items()}

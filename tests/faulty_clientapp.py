@@ -47,11 +47,11 @@ def train(msg: Message, context: Context) -> Message:
     arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
     metrics = dict(reply.content["metrics"])
     if fault == "non-finite":
-        arrays["z"][0, 0] = np.nan
+        arrays["z.weight"][0, 0] = np.nan
     elif fault == "shape":
-        arrays["z"] = arrays["z"][:-1]
+        arrays["z.weight"] = arrays["z.weight"][:-1]
     elif fault == "dtype":
-        arrays["z"] = arrays["z"].astype(np.float32)
+        arrays["z.weight"] = arrays["z.weight"].astype(np.float32)
     elif fault == "other-id":
         metrics["partition-id"] = (p + 1) % 5
     elif fault == "late":

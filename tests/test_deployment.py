@@ -206,8 +206,8 @@ def test_a_killed_supernode_drops_out_and_rejoins(deployment: Deployment) -> Non
         active[0, report["replied"]] = True
         engine.step(config, data, state, report["round"], active=active)
     final = torch.load(out / "checkpoint.pt", weights_only=True)
-    torch.testing.assert_close(final["w"], state.w[0], rtol=1e-5, atol=1e-12)
-    torch.testing.assert_close(final["lam"], state.lam[0], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(final["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(final["lam"]["weight"], state.lam[0], rtol=1e-5, atol=1e-12)
     assert read_metrics(out)[-1]["test-error"] < 0.9
 
 
@@ -230,5 +230,5 @@ def test_a_restarted_server_resumes_to_the_uninterrupted_model(deployment: Deplo
     final = {name: torch.load(folder / "checkpoint.pt", weights_only=True)
              for name, folder in (("straight", straight), ("interrupted", interrupted))}
     assert final["straight"]["round"] == final["interrupted"]["round"] == 4
-    assert torch.equal(final["straight"]["w"], final["interrupted"]["w"])  # bit for bit
-    assert torch.equal(final["straight"]["lam"], final["interrupted"]["lam"])
+    assert torch.equal(final["straight"]["w"]["weight"], final["interrupted"]["w"]["weight"])  # bit for bit
+    assert torch.equal(final["straight"]["lam"]["weight"], final["interrupted"]["lam"]["weight"])

@@ -28,26 +28,28 @@ from tests.faulty_clientapp import FAULTS
 def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
     config = RunConfig(num_agents=3, rounds=5, epsilon=0.5, seed=4)
     path = tmp_path / "checkpoint.pt"
-    strategy = DPIADMM(config, (6, 2), checkpoint_path=path)
+    model = {"weight": torch.zeros(6, 2), "bias": torch.zeros(2)}
+    strategy = DPIADMM(config, model, checkpoint_path=path)
     assert strategy.round == 0 and not path.exists()
     generator = torch.Generator().manual_seed(0)
     for name in ("w", "z", "z_chain", "lam"):
-        setattr(strategy, name, torch.randn(getattr(strategy, name).shape, generator=generator,
-                                            dtype=torch.float64))
+        setattr(strategy, name, {k: torch.randn(v.shape, generator=generator, dtype=torch.float64)
+                                 for k, v in getattr(strategy, name).items()})
     strategy.round, strategy.taken, strategy.nodes = 2, [2, 1, 2], {11: 0, 12: 1, 13: 2}
     strategy.save()
     assert not path.with_name("checkpoint.pt.tmp").exists()  # written to a temporary file, then renamed
 
     # Waiting times may change on a restart; nothing else may.
-    resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), (6, 2),
+    resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), model,
                       checkpoint_path=path)
     assert resumed.round == 2 and resumed.taken == [2, 1, 2] and resumed.nodes == strategy.nodes
     for name in ("w", "z", "z_chain", "lam"):
-        assert torch.equal(getattr(resumed, name), getattr(strategy, name))
+        for key, value in getattr(strategy, name).items():
+            assert torch.equal(getattr(resumed, name)[key], value)
     with pytest.raises(ValueError, match=r"belongs to another run \(config: epsilon=0.5 there, 1.0 here"):
-        DPIADMM(dataclasses.replace(config, epsilon=1.0), (6, 2), checkpoint_path=path)
-    with pytest.raises(ValueError, match="shape"):
-        DPIADMM(config, (6, 3), checkpoint_path=path)
+        DPIADMM(dataclasses.replace(config, epsilon=1.0), model, checkpoint_path=path)
+    with pytest.raises(ValueError, match="shapes"):
+        DPIADMM(config, {"weight": torch.zeros(6, 3), "bias": torch.zeros(3)}, checkpoint_path=path)
 
 
 def _app(tmp_path: Path) -> Path:

@@ -60,6 +60,29 @@ def test_flower_simulation_equals_the_engine(algorithm: str, flwr_env: dict[str,
         assert ours["test-error"] == theirs["test-error"]
 
 
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    """model=mlp: dicts of parameter tensors on the wire, per-sample clipping and minibatches in the
+    ClientApps; every round's parameters equal the engine's (which vmaps the agents)."""
+    config = RunConfig(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
+                       local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True)
+    keys = ("model", "mechanism", "epsilon", "clip-norm", "batch-size", "rounds", "local-steps", "num-agents",
+            "seed", "out", "save-weights")
+    mapping = config.to_mapping()
+    flwr_run(flwr_env, " ".join(f"{k}={toml_value(mapping[k])}" for k in keys), supernodes=4)
+    flower_w = np.load(tmp_path / "flower" / "weights.npz")
+    assert all(r["replies"] == 4 and r["rejected"] == 0 for r in read_metrics(tmp_path / "flower"))
+
+    batched = engine.run(dataclasses.replace(config, out=str(tmp_path / "engine")), progress=False)
+    engine_w = np.load(batched.directory / "weights.npz")
+    names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert flower_w.files == engine_w.files == [f"round-{t}.{n}" for t in (1, 2) for n in names]
+    for key in flower_w.files:
+        np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-6, atol=1e-10)
+    assert not np.allclose(engine_w["round-2.fc1.weight"], engine_w["round-1.fc1.weight"])  # it moved
+
+
 def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_path: Path) -> None:
     """Flower simulates 2 SuperNodes unless told otherwise: the error says how to fix it."""
     output = flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")

@@ -33,6 +33,8 @@ from dpadmm.data.partition import partition_contiguous
 __all__ = [
     "DATASET_NAMES",
     "DEFAULT_AGENTS",
+    "NUM_CLASSES",
+    "NUM_FEATURES",
     "Dataset",
     "load_dataset",
     "load_embedded",
@@ -44,6 +46,10 @@ __all__ = [
 
 # The names load_dataset knows (RunConfig validates its dataset key against them).
 DATASET_NAMES = ("default", "mnist", "femnist")
+
+# Every data set here is 28 x 28 images; FEMNIST has 62 classes (digits and both cases of letters).
+NUM_FEATURES = 28 * 28
+NUM_CLASSES = {"default": 10, "mnist": 10, "femnist": 62}
 
 # P when num-agents is 0: the papers' 10 MNIST agents, and one agent per FEMNIST writer (195).
 DEFAULT_AGENTS = {"default": 10, "mnist": 10, "femnist": 195}

@@ -1,7 +1,7 @@
 """ClientApp: dpadmm's local round under FedAvg (``same-work``), or a reply without work (``echo``).
 
-``same-work`` calls the very function ``clients.client_app.train`` calls,
-``clients.client_app.local_update``: the agent's data (cached per worker process), one
+``same-work`` calls the very functions ``clients.client_app.train`` calls,
+``agent_data_for`` and ``clients.dpiadmm.local_update``: the agent's data (cached per worker process), one
 ``dpadmm.local.agent_round`` (E local steps with their Laplace noise), and z back with the last
 iterate when E > 1 (two arrays for ObjPM). It skips only the DP-IADMM message checks (partition
 and round ids), which FedAvg has no use for.
@@ -18,7 +18,8 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.client_app import calibrated, local_update
+from clients.client_app import agent_data_for, calibrated, model_for, num_classes_for
+from clients.dpiadmm import local_update
 from dpadmm.config import RunConfig
 
 app = ClientApp()
@@ -37,10 +38,13 @@ def train(msg: Message, context: Context) -> Message:
     arrays = msg.content["arrays"]
     config = _run_config(context.run_config)
     if str(context.run_config["bench-mode"]) == "echo":
-        echoed = {"z": arrays["z"], "z-last": arrays["lambda"]} if config.steps > 1 else {"z": arrays["z"]}
+        echoed = {"z.weight": arrays["z.weight"]}
+        if config.steps > 1:
+            echoed["z-last.weight"] = arrays["lambda.weight"]
         metrics = MetricRecord({"num-examples": 1})
         return Message(content=RecordDict({"arrays": ArrayRecord(echoed), "metrics": metrics}), reply_to=msg)
 
-    data, out = local_update(config, context.node_config, arrays, int(msg.content["config"]["server-round"]))
+    data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
+    out = local_update(config, data, arrays, int(msg.content["config"]["server-round"]), model_for(config))
     metrics = MetricRecord({"num-examples": int(data.counts[0])})
     return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)

@@ -53,9 +53,10 @@ class TimedFedAvg(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """FedAvg's configure_train, with the averaged (z, z-last) sent on as (w, lambda, z)."""
         self.configured = time.perf_counter()
-        if "lambda" not in arrays:  # after round 1: the average of the replies that FedAvg computed
-            last = arrays["z-last"] if "z-last" in arrays else arrays["z"]
-            arrays = ArrayRecord({"w": arrays["z"], "lambda": last, "z": arrays["z"]})
+        if "lambda.weight" not in arrays:  # after round 1: the average of the replies that FedAvg computed
+            last = arrays["z-last.weight"] if "z-last.weight" in arrays else arrays["z.weight"]
+            arrays = ArrayRecord({"w.weight": arrays["z.weight"], "lambda.weight": last,
+                                  "z.weight": arrays["z.weight"]})
         messages = super().configure_train(server_round, arrays, config, grid)
         self.sent = time.perf_counter()
         return messages
@@ -84,7 +85,7 @@ def main(grid: Grid, context: Context) -> None:
         raise ValueError("bench-timings must name the JSONL file for the round timings")
     timings.parent.mkdir(parents=True, exist_ok=True)
 
-    initial = ArrayRecord({key: Array(np.zeros(shape, dtype)) for key in ("w", "lambda", "z")})
+    initial = ArrayRecord({f"{key}.weight": Array(np.zeros(shape, dtype)) for key in ("w", "lambda", "z")})
     strategy = TimedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=agents,
                            min_available_nodes=agents)
     last_end = time.perf_counter()

@@ -1,0 +1,94 @@
+"""The agent's side of the DP-IADMM protocol for any model: what a user's ClientApp calls.
+
+A Flower app with its own model and data plugs our strategy in (``strategies.DPIADMM``)
+and answers its messages with these helpers::
+
+    from clients.dpiadmm import answer_query, train_reply
+
+    @app.query()
+    def query(msg, context):
+        return answer_query(msg, partition_id)
+
+    @app.train()
+    def train(msg, context):
+        config = RunConfig.from_mapping(context.run_config)
+        data = AgentData.from_blocks([x], [y], num_classes=K, total=I, agents=[partition_id])
+        return train_reply(msg, config, data, partition_id, module=MyNet())
+
+The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1: E local
+updates of eq. (8) (or the trust region) with per-sample clipping and keyed noise. The
+agent keeps no state between rounds: the server sends w, lambda_p and the last local
+iterate, and the agent sends back z_p^{t+1} (and its last iterate when E > 1).
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from torch import nn
+
+from dpadmm import wire
+from dpadmm.config import RunConfig
+from dpadmm.local import agent_round
+from dpadmm.models import AgentData
+
+
+def answer_query(msg: Message, partition_id: int) -> Message:
+    """Tell the server which agent this node is: its partition id (the key of its state and noise)."""
+    return Message(content=RecordDict({"metrics": MetricRecord({"partition-id": int(partition_id)})}),
+                   reply_to=msg)
+
+
+def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int,
+                 module: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """The reply's arrays: E local updates of round t from the received w, lambda_p and last iterate.
+
+    ``module=None`` is the papers' logistic regression (one parameter, ``weight`` [J, K], on
+    the closed-form fast path); otherwise the received parameters are ``module``'s.
+    Returns ``z.<parameter>`` (z_p^{t+1}) and, when E > 1, ``z-last.<parameter>``.
+    """
+    received = wire.unpack(arrays)
+    missing = [role for role in wire.DOWN if role not in received]
+    if missing:
+        raise ValueError(f"the server's message lacks {missing}; it must carry {list(wire.DOWN)}")
+    device, dtype = data.x.device, data.x.dtype
+    state = {role: {name: torch.tensor(received[role][name].numpy(), device=device, dtype=dtype)
+                    for name in received["w"]} for role in wire.DOWN}
+    if module is None:
+        if list(state["w"]) != ["weight"] or state["w"]["weight"].shape != data.shape:
+            shapes = {name: tuple(v.shape) for name, v in state["w"].items()}
+            raise ValueError(f"the server's parameters {shapes} are not logistic regression's "
+                             f"{{'weight': {data.shape}}} for this agent's data")
+        w, lam, z_chain = (state[role]["weight"] for role in wire.DOWN)
+        result = agent_round(config, data, w, lam[None], z_chain[None], t)
+        z_sent, z_last = {"weight": result.z_sent}, {"weight": result.z_last}
+    else:
+        w = state["w"]
+        lam, z_chain = ({name: v[None] for name, v in state[role].items()} for role in ("lambda", "z"))
+        result = agent_round(config, data, w, lam, z_chain, t, module=module)
+        z_sent, z_last = result.z_sent, result.z_last
+    reply = {"z": {name: v[0].cpu() for name, v in z_sent.items()}}
+    if config.steps > 1:  # the last iterate differs from the average only when E > 1
+        reply["z-last"] = {name: v[0].cpu() for name, v in z_last.items()}
+    return wire.pack(reply)
+
+
+def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: int,
+                module: nn.Module | None = None) -> Message:
+    """Answer a train message: refuse another agent's state, run round t, reply z_p^{t+1}.
+
+    ``config`` must be the run's (calibrated, if it sets ``target-epsilon``: see
+    ``dpadmm.privacy.calibrate``); ``data`` is this agent's, with ``agents=[partition_id]``
+    (the key of its noise streams) and ``total`` the federation's sample count I.
+    """
+    sent_for = int(msg.content["config"]["partition-id"])
+    if sent_for != partition_id:
+        raise ValueError(f"the server sent the state of partition {sent_for} to agent {partition_id}; "
+                         "refusing to compute on another agent's state")
+    if int(data.agents[0]) != partition_id:
+        raise ValueError(f"data.agents={data.agents.tolist()} but partition_id={partition_id}: the data's "
+                         "agent id keys the noise streams and must be this agent's partition id")
+    t = int(msg.content["config"]["server-round"])
+    out = local_update(config, data, msg.content["arrays"], t, module)
+    metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
+    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)

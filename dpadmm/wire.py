@@ -1,0 +1,35 @@
+"""How the ADMM variables travel in one Flower ``ArrayRecord``: flat keys ``<role>.<parameter>``.
+
+A message carries several variables of the same model (the server sends w, lambda_p and
+the last local iterate z; the agent replies z_p and, for E > 1, its last iterate), and a
+model has several parameter tensors (logistic regression one, ``weight``; a network many,
+``fc1.weight``, ...). One record keyed ``role.name`` holds them all, so a message stays a
+single ``ArrayRecord`` as in Flower's own strategies. Roles contain no dot; parameter names
+may, so a key splits at its first dot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DOWN = ("w", "lambda", "z")  # server -> agent: the model, the agent's dual, its last local iterate
+UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local iterate
+
+
+def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:
+    """{role: {name: array}} -> {"role.name": array}."""
+    return {f"{role}.{name}": value for role, params in variables.items() for name, value in params.items()}
+
+
+def unpack(flat: Mapping[str, T]) -> dict[str, dict[str, T]]:
+    """{"role.name": array} -> {role: {name: array}}; a key without a dot is an error naming it."""
+    out: dict[str, dict[str, T]] = {}
+    for key, value in flat.items():
+        role, dot, name = key.partition(".")
+        if not dot or not name:
+            raise ValueError(f"array key {key!r} is not allowed; keys are '<role>.<parameter name>'")
+        out.setdefault(role, {})[name] = value
+    return out
