@@ -88,15 +88,17 @@ def _noise(draw: Callable[..., torch.Tensor], seeds: Sequence[int] | None, confi
     """
     if isinstance(like, Mapping):
         sizes = [v[0].numel() for v in like.values()]
-        flat = draw(config.seed, agents, t, e, (sum(sizes),), scale, dtype=_dtype(like), stream=stream)
+        flat = draw(config.seed, agents, t, e, (sum(sizes),), scale, dtype=_dtype(like), stream=stream,
+                    generator=config.noise_generator)
         parts = flat.to(scale.device).split(sizes, dim=1)
         return {k: part.view(v.shape) for (k, v), part in zip(like.items(), parts, strict=True)}
     shape = tuple(like.shape[-2:])
     if seeds is None:
-        return draw(config.seed, agents, t, e, shape, scale, dtype=like.dtype, stream=stream)
+        return draw(config.seed, agents, t, e, shape, scale, dtype=like.dtype, stream=stream,
+                    generator=config.noise_generator)
     scales = scale.expand(len(seeds), agents.shape[0])
-    return torch.stack([draw(s, agents, t, e, shape, scales[i], dtype=like.dtype, stream=stream)
-                        for i, s in enumerate(seeds)])
+    return torch.stack([draw(s, agents, t, e, shape, scales[i], dtype=like.dtype, stream=stream,
+                             generator=config.noise_generator) for i, s in enumerate(seeds)])
 
 
 def _dtype(tree: Tree) -> torch.dtype:

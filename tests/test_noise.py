@@ -368,6 +368,41 @@ def test_laplace_gaussian_validation(kwargs, error, match):
             fn(**args)
 
 
+# ------------------------------------------------------------------- the torch generator
+
+
+@pytest.mark.parametrize("fn", [noise.laplace, noise.gaussian])
+def test_torch_generator_is_keyed(fn):
+    """Each (seed, agent, round, step, stream) has its own stream: an agent's draw does not depend on
+    which other agents are drawn with it, and any coordinate change gives other numbers."""
+    agents = torch.tensor([4, 9, 2**32 - 1])
+    scale = torch.tensor([1.0, 2.0, 0.5], dtype=F64)
+    full = fn(7, agents, 3, 2, (50, 4), scale, generator="torch")
+    assert torch.equal(full, fn(7, agents, 3, 2, (50, 4), scale, generator="torch"))
+    assert torch.equal(full[1:2], fn(7, agents[1:2], 3, 2, (50, 4), scale[1:2], generator="torch"))
+    for changed in ((8, agents, 3, 2), (7, agents - 1, 3, 2), (7, agents, 4, 2), (7, agents, 3, 1)):
+        assert not torch.equal(full, fn(*changed, (50, 4), scale, generator="torch"))
+    other_stream = fn(7, agents, 3, 2, (50, 4), scale, generator="torch", stream=noise.STREAM_BATCH)
+    assert not torch.equal(full, other_stream)
+    assert not torch.equal(full, fn(7, agents, 3, 2, (50, 4), scale))  # not the philox numbers
+
+
+def test_torch_generator_distributions():
+    b = 0.7
+    x = noise.laplace(2024, torch.arange(2), 3, 1, (50000,), torch.full((2,), b, dtype=F64),
+                      generator="torch").flatten()
+    assert scipy.stats.kstest(x.numpy(), "laplace", args=(0, b)).pvalue > 1e-3
+    g = noise.gaussian(2024, torch.arange(2), 3, 1, (50000,), torch.full((2,), b, dtype=F64),
+                       generator="torch").flatten()
+    assert scipy.stats.kstest(g.numpy(), "norm", args=(0, b)).pvalue > 1e-3
+    assert torch.isfinite(x).all() and torch.isfinite(g).all()
+
+
+def test_unknown_generator_is_named():
+    with pytest.raises(ValueError, match="generator='mt' is not allowed; choose one of philox, torch"):
+        noise.laplace(0, torch.arange(1), 1, 1, (3,), _ones(1), generator="mt")
+
+
 # ------------------------------------------------------------------------------- CUDA
 
 
