@@ -30,6 +30,7 @@ RHO_PRESETS = ("auto", "mnist", "femnist", "custom")
 SENSITIVITIES = ("clipped", "data-dependent")
 NEIGHBOURING = ("replace-one", "add-remove")
 MECHANISMS = ("laplace", "gaussian")
+PER_SAMPLE = ("vmap", "factorized")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -122,6 +123,13 @@ class RunConfig:
         metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN) or mlp "
                           "(one hidden layer of 64); any other nn.Module through the Python API"},
     )
+    per_sample: str = field(
+        default="vmap",
+        metadata={"help": "how a module model's per-sample gradients are clipped: vmap (torch.func, any "
+                          "module) or factorized (norms of Linear and Conv2d layers from their inputs and "
+                          "output gradients, for modules made of such layers only: much faster for large "
+                          "dense layers)"},
+    )
     noise_generator: str = field(
         default="philox",
         metadata={"help": "philox (counter-based, bit-identical on CPU and CUDA) or torch (torch's CPU "
@@ -171,6 +179,7 @@ class RunConfig:
         _allowed("mechanism", self.mechanism, MECHANISMS)
         _allowed("model", self.model, MODELS)
         _allowed("noise-generator", self.noise_generator, GENERATORS)
+        _allowed("per-sample", self.per_sample, PER_SAMPLE)
         self._check_model()
         if not self.clip_norm > 0:
             raise ValueError(f"clip-norm={self.clip_norm!r} is not allowed; it must be > 0")

@@ -10,7 +10,10 @@ both for a batch of agents:
 - :class:`ModuleOracle`, any ``nn.Module`` on dicts of [P, ...] parameter tensors:
   per-sample gradients with ``torch.func`` (``vmap(grad)``), each clipped to norm C before
   they are summed, batched over agents with a second ``vmap`` over stacked parameters
-  (``functional_call``), in chunks of agents and samples that fit a memory budget.
+  (``functional_call``), in chunks of agents and samples that fit a memory budget; or,
+  with ``per-sample = "factorized"``, per-sample norms of Linear and Conv2d layers from
+  their inputs and output gradients (:func:`factorized_clipped_sum`), which never holds
+  a per-sample copy of a large weight matrix.
 
 With clipping the sensitivity is a theorem, not a measurement: one sample changes the
 clipped gradient by at most 2C/I (replace-one; C/I add-remove) in the clipping norm, L1
@@ -101,7 +104,13 @@ class ModuleOracle:
             factors = (clip / norms).clamp(max=1.0)  # padding rows: gradient 0, norm 0, factor 1
             return {k: torch.tensordot(factors, g, dims=1) for k, g in grads.items()}
 
-        self._agent_sum = clipped_sum if config.clipped else grad(batch_loss)
+        if config.clipped and config.per_sample == "factorized":
+            layers = factorizable_layers(module)
+            self.vectorize = False  # one agent at a time: each call is already batched over its samples
+            self._agent_sum = lambda params, x, y: factorized_clipped_sum(module, layers, params, x, y, clip,
+                                                                            norm)
+        else:
+            self._agent_sum = clipped_sum if config.clipped else grad(batch_loss)
         self._agents_sum = vmap(self._agent_sum, in_dims=(0, 0, 0))
 
     def gradient(self, z: Params, t: int, e: int) -> tuple[Params, torch.Tensor | None]:
@@ -138,7 +147,8 @@ class ModuleOracle:
     def _sum(self, z: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
         """The agents' (clipped) per-sample gradients summed over their rows, chunk by chunk."""
         agents, rows = x.shape[0], x.shape[1]
-        per_sample = sum(p[0].numel() for p in z.values()) if self.config.clipped else 1
+        per_sample = (sum(p[0].numel() for p in z.values())
+                      if self.config.clipped and self.config.per_sample == "vmap" else 1)
         per_agent_rows = max(1, self.budget // per_sample)
         sample_chunk = min(rows, per_agent_rows)
         agent_chunk = max(1, per_agent_rows // sample_chunk) if self.vectorize else 1
@@ -162,3 +172,101 @@ def _expand(per_agent: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A [P] tensor shaped to broadcast against [P, ...]."""
     return per_agent.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
+
+
+def factorizable_layers(module: nn.Module) -> dict[str, nn.Module]:
+    """The Linear and Conv2d layers holding every parameter of ``module``, by name; or a ValueError.
+
+    The factorised clipping needs each parameter to be the weight or bias of such a layer,
+    applied once per forward pass to inputs whose rows are the samples.
+    """
+    layers = {name: m for name, m in module.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
+    covered = {f"{name}.{p}" for name, m in layers.items() for p, _ in m.named_parameters(recurse=False)}
+    others = [name for name, _ in module.named_parameters() if name not in covered]
+    if others:
+        raise ValueError(f"per-sample='factorized' needs every parameter in a Linear or Conv2d layer; "
+                         f"{type(module).__name__} has {others}; use per-sample='vmap'")
+    for name, layer in layers.items():
+        if isinstance(layer, nn.Conv2d) and (layer.groups != 1 or layer.padding_mode != "zeros"
+                                             or isinstance(layer.padding, str)):
+            raise ValueError(f"per-sample='factorized' takes Conv2d layers with groups=1, zero padding given "
+                             f"as numbers; {name} is {layer}; use per-sample='vmap'")
+    return layers
+
+
+def factorized_clipped_sum(module: nn.Module, layers: dict[str, nn.Module], params: Params, x: torch.Tensor,
+                           y: torch.Tensor, clip: float, norm: str) -> Params:
+    """sum_i min(1, C / ||g_i||) g_i over one agent's samples, without per-sample Linear weight gradients.
+
+    One batched forward and backward pass of the summed loss gives each layer's input a_i
+    and output gradient d_i per sample (rows do not interact). A Linear layer's per-sample
+    weight gradient is the outer product d_i a_i^T, whose norms factorise,
+    ||d_i a_i^T||_1 = ||d_i||_1 ||a_i||_1 and ||d_i a_i^T||_2 = ||d_i||_2 ||a_i||_2, and the
+    clipped sum is one product (f * D)^T A; a Conv2d layer's per-sample gradients are small
+    and are formed from the unfolded input. The result equals the ``vmap`` path's.
+    """
+    inputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str):
+        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            if name in outputs:
+                raise ValueError(f"layer {name} is applied twice in one forward pass; use per-sample='vmap'")
+            inputs[name], outputs[name] = args[0].detach(), out
+        return hook
+
+    handles = [layer.register_forward_hook(keep(name)) for name, layer in layers.items()]
+    try:
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)  # so every layer's output is in the graph
+            out = functional_call(module, {k: v.detach() for k, v in params.items()}, (x,))
+            loss = -(y * torch.log_softmax(out, dim=-1)).sum()
+            names = list(outputs)
+            grads = dict(zip(names, torch.autograd.grad(loss, [outputs[n] for n in names]), strict=True))
+    finally:
+        for handle in handles:
+            handle.remove()
+    per_sample: dict[str, torch.Tensor] = {}  # small per-sample gradients (Conv2d), [B, ...]
+    norms = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    power = 1 if norm == "l1" else 2
+
+    def add(value: torch.Tensor) -> None:
+        nonlocal norms
+        norms = norms + (value.abs().sum(dim=1) if power == 1 else value.square().sum(dim=1))
+
+    for name in names:
+        layer, a, d = layers[name], inputs[name], grads[name]
+        if isinstance(layer, nn.Linear):
+            if a.dim() != 2:
+                raise ValueError(f"per-sample='factorized' takes Linear layers on [samples, features]; "
+                                 f"{name} "
+                                 f"got {tuple(a.shape)}; use per-sample='vmap'")
+            a_norm = a.abs().sum(dim=1) if power == 1 else a.square().sum(dim=1)
+            d_norm = d.abs().sum(dim=1) if power == 1 else d.square().sum(dim=1)
+            norms = norms + a_norm * d_norm
+            if layer.bias is not None:
+                norms = norms + d_norm
+        else:
+            cols = nn.functional.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=layer.padding,
+                                        stride=layer.stride)  # [B, C k k, L]
+            weight = torch.einsum("bol,bcl->boc", d.flatten(2), cols)
+            per_sample[f"{name}.weight"] = weight
+            add(weight.flatten(1))
+            if layer.bias is not None:
+                per_sample[f"{name}.bias"] = d.sum(dim=(2, 3))
+                add(per_sample[f"{name}.bias"])
+    norms = norms if power == 1 else norms.sqrt()
+    factors = (clip / norms).clamp(max=1.0)  # padding rows: zero gradient, norm 0, factor 1
+    sums: Params = {}
+    for name in names:
+        layer, a, d = layers[name], inputs[name], grads[name]
+        if isinstance(layer, nn.Linear):
+            scaled = d * factors.unsqueeze(1)
+            sums[f"{name}.weight"] = scaled.T @ a
+            if layer.bias is not None:
+                sums[f"{name}.bias"] = scaled.sum(dim=0)
+        else:
+            for key in (f"{name}.weight", f"{name}.bias"):
+                if key in per_sample:
+                    sums[key] = torch.tensordot(factors, per_sample[key], dims=1).reshape(params[key].shape)
+    return {k: sums[k] for k in params}
