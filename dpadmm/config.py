@@ -120,8 +120,8 @@ class RunConfig:
     )
     model: str = field(
         default="logistic",
-        metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN) or mlp "
-                          "(one hidden layer of 64); any other nn.Module through the Python API"},
+        metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN), mlp "
+                          "(one hidden layer of 64), or custom (any nn.Module given through the Python API)"},
     )
     per_sample: str = field(
         default="vmap",

@@ -28,7 +28,8 @@ from torch.func import functional_call
 
 Params = dict[str, torch.Tensor]
 
-MODELS = ("logistic", "cnn", "mlp")
+# "custom": a module given through the Python API (the engine's ``module=``, the Flower helpers').
+MODELS = ("logistic", "cnn", "mlp", "custom")
 
 
 class LogisticRegression(nn.Module):
@@ -88,6 +89,10 @@ def build_model(name: str, num_features: int, num_classes: int) -> nn.Module:
         return LeafCNN(num_features, num_classes)
     if name == "mlp":
         return MLP(num_features, num_classes)
+    if name == "custom":
+        raise ValueError("model='custom' names a module given through the Python API "
+                         "(dpadmm.engine.run(config, module=...), clients.dpiadmm.train_reply(..., "
+                         "module=...)); the dpadmm app and CLI build logistic, cnn or mlp")
     raise ValueError(f"model={name!r} is not allowed; choose one of {', '.join(MODELS)}")
 
 

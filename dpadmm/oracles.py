@@ -71,6 +71,12 @@ class ModuleOracle:
 
     def __init__(self, config: RunConfig, module: nn.Module, data: AgentData, *, vectorize: bool = True,
                  budget: int = PER_SAMPLE_BUDGET):
+        if config.model == "logistic":
+            # The configuration's checks (no OutP, clipped sensitivity, minibatch rules) are those of
+            # its model: a module run under model='logistic' would escape them.
+            raise ValueError(f"a module ({type(module).__name__}) was given but model='logistic' (the "
+                             "closed-form fast path); set model='custom' for your own module, or the "
+                             "built-in name")
         if any(True for _ in module.buffers()):
             raise ValueError(f"{type(module).__name__} has buffers (e.g. BatchNorm statistics), which mix "
                              "samples and break per-sample clipping; use a module without buffers "

@@ -9,6 +9,7 @@ moves it by at most 2C/I in the clipping norm, and the noise scale is the ledger
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -299,7 +300,7 @@ def test_logistic_oracle_clips_in_l2_for_the_gaussian_mechanism() -> None:
     assert not torch.allclose(g, l1)
     assert scale is not None
     torch.testing.assert_close(scale, torch.full((4,), 2 * 0.8 / TOTAL / 0.5, dtype=torch.float64))
-    module_oracle = ModuleOracle(config, LogisticRegression(J, K), data)
+    module_oracle = ModuleOracle(dataclasses.replace(config, model="custom"), LogisticRegression(J, K), data)
     module_g, module_scale = module_oracle.gradient({"weight": z}, 1, 1)
     torch.testing.assert_close(module_g["weight"], g, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(module_scale, scale)
@@ -343,8 +344,15 @@ def test_factorized_clipping_equals_the_per_sample_autograd_loop(mechanism: str,
             torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
 
 
+def test_a_module_under_the_logistic_fast_paths_name_is_refused() -> None:
+    """model='logistic' would skip the network rules (no OutP, clipped sensitivity): say model='custom'."""
+    refusal = r"a module \(MLP\) was given but model='logistic'.*set model='custom'"
+    with pytest.raises(ValueError, match=refusal):
+        ModuleOracle(_config(model="logistic"), MLP(J, K, hidden=HIDDEN), _data())
+
+
 def test_factorized_clipping_refuses_what_it_cannot_factorise() -> None:
-    config = _config(per_sample="factorized", model="mlp")
+    config = _config(per_sample="factorized", model="custom")
     refusal = r"every parameter in a Linear or Conv2d layer; LogisticRegression has \['weight'\]"
     with pytest.raises(ValueError, match=refusal):
         ModuleOracle(config, LogisticRegression(J, K), _data())
