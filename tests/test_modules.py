@@ -29,8 +29,16 @@ def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
 
 
 def test_build_model_names_the_bad_value_and_the_allowed_ones() -> None:
-    with pytest.raises(ValueError, match=r"model='resnet' is not allowed; choose one of logistic, cnn, mlp"):
+    allowed = r"model='resnet' is not allowed; choose one of logistic, cnn, mlp, custom"
+    with pytest.raises(ValueError, match=allowed):
         build_model("resnet", 784, 10)
+
+
+def test_build_model_says_a_custom_model_comes_through_the_python_api() -> None:
+    """'custom' is allowed in the config (a module passed to the engine) but names nothing to build."""
+    assert "custom" in MODELS
+    with pytest.raises(ValueError, match=r"model='custom' names a module given through the Python API"):
+        build_model("custom", 784, 10)
 
 
 def test_leaf_cnn_is_the_leaf_femnist_network() -> None:
