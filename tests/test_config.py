@@ -60,3 +60,45 @@ def test_readme_documents_every_key() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [key for key in RunConfig().to_mapping() if f"`{key}`" not in readme]
     assert not missing, f"README.md does not document {missing}"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"mechanism": "gaussian", "algorithm": "outp"},
+         "mechanism='gaussian' is not allowed with algorithm='outp'; it is the objective perturbation"),
+        ({"mechanism": "gaussian", "sensitivity": "data-dependent"},
+         "mechanism='gaussian' is not allowed with sensitivity='data-dependent'"),
+        ({"mechanism": "uniform"}, "mechanism='uniform' is not allowed; choose one of laplace, gaussian"),
+        ({"batch-size": 16}, "batch-size=16 is not allowed with model='logistic', whose closed-form"),
+        ({"batch-size": -1, "model": "mlp"}, "batch-size=-1 is not allowed; it must be >= 0"),
+        ({"model": "resnet"}, "model='resnet' is not allowed; choose one of logistic, cnn, mlp, custom"),
+        ({"model": "mlp", "algorithm": "outp"}, "algorithm='outp' is not allowed with model='mlp'"),
+        ({"model": "cnn", "sensitivity": "data-dependent"},
+         "sensitivity='data-dependent' is not allowed with model='cnn': eq. (9b)"),
+        ({"model": "custom", "algorithm": "outp"}, "algorithm='outp' is not allowed with model='custom'"),
+        ({"model": "mlp", "neighbouring": "add-remove", "batch-size": 8},
+         "batch-size=8 is not allowed with neighbouring='add-remove'"),
+        ({"per-sample": "loop"}, "per-sample='loop' is not allowed; choose one of vmap, factorized"),
+        ({"noise-generator": "numpy"}, "noise-generator='numpy' is not allowed; choose one of philox, torch"),
+    ],
+)
+def test_bad_model_mechanism_and_batch_combinations_are_named(values: dict, message: str) -> None:
+    """The combinations the theory does not cover (a network with OutP or eq. (9b), Gaussian noise without
+    L2 clipping, a minibatch scale that is not public) are refused where the values enter."""
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RunConfig.from_mapping(values)
+
+
+@pytest.mark.parametrize("values", [
+    {"model": "mlp", "batch-size": 16},
+    {"model": "cnn", "mechanism": "gaussian", "batch-size": 8, "algorithm": "objt"},
+    {"model": "mlp", "neighbouring": "add-remove"},
+    {"model": "custom", "algorithm": "iadmm", "batch-size": 4},
+    {"mechanism": "gaussian", "algorithm": "objpm"},
+])
+def test_covered_model_combinations_are_accepted(values: dict) -> None:
+    config = RunConfig.from_mapping(values)
+    assert config.clip_norm_type == ("l2" if values.get("mechanism") == "gaussian" else "l1")
+    for key, value in values.items():
+        assert config.to_mapping()[key] == value
