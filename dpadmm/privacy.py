@@ -264,7 +264,13 @@ def calibrate(config: RunConfig) -> RunConfig:
     if config.target_epsilon < floor:
         raise ValueError(f"target-epsilon={config.target_epsilon:g} is not achievable with {releases} "
                          f"releases at delta={config.delta:g}; the smallest achievable value is {floor:.4g}")
-    ceiling = pld_epsilon(mechanism, low, releases, config.delta, CALIBRATION_INTERVAL)
+    # Bracket the root: step the multiplier down from the largest, 8x at a time, to the first whose epsilon
+    # reaches the target. A PLD is the slower to build the smaller its multiplier (Gaussian at 0.05: ~10 s)
+    # and brentq evaluates both ends of its bracket, so the small end of the range is reached only if needed.
+    bracket, ceiling = (high, high), floor
+    while ceiling < config.target_epsilon and bracket[0] > low:
+        bracket = (max(bracket[0] / 8, low), bracket[0])
+        ceiling = pld_epsilon(mechanism, bracket[0], releases, config.delta, CALIBRATION_INTERVAL)
     if config.target_epsilon > ceiling:
         raise ValueError(f"target-epsilon={config.target_epsilon:g} needs more than {1 / low:g} per "
                          f"release ({releases} releases give {ceiling:.4g} there); ask for less, or set "
@@ -274,7 +280,7 @@ def calibrate(config: RunConfig) -> RunConfig:
                                                      value_discretization_interval=CALIBRATION_INTERVAL),
         lambda m: dp_accounting.SelfComposedDpEvent(_event(mechanism, m), releases),
         config.target_epsilon, config.delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=1e-4,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(*bracket), tol=1e-4,
     )
     if config.algorithm == "outp":
         epsilon = outp_multiplier(1.0, config.outp_delta, config.neighbouring) / multiplier
