@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -133,3 +134,41 @@ def test_privacy_spent_composes_the_rounds_an_agent_took_part_in() -> None:
         assert privacy.spent(config, k) == pytest.approx(expected)
     assert privacy.spent(config, 7) < privacy.spent(config, 8)
     assert privacy.spent(RunConfig(algorithm="iadmm"), 5) == math.inf
+
+
+def test_gaussian_objective_perturbation_ledger_composes_gaussian_plds() -> None:
+    """mechanism='gaussian': T*E Gaussian releases of multiplier 1/eps-bar (std Delta_2 / eps-bar)."""
+    config = RunConfig(algorithm="objpm", mechanism="gaussian", epsilon=0.8, local_steps=3, rounds=20,
+                       delta=1e-6)
+    ledger = privacy.ledger(config, total_samples=5000)
+    assert ledger.mechanism == "gaussian" and ledger.noise_multiplier == pytest.approx(1 / 0.8)
+    assert ledger.whole_run.releases == 60 and ledger.per_round.releases == 3
+    expected = privacy.pld_epsilon("gaussian", 1 / 0.8, 60, 1e-6)
+    assert ledger.whole_run.epsilon_pld == pytest.approx(expected, rel=1e-12)
+    assert ledger.whole_run.epsilon_pld != pytest.approx(privacy.pld_epsilon("laplace", 1 / 0.8, 60, 1e-6),
+                                                         rel=1e-3)
+    assert ledger.per_step.epsilon_pld == pytest.approx(privacy.single_release("gaussian", 1.25, 1e-6),
+                                                        abs=2 * privacy.PLD_INTERVAL)
+    assert ledger.sensitivity.startswith("L2: 2C/I = 0.08 ")
+    assert "sigma = Delta / eps-bar = 0.1" in ledger.noise_scale
+    assert ledger.covered and "Gaussian mechanism" in ledger.note
+    assert privacy.spent(config, 20) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("target", "rounds", "steps"), [(2.0, 30, 5), (8.0, 100, 2)])
+def test_calibration_of_the_gaussian_mechanism_hits_the_target(target: float, rounds: int,
+                                                               steps: int) -> None:
+    config = RunConfig(algorithm="objpm", mechanism="gaussian", local_steps=steps, rounds=rounds,
+                       target_epsilon=target, model="mlp")
+    calibrated = privacy.calibrate(config)
+    achieved = privacy.ledger(calibrated).whole_run.epsilon_pld
+    assert achieved <= target and achieved == pytest.approx(target, rel=0.03)
+    laplace = privacy.calibrate(dataclasses.replace(config, mechanism="laplace"))
+    assert calibrated.epsilon != pytest.approx(laplace.epsilon, rel=1e-2)  # a different mechanism's eps-bar
+
+
+def test_targets_beyond_the_searched_range_name_its_end() -> None:
+    """The bracket search stops at the range's smallest multiplier (20 per release for Laplace)."""
+    refusal = r"target-epsilon=1e\+06 needs more than 20 per release \(10 releases"
+    with pytest.raises(ValueError, match=refusal):
+        privacy.calibrate(RunConfig(algorithm="objp", target_epsilon=1e6, rounds=10))
