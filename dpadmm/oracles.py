@@ -103,10 +103,12 @@ class ModuleOracle:
             """sum_i min(1, C / ||g_i||) g_i over one agent's samples x [c, J], y [c, K]."""
             grads = per_sample(params, x, y)
             flat = [g.flatten(1) for g in grads.values()]
+            # vector_norm reduces without the [c, n] temporary of abs() or square(): one pass less over
+            # per-sample gradients far larger than the cache, and one large allocation less (page faults)
             if norm == "l2":
-                norms = torch.sqrt(sum(f.square().sum(dim=1) for f in flat))
+                norms = torch.sqrt(sum(torch.linalg.vector_norm(f, dim=1).square() for f in flat))
             else:
-                norms = sum(f.abs().sum(dim=1) for f in flat)
+                norms = sum(torch.linalg.vector_norm(f, ord=1, dim=1) for f in flat)
             factors = (clip / norms).clamp(max=1.0)  # padding rows: gradient 0, norm 0, factor 1
             return {k: torch.tensordot(factors, g, dims=1) for k, g in grads.items()}
 
