@@ -1,0 +1,1 @@
+"""Flower's DP-FedAvg with client-side fixed clipping, on dpadmm's data and model (a baseline)."""
