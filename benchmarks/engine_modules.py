@@ -23,9 +23,15 @@ of all 195 is extrapolated (x 19.5; the state of 195 agents alone is 195 x 6.6 M
 copy, 10 GB for z and lambda, more than this benchmark should take from a shared machine);
 (c) logistic regression as a module against the closed-form fast path (P = 10, E = 10).
 
+``--budget-sweep`` instead times one ``ModuleOracle.gradient`` call (the per-sample gradients
+of all P = 10 agents of the embedded data, clipped and summed) for logistic regression and
+the MLP at several ``oracles.PER_SAMPLE_BUDGET`` values, vmap and loop, with and without
+glibc keeping freed memory: the minimum of ``--repeats`` calls, interleaved.
+
 Usage, from the project root:
     python -m benchmarks.engine_modules [--quick] [--rounds N] [--malloc-keep] [--markdown FILE]
         [--femnist-dir DIRS] [--cases a,b,c]
+    python -m benchmarks.engine_modules --budget-sweep [--repeats N]
 Prints a Markdown table. Not a test.
 """
 
@@ -108,6 +114,37 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             "samples": int(data.counts.sum()), "padded": int(data.x.shape[0] * data.x.shape[1])}
 
 
+def sweep(repeats: int) -> list[dict[str, Any]]:
+    """Milliseconds (minimum of ``repeats``) and page faults of one gradient call, per model, budget and
+    vectorize: the chunking of :meth:`ModuleOracle._sum` without the rest of the round."""
+    from dpadmm.oracles import ModuleOracle
+
+    config = RunConfig(epsilon=1.0, algorithm="objpm", model="custom")
+    dataset = load_for(config)
+    data = agent_data(dataset, config, range(config.num_agents))
+    results = []
+    shape = (dataset.num_features, dataset.num_classes)
+    models = (("logistic regression", LogisticRegression(*shape)), ("MLP", build_model("mlp", *shape)))
+    for name, module in models:
+        w = initial_parameters(module, 0, dtype=data.x.dtype)
+        z = {k: v.expand(config.num_agents, *v.shape).clone() + 0.01 for k, v in w.items()}
+        oracles = {(budget, vectorize): ModuleOracle(config, module, data, vectorize=vectorize, budget=budget)
+                   for budget in (2**21, 2**23, 2**26) for vectorize in (True, False)}
+        best = dict.fromkeys(oracles, float("inf"))
+        faults = dict.fromkeys(oracles, 0)
+        for oracle in oracles.values():
+            oracle.gradient(z, 1, 1)  # warm-up
+        for _ in range(repeats):
+            for key, oracle in oracles.items():
+                before, started = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+                oracle.gradient(z, 1, 1)
+                best[key] = min(best[key], time.perf_counter() - started)
+                faults[key] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        results += [{"model": name, "budget": key[0], "vectorize": key[1], "ms": best[key] * 1e3,
+                     "faults": faults[key] / repeats} for key in oracles]
+    return results
+
+
 def _run(spec: dict[str, Any], keep: bool) -> dict[str, Any]:
     """``measure(spec)`` in a fresh interpreter (its own peak memory and allocator settings)."""
     env = dict(os.environ, **(KEEP_FREED_MEMORY if keep else {}))
@@ -173,10 +210,31 @@ def main() -> int:
                         help="also run vmap and loop with glibc keeping freed memory (no page faults)")
     parser.add_argument("--femnist-dir", default=FEMNIST, help="LEAF FEMNIST sample folders, comma-separated")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--budget-sweep", action="store_true",
+                        help="time one gradient call at several PER_SAMPLE_BUDGET values instead")
+    parser.add_argument("--repeats", type=int, default=5, help="calls per variant of --budget-sweep")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
+        spec = json.loads(args.child)
+        print(json.dumps(sweep(spec["repeats"]) if "repeats" in spec else measure(spec)))
+        return 0
+    if args.budget_sweep:
+        lines = ["| model | PER_SAMPLE_BUDGET | glibc | vmap ms | loop ms | vmap faults | loop faults |",
+                 "| --- | --- | --- | --- | --- | --- | --- |"]
+        for keep in (False, True):
+            rows = _run({"repeats": args.repeats}, keep)
+            for row in rows:
+                if row["vectorize"]:
+                    loop = next(r for r in rows if r["model"] == row["model"] and r["budget"] == row["budget"]
+                                and not r["vectorize"])
+                    lines.append(f"| {row['model']} | 2**{row['budget'].bit_length() - 1} | "
+                                 f"{'keeps freed memory' if keep else 'default'} | {row['ms']:.0f} | "
+                                 f"{loop['ms']:.0f} | {row['faults']:.0f} | {loop['faults']:.0f} |")
+        print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; load "
+              f"average {os.getloadavg()[0]:.1f}; one gradient call, P = 10, 400 samples each, float64, "
+              f"min of {args.repeats}.\n")
+        print("\n".join(lines))
         return 0
 
     started, load = time.monotonic(), os.getloadavg()[0]
