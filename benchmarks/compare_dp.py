@@ -47,6 +47,7 @@ import argparse
 import csv
 import json
 import logging
+import math
 import os
 import shlex
 import statistics
@@ -55,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,10 @@ DATASETS = ("mnist", "femnist")
 AGENTS = {"mnist": 10, "femnist": 195}
 DELTA = 1e-5
 TUNE_SEED = 0
+# Methods whose chosen configurations are also trained without noise (one seed), to separate what
+# the privacy costs from what the configuration's short training costs. Flower's wrapper needs a
+# positive noise multiplier when it accounts, so DP-FedAvg has none.
+REFERENCE_METHODS = ("dpiadmm", "dpsgd")
 
 # L1 clip of DP-IADMM's Laplace variant: the project default (typical MNIST per-sample terms reach
 # about 200); L2 clip of the Gaussian variant: at w = 0 a term x_i (h_i - y_i)^T has L2 norm
@@ -131,7 +136,7 @@ class Job:
     epsilon: float  # the whole-run target, per agent, at DELTA
     seed: int
     params: dict[str, Any]  # the method's hyper-parameters (without seed and noise)
-    phase: str  # "tune" (scored on the validation half) or "report" (on the test half)
+    phase: str  # "tune" (scored on the validation half), "report" or "reference" (on the test half)
 
     @property
     def key(self) -> str:
@@ -174,27 +179,31 @@ def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], Non
         groups.setdefault(json.dumps([job.epsilon, job.params], sort_keys=True), []).append(job)
     for group in groups.values():
         first, p = group[0], group[0].params
+        private = math.isfinite(first.epsilon)  # else the reference: IADMM, the same steps without noise
+        algorithm = ("objp" if p["local_steps"] == 1 else "objpm") if private else "iadmm"
         config = RunConfig(
-            algorithm="objp" if p["local_steps"] == 1 else "objpm", local_steps=p["local_steps"],
-            rounds=p["rounds"], mechanism=p["mechanism"], clip_norm=p["clip_norm"],
-            target_epsilon=first.epsilon, delta=DELTA, neighbouring="add-remove", dtype="float32",
+            algorithm=algorithm, local_steps=p["local_steps"], rounds=p["rounds"], mechanism=p["mechanism"],
+            clip_norm=p["clip_norm"], target_epsilon=first.epsilon if private else 0.0,
+            epsilon=1.0 if private else math.inf, delta=DELTA, neighbouring="add-remove", dtype="float32",
             dataset=ctx.dataset, data_dir=ctx.data_dir, num_agents=ctx.num_agents, eval_every=p["rounds"])
         started = time.perf_counter()
         results = engine.run_seeds(config, [j.seed for j in group], dataset=ctx.data, write=False,
                                    progress=False)
         seconds = (time.perf_counter() - started) / len(group)
         for job, result in zip(group, results, strict=True):
-            assert result.ledger is not None  # a budget-first run is private
             w = result.state.w  # logistic regression's [J, K] tensor: the module's "weight"
+            spent = result.ledger.whole_run.epsilon_pld if result.ledger else math.inf
             done(job, {**_errors(ctx, w if isinstance(w, dict) else {"weight": w}),
                        "noise": result.config.epsilon, "noise-name": "eps-bar per step",
-                       "epsilon-pld": result.ledger.whole_run.epsilon_pld, "seconds": seconds})
+                       "epsilon-pld": spent, "seconds": seconds})
 
 
 def run_dpsgd(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], None]) -> None:
     """DP-SGD (Opacus) on every agent + FedAvg, the noise multiplier calibrated to the target."""
     for job in jobs:
-        config = DpSgdConfig(**job.params, seed=job.seed).calibrated(job.epsilon, DELTA)
+        config = DpSgdConfig(**job.params, seed=job.seed)  # the reference (eps = inf): clipping, no noise
+        config = config.calibrated(job.epsilon, DELTA) if math.isfinite(job.epsilon) else replace(
+            config, noise_multiplier=0.0)
         started = time.perf_counter()
         params = dpsgd_fedavg(config, ctx.data, ctx.num_agents)
         done(job, {**_errors(ctx, params), "noise": config.noise_multiplier, "noise-name": "sigma",
@@ -254,7 +263,8 @@ def _flwr_run(ctx: Context, specs: list[dict[str, Any]], run_config: dict[str, A
                    FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
                    PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         tqdm.write(f"flwr run: {' '.join(map(shlex.quote, command))}")
-        log_path = ctx.out / f"flwr-run-{ctx.dataset}.log"
+        log_path = ROOT / "runs" / "compare-dp-logs" / f"flwr-run-{ctx.dataset}.log"  # runs/ is not tracked
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         seen = 0
         try:
             with open(log_path, "a", encoding="utf-8") as log:
@@ -334,6 +344,12 @@ def compare(ctx: Context, methods: Iterable[str], eps: list[float], seeds: list[
                 best = best_params(grid, [runs[j.key] for j in tune if j.epsilon == e])
                 report += [Job(ctx.dataset, method, e, s, best, "report") for s in seeds]
             run_phase(ctx, method, report, runs, bar)
+            if method in REFERENCE_METHODS:
+                chosen = {json.dumps(j.params, sort_keys=True): j.params for j in report}
+                reference = [Job(ctx.dataset, method, math.inf, seeds[0], p, "reference")
+                             for p in chosen.values()]
+                bar.total += len(reference)
+                run_phase(ctx, method, reference, runs, bar)
 
 
 # ----- outputs -----
@@ -399,23 +415,35 @@ def write_table(path: Path, runs: list[Result]) -> None:
                     row.append("-")
             if any(c != "-" for c in row):
                 lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
+        references = {(r["method"], json.dumps(r["params"], sort_keys=True)): r for r in runs
+                      if r["phase"] == "reference" and r["dataset"] == dataset}
         lines += ["", "| method | eps | chosen configuration | noise | eps (PLD) | eps (Flower's RDP) | "
-                      "seeds | test error (%) per seed | s per run |", "| --- |" + " --- |" * 8]
+                      "seeds | test error (%) per seed | without noise (%) | s per run |",
+                  "| --- |" + " --- |" * 9]
         for key in sorted(keys, key=lambda k: (METHODS.index(k[1]), k[2])):
             cell = cells[key]
             first = cell[0]
             params = ", ".join(f"{k}={v}" for k, v in first["params"].items())
             flower = first.get("flower-epsilon")
+            noise = f"{first['noise-name']} = {first['noise']:.4g}"
+            if key[1] == "dpiadmm":  # eps-bar is 1 / (noise scale / sensitivity) for both mechanisms
+                noise = f"eps-bar = {first['noise']:.4g} per step (multiplier {1 / first['noise']:.4g})"
             errors = ", ".join(f"{100 * r['test-error']:.2f}" for r in cell)
+            reference = references.get((key[1], json.dumps(first["params"], sort_keys=True)))
+            plain = ("-" if reference is None
+                     else f"{100 * reference['test-error']:.2f} (seed {reference['seed']})")
             lines.append(
-                f"| {key[1]} | {key[2]:g} | {params} | {first['noise-name']} = {first['noise']:.4g} | "
+                f"| {key[1]} | {key[2]:g} | {params} | {noise} | "
                 f"{first['epsilon-pld']:.3f} | {'-' if flower is None else f'{flower:.3f}'} | "
-                f"{', '.join(str(r['seed']) for r in cell)} | "
-                f"{errors} | "
+                f"{', '.join(str(r['seed']) for r in cell)} | {errors} | {plain} | "
                 f"{statistics.fmean(r['seconds'] for r in cell):.1f} |")
         total = {m: sum(r["seconds"] for r in runs if r["dataset"] == dataset and r["method"] == m)
                  for m in METHODS}
-        lines += ["", "Compute, all runs of the tuning and the report (s): "
+        lines += ["", "\"Without noise\": the chosen configuration trained once more with the first "
+                  "reported seed and no noise, to separate the cost of privacy from that of the short "
+                  "training. DP-IADMM: IADMM, whose rho^t of eq. (24) also loses its c2 / eps-bar term; "
+                  "DP-SGD: clipping kept, sigma = 0.", "",
+                  "Compute, all runs (tuning, report, without noise; s): "
                   + ", ".join(f"{m} {total[m]:.0f}" for m in METHODS if total[m]) + ".", ""]
     path.write_text("\n".join(lines))
 
