@@ -72,8 +72,8 @@ MULTIPLIER_RANGE = (0.2, 1e4)
 # ("validation"), errors are reported on the second ("test").
 EVALUATION_SPLIT_SEED = 0
 
-# Purposes of the random streams, so that no two draws of a run share a seed.
-_SAMPLING, _NOISE, _SHUFFLE = 1, 2, 3
+# Purposes of the random streams of DP-SGD, so that its sampling and its noise never share a seed.
+_SAMPLING, _NOISE = 1, 2
 
 
 # ----- accounting -----
