@@ -230,6 +230,9 @@ class RunConfig:
             raise ValueError(f"mechanism='gaussian' is not allowed with {culprit}; it is the objective "
                              "perturbation with L2-clipped gradients (sensitivity='clipped')")
         if self.model == "logistic":
+            if self.per_sample != "vmap":
+                raise ValueError(f"per-sample={self.per_sample!r} is not allowed with model='logistic', "
+                                 "whose fast path clips by a factorised norm already; it is for networks")
             if self.batch_size:
                 raise ValueError(f"batch-size={self.batch_size} is not allowed with model='logistic', whose "
                                  "closed-form fast path is full-batch as in the papers; use 0")

@@ -26,7 +26,9 @@ def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
     [P, ...] -> [...].
     """
     agent_dim = 0 if isinstance(z, Mapping) else -3
-    return tree_map(lambda z_, lam_: (z_ - lam_ / rho).mean(dim=agent_dim), z, lam)
+    # mean(z) - mean(lam) / rho: no [P, ...] temporaries (for a network, each is P copies of the model)
+    return tree_map(lambda z_, lam_: z_.mean(dim=agent_dim).sub_(lam_.mean(dim=agent_dim), alpha=1.0 / rho),
+                    z, lam)
 
 
 def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:

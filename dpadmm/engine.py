@@ -247,11 +247,13 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     to about ``AGENT_CHUNK_BUDGET`` elements each.
     """
     state.w = global_update(state.z, state.lam, rho_t)
-    agents = torch.arange(config.num_agents) if active is None else active.nonzero().flatten()
+    agents = None if active is None else active.nonzero().flatten().to(data.x.device)
+    count = config.num_agents if agents is None else agents.numel()
     chunk = max(1, AGENT_CHUNK_BUDGET // numel(state.w))
     magnitudes = []
-    for c0 in range(0, agents.numel(), chunk):
-        index = agents[c0:c0 + chunk].to(data.x.device)
+    for c0 in range(0, count, chunk):
+        # Everyone: a slice (views of the data); a sample of agents: an index tensor (copies).
+        index = slice(c0, c0 + chunk) if agents is None else agents[c0:c0 + chunk]
         lam = {k: v[index] for k, v in state.lam.items()}
         z_chain = {k: v[index] for k, v in state.z_chain.items()}
         result = agent_round(config, data.select(index), state.w, lam, z_chain, t, module=module,

@@ -80,6 +80,7 @@ def test_readme_documents_every_key() -> None:
         ({"model": "mlp", "neighbouring": "add-remove", "batch-size": 8},
          "batch-size=8 is not allowed with neighbouring='add-remove'"),
         ({"per-sample": "loop"}, "per-sample='loop' is not allowed; choose one of vmap, factorized"),
+        ({"per-sample": "factorized"}, "per-sample='factorized' is not allowed with model='logistic'"),
         ({"noise-generator": "numpy"}, "noise-generator='numpy' is not allowed; choose one of philox, torch"),
     ],
 )
