@@ -44,7 +44,10 @@ def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:
 
 def consensus_violation(w: Tree, z: Tree) -> float:
     """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]
-    (or dicts of [...] and [P, ...]: the L1 norm over all parameters)."""
-    if isinstance(z, Mapping):
-        return float(sum((w[k] - z[k]).abs().sum() for k in z) / next(iter(z.values())).shape[0])
-    return float((w - z).abs().sum() / z.shape[0])
+    (or dicts of [...] and [P, ...]: the L1 norm over all parameters).
+
+    Summed a few agents at a time: a [P, ...] temporary of a network is P copies of the model.
+    """
+    pairs = [(w[k], z[k]) for k in z] if isinstance(z, Mapping) else [(w, z)]
+    agents = pairs[0][1].shape[0]
+    return sum(float((part - w_).abs_().sum()) for w_, z_ in pairs for part in z_.split(8)) / agents
