@@ -91,8 +91,8 @@ class DPIADMM(Strategy):
 
     Example (in a ServerApp)::
 
-        config = RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10, model="mlp")
-        w1 = initial_parameters(MyNet(), config.seed)  # or {"weight": torch.zeros(784, 10)}
+        config = RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10, model="custom")
+        w1 = initial_parameters(MyNet(), config.seed)  # logistic regression: {"weight": torch.zeros(784, 10)}
         strategy = DPIADMM(config, w1)
         result = strategy.start(grid=grid, num_rounds=config.rounds, evaluate_fn=my_eval)
     """
