@@ -19,7 +19,7 @@ from torch import nn
 from dpadmm import noise, schedules
 from dpadmm.config import RunConfig
 from dpadmm.models import AgentData, gradient
-from dpadmm.modules import Params, tree_map
+from dpadmm.modules import Params, numel, tree_map
 from dpadmm.oracles import LogisticOracle, ModuleOracle
 
 Tree = torch.Tensor | Params  # logistic regression's one tensor, or a module's parameters
@@ -108,8 +108,7 @@ def _dtype(tree: Tree) -> torch.dtype:
 def _mean_abs(xi: Tree) -> torch.Tensor:
     """Mean |noise| per agent over its coordinates ([(S,) P]), the noise magnitude of 003 Fig. 3."""
     if isinstance(xi, Mapping):
-        total = sum(v.abs().flatten(1).sum(dim=1) for v in xi.values())
-        return total / sum(v[0].numel() for v in xi.values())
+        return sum(v.abs().flatten(1).sum(dim=1) for v in xi.values()) / numel(xi, agent_dim=True)
     return torch.linalg.vector_norm(xi, ord=1, dim=(-2, -1)) / (xi.shape[-2] * xi.shape[-1])
 
 

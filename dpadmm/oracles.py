@@ -33,10 +33,20 @@ from torch.func import functional_call, grad, vmap
 from dpadmm import noise
 from dpadmm.config import RunConfig
 from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilities, sensitivity
-from dpadmm.modules import Params
+from dpadmm.modules import Params, numel
 
 # Elements of per-sample gradients held at once by ModuleOracle (2**26 float32: 256 MiB).
 PER_SAMPLE_BUDGET = 2**26
+
+
+def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """sum_i l_i(z) = -sum_i sum_k y_ik ln softmax(model(z; x_i))_k over the rows of x (y one-hot).
+
+    The data term of eq. (63) of 003 with the module's logits in place of x z, without the 1/I
+    (applied after clipping). Padding rows (y_i = 0) add nothing and have zero gradient.
+    """
+    out = functional_call(module, dict(params), (x,))
+    return -(y * torch.log_softmax(out, dim=-1)).sum()
 
 
 class LogisticOracle:
@@ -89,12 +99,10 @@ class ModuleOracle:
         self.budget = budget
 
         def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out = functional_call(module, params, (x.unsqueeze(0),))[0]
-            return -(y * torch.log_softmax(out, dim=-1)).sum()
+            return summed_loss(module, params, x.unsqueeze(0), y.unsqueeze(0))
 
         def batch_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out = functional_call(module, params, (x,))
-            return -(y * torch.log_softmax(out, dim=-1)).sum()
+            return summed_loss(module, params, x, y)
 
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
         clip, norm = config.clip_norm, config.clip_norm_type
@@ -155,8 +163,8 @@ class ModuleOracle:
     def _sum(self, z: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
         """The agents' (clipped) per-sample gradients summed over their rows, chunk by chunk."""
         agents, rows = x.shape[0], x.shape[1]
-        per_sample = (sum(p[0].numel() for p in z.values())
-                      if self.config.clipped and self.config.per_sample == "vmap" else 1)
+        materialised = self.config.clipped and self.config.per_sample == "vmap"  # [rows, numel] per agent
+        per_sample = numel(z, agent_dim=True) if materialised else 1
         per_agent_rows = max(1, self.budget // per_sample)
         sample_chunk = min(rows, per_agent_rows)
         agent_chunk = max(1, per_agent_rows // sample_chunk) if self.vectorize else 1
@@ -227,8 +235,7 @@ def factorized_clipped_sum(module: nn.Module, layers: dict[str, nn.Module], para
     try:
         with torch.enable_grad():
             x = x.detach().requires_grad_(True)  # so every layer's output is in the graph
-            out = functional_call(module, {k: v.detach() for k, v in params.items()}, (x,))
-            loss = -(y * torch.log_softmax(out, dim=-1)).sum()
+            loss = summed_loss(module, {k: v.detach() for k, v in params.items()}, x, y)
             names = list(outputs)
             grads = dict(zip(names, torch.autograd.grad(loss, [outputs[n] for n in names]), strict=True))
     finally:
