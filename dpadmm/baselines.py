@@ -49,10 +49,9 @@ from typing import TYPE_CHECKING
 import dp_accounting
 import numpy as np
 import torch
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
 from torch import nn
 
+from dpadmm import privacy
 from dpadmm.data import Dataset
 from dpadmm.models import error_from_logits
 from dpadmm.modules import Params, build_model, initial_parameters, logits_of
@@ -60,12 +59,6 @@ from dpadmm.modules import Params, build_model, initial_parameters, logits_of
 if TYPE_CHECKING:
     from opacus import GradSampleModule
 
-ACCOUNTANTS = ("pld", "rdp")
-RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-# PLD discretisation: pessimistic at any interval (a valid upper bound). Calibration uses the
-# coarser one, so the multiplier it returns meets the target under the finer one too.
-PLD_INTERVAL = 1e-3
-CALIBRATION_INTERVAL = 1e-2
 # Noise multipliers the calibration searches.
 MULTIPLIER_RANGE = (0.2, 1e4)
 # The comparison's held-out split of the test set: hyper-parameters are chosen on the first half
@@ -77,14 +70,6 @@ _SAMPLING, _NOISE = 1, 2
 
 
 # ----- accounting -----
-
-def _accountant(accountant: str, interval: float = PLD_INTERVAL) -> dp_accounting.PrivacyAccountant:
-    if accountant == "pld":
-        return pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=interval)
-    if accountant == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=RELATION)
-    raise ValueError(f"accountant={accountant!r} is not allowed; choose one of {', '.join(ACCOUNTANTS)}")
-
 
 def _gaussian_event(noise_multiplier: float, sample_rate: float, compositions: int) -> dp_accounting.DpEvent:
     """``compositions`` Gaussian releases of noise multiplier sigma, each on a Poisson sample of rate q
@@ -104,7 +89,7 @@ def _gaussian_event(noise_multiplier: float, sample_rate: float, compositions: i
 def _epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str) -> float:
     if not 0 < delta < 1:
         raise ValueError(f"delta={delta!r} is not allowed; it must be in (0, 1)")
-    tracker = _accountant(accountant)
+    tracker = privacy.accountant(accountant)
     tracker.compose(event)
     return float(tracker.get_epsilon(delta))
 
@@ -150,7 +135,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, *, sample_ra
                              f"[{low:g}, {high:g}]: multiplier {bound:g} gives {eps:.4g} for {compositions} "
                              f"releases at sample rate {sample_rate:g}, delta {delta:g}")
     return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: _accountant(accountant, CALIBRATION_INTERVAL),
+        lambda: privacy.accountant(accountant, privacy.CALIBRATION_INTERVAL),
         lambda m: _gaussian_event(m, sample_rate, compositions),
         target_epsilon, delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=1e-4,

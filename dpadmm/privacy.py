@@ -34,7 +34,20 @@ from dpadmm.models import clipped_sensitivity
 # 1e-3 is within 1e-5 relative of 1e-4 on the papers' settings and ten times faster.
 PLD_INTERVAL = 1e-3
 CALIBRATION_INTERVAL = 1e-2  # coarser, so more pessimistic: the calibrated run meets its target
-_RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+ACCOUNTANTS = ("pld", "rdp")
+
+
+def accountant(kind: str = "pld", interval: float = PLD_INTERVAL) -> dp_accounting.PrivacyAccountant:
+    """A fresh dp-accounting accountant: PLD (discretised at ``interval``) or RDP, for :data:`RELATION`.
+
+    Every epsilon of the project (DP-IADMM's ledger and the baselines') comes from one of these.
+    """
+    if kind == "pld":
+        return pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=interval)
+    if kind == "rdp":
+        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=RELATION)
+    raise ValueError(f"accountant={kind!r} is not allowed; choose one of {', '.join(ACCOUNTANTS)}")
 
 
 @dataclass(frozen=True)
@@ -97,9 +110,9 @@ def _event(mechanism: str, multiplier: float) -> dp_accounting.DpEvent:
 def pld_epsilon(mechanism: str, multiplier: float, releases: int, delta: float,
                 interval: float = PLD_INTERVAL) -> float:
     """epsilon at delta of ``releases`` composed mechanisms, by the PLD accountant."""
-    accountant = pld_privacy_accountant.PLDAccountant(_RELATION, value_discretization_interval=interval)
-    accountant.compose(dp_accounting.SelfComposedDpEvent(_event(mechanism, multiplier), releases))
-    return float(accountant.get_epsilon(delta))
+    tracker = accountant("pld", interval)
+    tracker.compose(dp_accounting.SelfComposedDpEvent(_event(mechanism, multiplier), releases))
+    return float(tracker.get_epsilon(delta))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -126,9 +139,9 @@ def spent(config: RunConfig, rounds: int) -> float:
 
 def rdp_epsilon(mechanism: str, multiplier: float, releases: int, delta: float) -> float:
     """epsilon at delta of ``releases`` composed mechanisms, by the RDP accountant."""
-    accountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=_RELATION)
-    accountant.compose(dp_accounting.SelfComposedDpEvent(_event(mechanism, multiplier), releases))
-    return float(accountant.get_epsilon(delta))
+    tracker = accountant("rdp")
+    tracker.compose(dp_accounting.SelfComposedDpEvent(_event(mechanism, multiplier), releases))
+    return float(tracker.get_epsilon(delta))
 
 
 def single_release(mechanism: str, multiplier: float, delta: float) -> float:
@@ -276,8 +289,7 @@ def calibrate(config: RunConfig) -> RunConfig:
                          f"release ({releases} releases give {ceiling:.4g} there); ask for less, or set "
                          "epsilon directly")
     multiplier = dp_accounting.calibrate_dp_mechanism(
-        lambda: pld_privacy_accountant.PLDAccountant(_RELATION,
-                                                     value_discretization_interval=CALIBRATION_INTERVAL),
+        lambda: accountant("pld", CALIBRATION_INTERVAL),
         lambda m: dp_accounting.SelfComposedDpEvent(_event(mechanism, m), releases),
         config.target_epsilon, config.delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(*bracket), tol=1e-4,
