@@ -320,12 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.command == "privacy":
-        from dpadmm import privacy
+        from dpadmm import privacy  # and no torch: the ledger needs the sample count, not the data
+        from dpadmm.data import train_size
 
         try:
-            from dpadmm.federation import load_for
-
-            ledger = privacy.ledger(privacy.calibrate(config), total_samples=load_for(config).num_train)
+            total = train_size(config.dataset, config.data_dir, config.num_agents)
+            ledger = privacy.ledger(privacy.calibrate(config), total_samples=total)
         except (ValueError, OSError) as err:  # OSError: missing or unreadable files
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2

@@ -18,10 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpadmm.data import DATASET_NAMES as DATASETS
-from dpadmm.data import DEFAULT_AGENTS
-from dpadmm.modules import MODELS
-from dpadmm.noise import GENERATORS
+from dpadmm.catalog import DATASET_NAMES as DATASETS
+from dpadmm.catalog import DEFAULT_AGENTS, GENERATORS, MODELS
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")

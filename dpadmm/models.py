@@ -140,18 +140,6 @@ def clip_factors(data: AgentData, residual: torch.Tensor, clip: float, norm: str
     return (clip / norms).clamp(max=1.0)
 
 
-def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
-    """Sensitivity of the clipped gradient: 2C/I if one sample is replaced, C/I if added or removed.
-
-    Replacing sample i changes sum_i clip(g_i) / I by the difference of two terms of norm
-    <= C each; adding or removing changes it by one such term. (I is the public sample
-    count.) In the L1 norm this is the Delta of eq. (9) for which Theorem 1 of 003 holds as
-    stated; in the L2 norm it is the Delta_2 of the Gaussian variant. Either way the step's
-    output depends on the data only through g + xi, so it is post-processing of the mechanism.
-    """
-    return (2.0 if neighbouring == "replace-one" else 1.0) * clip / total
-
-
 def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:
     """Delta_p = max_i ||x_i||_1 ||h(z; x_i) - y_i||_1 / I, eq. (9b) as 003 Section IV evaluates it.
 

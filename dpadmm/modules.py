@@ -26,10 +26,12 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from dpadmm.catalog import MODELS
+
 Params = dict[str, torch.Tensor]
 
-# "custom": a module given through the Python API (the engine's ``module=``, the Flower helpers').
-MODELS = ("logistic", "cnn", "mlp", "custom")
+# MODELS (dpadmm.catalog) names build_model's networks; "custom" is a module given through the Python API
+# (the engine's ``module=``, the Flower helpers').
 
 
 class LogisticRegression(nn.Module):

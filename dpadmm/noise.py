@@ -62,6 +62,8 @@ import operator
 
 import torch
 
+from dpadmm.catalog import GENERATORS  # see "A faster generator for large models" above
+
 STREAM_OBJECTIVE: int = 0  # Laplace noise xi of the objective perturbation, eq. (9a) of paper 003
 STREAM_OUTPUT: int = 1  # Gaussian noise of the output-perturbation baseline (OutP)
 STREAM_PARTICIPATION: int = 2  # which agents a round samples (partial participation)
@@ -72,7 +74,6 @@ __all__ = [
     "GENERATORS", "gaussian", "laplace", "philox4x32", "uniform",
 ]
 
-GENERATORS = ("philox", "torch")  # see "A faster generator for large models" above
 
 _U32 = 2**32
 _MASK32 = 0xFFFFFFFF

@@ -32,8 +32,9 @@ from torch.func import functional_call, grad, vmap
 
 from dpadmm import noise
 from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, clipped_sensitivity, gradient, probabilities, sensitivity
+from dpadmm.models import AgentData, gradient, probabilities, sensitivity
 from dpadmm.modules import Params, numel
+from dpadmm.privacy import clipped_sensitivity
 
 # Elements of per-sample gradients held at once by ModuleOracle (2**26 float32: 256 MiB).
 PER_SAMPLE_BUDGET = 2**26

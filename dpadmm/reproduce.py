@@ -37,12 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from dpadmm import engine
 from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, RunConfig
-from dpadmm.federation import load_for
-from dpadmm.results import json_value
+
+# The engine, the data and numpy are imported where they are used, so that the ``dpadmm`` command can build
+# its parser from GridConfig without them (``dpadmm --help`` in well under a second).
 
 SENSITIVITY = "data-dependent"  # the papers' calibration, eq. (9b)
 PAPER_EPS = (0.05, 0.1, 1.0, 3.0, 5.0)
@@ -128,12 +126,17 @@ def cell_name(config: RunConfig) -> str:
 
 def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
     """What must match for a cell on disk to be this cell (data folders may move)."""
+    from dpadmm.results import json_value
+
     mapping = {k: json_value(v) for k, v in config.to_mapping().items() if k not in ("data-dir", "out")}
     return {"config": mapping, "seeds": list(seeds)}
 
 
 def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run every cell not yet complete, rebuilding the report after each; returns the folder."""
+    from dpadmm import engine
+    from dpadmm.federation import load_for
+
     out = Path(grid.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     seeds = list(range(grid.seeds))
@@ -255,6 +258,10 @@ def _ledger_cells(folder: Path, seed: int) -> str:
 
 
 def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
+    import numpy as np
+
+    from dpadmm.federation import load_for
+
     cells = completed_cells(out)
     errors = final_errors(rows)
     lines = [

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from dpadmm import noise
 from dpadmm.config import RunConfig
 
 RHO_MAX = 1e9  # the upper bound of eq. (24)
@@ -90,6 +87,10 @@ def participants(config: RunConfig, t: int, seed: int | None = None) -> list[int
     pick the same agents in the same round. The sample is public (it depends on no data), so
     it gives no privacy amplification and the ledger does not claim any.
     """
+    import torch  # here, not at the top: the privacy ledger (dpadmm privacy) uses this module without torch
+
+    from dpadmm import noise
+
     agents = config.num_agents
     count = max(1, math.ceil(config.fraction_train * agents - 1e-9))
     if count >= agents:

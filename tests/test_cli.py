@@ -66,3 +66,23 @@ def test_a_file_given_as_data_dir_is_named(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     done = _dpadmm("train", "--dataset", "mnist", "--data-dir", "a-file", "--no-progress", cwd=tmp_path)
     assert done.returncode == 2 and "a-file is not a folder" in done.stderr
+
+
+_HEAVY = ("torch", "numpy", "dp_accounting", "flwr", "matplotlib")
+
+
+def _imported_by(code: str) -> list[str]:
+    """The heavy packages a fresh interpreter has imported after running code."""
+    probe = code + f"\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & "\
+                   f"{set(_HEAVY)!r})))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_help_imports_nothing_heavy_and_privacy_no_torch() -> None:
+    """`dpadmm --help` builds every subcommand's parser without torch, numpy or dp-accounting (it answers
+    in a tenth of a second), and `dpadmm privacy` needs dp-accounting but not torch."""
+    assert _imported_by("from dpadmm import cli\ncli.build_parser().format_help()") == []
+    ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'objpm', '--epsilon', '0.5'])"
+    assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm.data import Dataset, load_dataset, partition_contiguous
+from dpadmm.data import Dataset, load_dataset, partition_contiguous, train_size
 from dpadmm.data.download import MnistDownloadError
 from dpadmm.data.mnist import MNIST_FILES, IdxFormatError, MnistFilesMissing, load_mnist, read_idx
 
@@ -341,3 +341,14 @@ def test_partition_errors() -> None:
         partition_contiguous(10, 11)
     with pytest.raises(TypeError):
         partition_contiguous(10, 2.5)  # type: ignore[arg-type]
+
+
+def test_train_size_counts_without_building(mnist_dir: Path, femnist_dir: Path) -> None:
+    """train_size (what `dpadmm privacy` reads) is the loaded data set's N, for every data set."""
+    assert train_size("default") == load_dataset("default").num_train == 4000
+    assert train_size("mnist", mnist_dir) == 60000
+    for agents in (195, 7):
+        loaded = load_dataset("femnist", femnist_dir, agents)
+        assert train_size("femnist", femnist_dir, agents) == loaded.num_train
+    with pytest.raises(ValueError, match="dataset='cifar' is not known"):
+        train_size("cifar")

@@ -18,9 +18,10 @@ from torch import nn
 from dpadmm import noise, privacy
 from dpadmm.config import RunConfig
 from dpadmm.local import agent_round
-from dpadmm.models import AgentData, clip_factors, clipped_sensitivity, probabilities
+from dpadmm.models import AgentData, clip_factors, probabilities
 from dpadmm.modules import MLP, LogisticRegression, Params
 from dpadmm.oracles import LogisticOracle, ModuleOracle
+from dpadmm.privacy import clipped_sensitivity
 
 J, K, HIDDEN = 6, 3, 5
 COUNTS = (7, 2, 9, 5)

@@ -13,7 +13,8 @@ from scipy.stats import norm
 
 from dpadmm import privacy, schedules
 from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, clip_factors, clipped_sensitivity, gradient, probabilities
+from dpadmm.models import AgentData, clip_factors, gradient, probabilities
+from dpadmm.privacy import clipped_sensitivity
 
 
 def test_single_laplace_release_is_pure_eps_bar() -> None:

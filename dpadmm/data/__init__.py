@@ -21,13 +21,16 @@ The loaders live in submodules that are imported on first use; ``load_mnist``,
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # numpy and torch are imported where the data are built: dpadmm privacy needs neither
+    import numpy as np
+    import torch
 
+from dpadmm.catalog import DATASET_NAMES, DEFAULT_AGENTS, NUM_CLASSES, NUM_FEATURES
 from dpadmm.data.partition import partition_contiguous
 
 __all__ = [
@@ -42,17 +45,8 @@ __all__ = [
     "load_mnist",
     "partition_contiguous",
     "read_idx",
+    "train_size",
 ]
-
-# The names load_dataset knows (RunConfig validates its dataset key against them).
-DATASET_NAMES = ("default", "mnist", "femnist")
-
-# Every data set here is 28 x 28 images; FEMNIST has 62 classes (digits and both cases of letters).
-NUM_FEATURES = 28 * 28
-NUM_CLASSES = {"default": 10, "mnist": 10, "femnist": 62}
-
-# P when num-agents is 0: the papers' 10 MNIST agents, and one agent per FEMNIST writer (195).
-DEFAULT_AGENTS = {"default": 10, "mnist": 10, "femnist": 195}
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +74,8 @@ class Dataset:
     agent_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        import torch
+
         where = f"Dataset {self.name!r}"
         for split in ("train", "test"):
             x = getattr(self, f"x_{split}")
@@ -125,7 +121,7 @@ class Dataset:
         if num_agents != len(self.agent_sizes):
             raise ValueError(f"num-agents={num_agents} does not match data set {self.name!r}, which was "
                              f"loaded with one agent per writer for {len(self.agent_sizes)} writers")
-        stops = np.cumsum(self.agent_sizes).tolist()
+        stops = list(itertools.accumulate(self.agent_sizes))
         return [slice(stop - size, stop) for stop, size in zip(stops, self.agent_sizes, strict=True)]
 
     @property
@@ -151,6 +147,8 @@ class Dataset:
 
 
 def _describe(value: object) -> str:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return type(value).__name__
@@ -169,6 +167,8 @@ def _dataset_from_pixels(
     Pixels become float64 ``x / 255.0`` (as the papers' reference code), labels int64. The
     tensors are new arrays, never views of the inputs.
     """
+    import numpy as np
+    import torch
 
     def features(pixels: np.ndarray) -> torch.Tensor:
         x = pixels.reshape(pixels.shape[0], -1).astype(np.float64)
@@ -219,6 +219,25 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
         from dpadmm.data.femnist import load_femnist
 
         return load_femnist(data_dir or "", num_agents)
+    raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def train_size(name: str, data_dir: str | os.PathLike | None = None, num_agents: int | None = None) -> int:
+    """N, the number of training samples of ``load_dataset(name, data_dir, num_agents)``, read without
+    building the data set (nor importing torch): what the privacy ledger needs (``dpadmm privacy``)."""
+    if name == "default":
+        from dpadmm.data.embedded import _embedded_arrays
+
+        return int(_embedded_arrays()[1].shape[0])
+    if name == "mnist":
+        from dpadmm.data.download import mnist_folder
+        from dpadmm.data.mnist import find_mnist_files, read_idx
+
+        return int(read_idx(find_mnist_files(mnist_folder(data_dir))["train-labels-idx1-ubyte"]).shape[0])
+    if name == "femnist":
+        from dpadmm.data.femnist import writer_sizes
+
+        return sum(writer_sizes(data_dir or "", num_agents))
     raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from dpadmm.data import Dataset
 
@@ -154,6 +153,25 @@ def _add_sample(files: Sequence[Path], writers: dict[str, Writer]) -> None:
             seen_here.add(user)
 
 
+def _first_writers(train: dict[str, Writer], num_agents: int | None, folders: Sequence[Path]) -> list[str]:
+    """The names of the first ``num_agents`` writers (all when None): the agents of FEMNIST."""
+    names = list(train)
+    if num_agents is not None:
+        if not 1 <= num_agents <= len(names):
+            raise ValueError(f"num-agents={num_agents} is not allowed for FEMNIST here: the samples in "
+                             f"{', '.join(map(str, folders))} have {len(names)} writers (1..{len(names)})")
+        names = names[:num_agents]
+    return names
+
+
+def writer_sizes(data_dir: str | os.PathLike | Sequence[str | os.PathLike],
+                 num_agents: int | None = None) -> list[int]:
+    """The training sample counts of the agents of ``load_femnist(data_dir, num_agents)``, without torch."""
+    folders = sample_folders(data_dir)
+    train = read_leaf(folders, "train")
+    return [int(train[n].y.shape[0]) for n in _first_writers(train, num_agents, folders)]
+
+
 def load_femnist(data_dir: str | os.PathLike | Sequence[str | os.PathLike],
                  num_agents: int | None = None) -> Dataset:
     """FEMNIST with one agent per writer: the first ``num_agents`` writers (all when None).
@@ -162,15 +180,12 @@ def load_femnist(data_dir: str | os.PathLike | Sequence[str | os.PathLike],
     partition, :attr:`Dataset.agent_sizes`, gives each agent its writer); the test set is
     the same writers' test parts, as the authors' code pools them. Pixels are ``1 - x``.
     """
+    import torch
+
     folders = sample_folders(data_dir)
     train = read_leaf(folders, "train")
     test = read_leaf(folders, "test")
-    names = list(train)
-    if num_agents is not None:
-        if not 1 <= num_agents <= len(names):
-            raise ValueError(f"num-agents={num_agents} is not allowed for FEMNIST here: the samples in "
-                             f"{', '.join(map(str, folders))} have {len(names)} writers (1..{len(names)})")
-        names = names[:num_agents]
+    names = _first_writers(train, num_agents, folders)
     empty = np.zeros((0, 784), dtype=np.float32)
 
     def stack(parts: dict[str, Writer], split: str) -> tuple[torch.Tensor, torch.Tensor]:
