@@ -46,7 +46,16 @@ Flower client. It does not promise what ``philox`` does across devices and build
 the numbers are those of torch's CPU generator and transforms, fixed for one torch build
 (then moved to the device), not bit-identical to ``philox`` draws.
 
-Speed. The public :func:`philox4x32` is the plain int64 reference. The draws use the
+Speed. Three paths compute the same bits: on a CPU the fused C kernel of
+:mod:`dpadmm.native` (Philox on 32-bit integers, then the transforms' float64 operations one
+by one, vectorised over elements); on an accelerator one graph of the whole draw compiled by
+``torch.compile`` (:func:`_compiled_draw`; its generated code is checked against the portable
+path on first use); and everywhere the portable torch path below, which is the definition
+the other two are tested against and the fallback where they cannot run. On an accelerator
+the argument checks look at tensor values only where they are on the CPU: a value check
+would make every draw wait for the device.
+
+The portable path. The public :func:`philox4x32` is the plain int64 reference. The draws use the
 same function on words stored as float64 values ``2**52 + w``: the 32x32-bit products
 are split into exact float64 products below 2**49 (int64 multiplies are two to four
 times slower than float64 ones on CPU), and the bit pattern of ``2**52 + w`` is ``0x433 << 52
@@ -57,12 +66,16 @@ the reference and the reference against Random123's known-answer vectors.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import operator
 
 import torch
 
 from dpadmm.catalog import GENERATORS  # see "A faster generator for large models" above
+
+_log = logging.getLogger(__name__)
 
 STREAM_OBJECTIVE: int = 0  # Laplace noise xi of the objective perturbation, eq. (9a) of paper 003
 STREAM_OUTPUT: int = 1  # Gaussian noise of the output-perturbation baseline (OutP)
@@ -135,8 +148,9 @@ def _describe(x: object) -> str:
 def _check_agents(agents: object) -> torch.Tensor:
     if not isinstance(agents, torch.Tensor) or agents.dtype != torch.int64 or agents.dim() != 1:
         raise TypeError(f"agents must be a 1-D int64 tensor of agent ids; got {_describe(agents)}")
+    # Values are checked on the CPU only: on an accelerator the check would make every draw wait for it.
     bad = (agents < 0) | (agents > _MASK32)
-    if agents.numel() and bool(bad.any()):
+    if agents.device.type == "cpu" and agents.numel() and bool(bad.any()):
         raise ValueError(
             f"agent id {agents[bad][0].item()} is out of range; agent ids must lie in [0, 2**32)"
         )
@@ -174,7 +188,7 @@ def _check_scale(name: str, scale: object, agents: torch.Tensor) -> torch.Tensor
         raise ValueError(f"{name} is on {scale.device} but agents are on {agents.device}; use one device")
     scale = scale.to(torch.float64)
     ok = torch.isfinite(scale) & (scale >= 0)
-    if scale.numel() and not bool(ok.all()):
+    if scale.device.type == "cpu" and scale.numel() and not bool(ok.all()):  # as for agents
         raise ValueError(f"{name} contains {scale[~ok][0].item()}; every entry must be finite and >= 0")
     return scale
 
@@ -450,7 +464,7 @@ def _sincos_2pi(u: torch.Tensor, pool: list) -> tuple[torch.Tensor, torch.Tensor
 def _uniform_transform(w, _param, vals: torch.Tensor, pool: list) -> None:
     for j, (hi, lo) in enumerate(((w[0], w[1]), (w[2], w[3]))):
         u = _unit(hi, lo, 2.0**-32, pool)
-        vals[..., j].copy_(u)
+        vals[j].copy_(u)
         pool.append(u)
 
 
@@ -469,7 +483,7 @@ def _laplace_transform(w, scale: torch.Tensor, vals: torch.Tensor, pool: list) -
         pool.append(r)
         x = _log(t, pool)
         x *= b
-        torch.copysign(x, sign, out=vals[..., j])
+        torch.copysign(x, sign, out=vals[j])
         pool.extend((x, sign))
 
 
@@ -481,13 +495,34 @@ def _gaussian_transform(w, std: torch.Tensor, vals: torch.Tensor, pool: list) ->
     r = _sqrt(r, pool)
     r *= std.view(-1, 1)
     sin_t, cos_t = _sincos_2pi(_unit(w[2], w[3], 2.0**-32, pool), pool)
-    torch.mul(r, cos_t, out=vals[..., 0])
-    torch.mul(r, sin_t, out=vals[..., 1])
+    torch.mul(r, cos_t, out=vals[0])
+    torch.mul(r, sin_t, out=vals[1])
     pool.extend((r, sin_t, cos_t))
 
 
+_NATIVE_KINDS = {"_uniform_transform": "uniform", "_laplace_transform": "laplace",
+                 "_gaussian_transform": "gaussian"}
+_COMPILED_CHUNK = 2**22  # blocks per call of the compiled kernel (its output: 2 float64 values per block)
+_compiled_ok: dict[tuple[str, str], bool] = {}  # (device type, transform) -> passed its first-use check
+
+
 def _draw(seed, agents, round_, step, stream, numel, dtype, transform, param) -> torch.Tensor:
-    """[P, numel] values of the keyed stream under transform, computed chunk by chunk."""
+    """[P, numel] values of the keyed stream under transform, the same bits on every path: the fused C
+    kernel on a CPU (:func:`dpadmm.native.draw`), the compiled kernel on a GPU (:func:`_compiled_draw`),
+    else the portable torch path chunk by chunk."""
+    from dpadmm import native  # imports this module's constants
+
+    fused = native.draw(_NATIVE_KINDS[transform.__name__], seed, agents, round_, step, stream, numel, param,
+                        dtype)
+    if fused is None and agents.device.type != "cpu" and _compiled_works(agents.device, transform):
+        fused = _compiled_draw(seed, agents, round_, step, stream, numel, dtype, transform, param)
+    if fused is not None:
+        return fused
+    return _portable_draw(seed, agents, round_, step, stream, numel, dtype, transform, param)
+
+
+def _portable_draw(seed, agents, round_, step, stream, numel, dtype, transform, param) -> torch.Tensor:
+    """[P, numel] values of the keyed stream under transform, chunk by chunk in torch (any device)."""
     num_agents, device = agents.shape[0], agents.device
     out = torch.empty((num_agents, numel), dtype=dtype, device=device)
     if num_agents == 0 or numel == 0:
@@ -507,13 +542,82 @@ def _draw(seed, agents, round_, step, stream, numel, dtype, transform, param) ->
             b1 = min(b0 + cols, blocks)
             n_r, n_c = r1 - r0, b1 - b0
             pool = [f[: n_r * n_c].view(n_r, n_c) for f in flats]
-            vals = vals_flat[: n_r * n_c * 2].view(n_r, n_c, 2)
+            vals = vals_flat[: n_r * n_c * 2].view(2, n_r, n_c)  # elements 2j and 2j + 1 of block j
             ctr = torch.arange(b0, b1, dtype=torch.int64, device=device).view(1, -1)
             words = _philox_chunk(ctr, step, round_, stream, keys, pool)
             transform(words, chunk_param, vals, pool)
             e0, e1 = 2 * b0, min(2 * b1, numel)
-            out[r0:r1, e0:e1].copy_(vals.view(n_r, 2 * n_c)[:, : e1 - e0])
+            out[r0:r1, e0:e1].copy_(vals.permute(1, 2, 0).reshape(n_r, 2 * n_c)[:, : e1 - e0])
     return out
+
+
+def _block_values(blocks: torch.Tensor, agents: torch.Tensor, counters: torch.Tensor, param, transform):
+    """[2, P, C] values of the blocks under transform: Philox in the int64 reference arithmetic, then the
+    transform's float64 operations. Only elementwise operations, so a compiler fuses it into one kernel;
+    the counters (seed, step, round, stream) are a tensor, so new rounds and steps reuse that kernel."""
+    seed, step, round_, stream = counters.unbind()
+    words = _philox(blocks.view(1, -1), step, round_, stream, _round_keys(seed, agents.view(-1, 1), _ROUNDS))
+    floats = [w.expand(agents.shape[0], blocks.shape[0]).to(torch.float64) + _TWO52 for w in words]
+    vals = torch.empty((2, agents.shape[0], blocks.shape[0]), dtype=torch.float64, device=blocks.device)
+    transform(floats, param, vals, [])
+    return vals
+
+
+@functools.cache
+def _compiled_block_values():
+    # emulate_precision_casts: no fused multiply-adds in the generated GPU code, so that the transforms'
+    # float64 operations round as they do in the portable path
+    return torch.compile(_block_values, dynamic=True, fullgraph=True,
+                         options={"emulate_precision_casts": True})
+
+
+def _compiled_draw(seed, agents, round_, step, stream, numel, dtype, transform, param) -> torch.Tensor:
+    """[P, numel] draws by the compiled :func:`_block_values`, a few kernels per draw (any device)."""
+    device = agents.device
+    counters = torch.tensor([seed, step, round_, stream], dtype=torch.int64, device=device)
+    out = torch.empty((agents.shape[0], numel), dtype=dtype, device=device)
+    blocks = (numel + 1) // 2
+    rows = max(1, min(agents.shape[0], _COMPILED_CHUNK // max(1, blocks)))
+    cols = max(1, min(blocks, _COMPILED_CHUNK))
+    for r0 in range(0, agents.shape[0], rows):
+        # Sizes 0 and 1 are compiled apart: a single row or block is computed as two and cut.
+        chunk_agents = _at_least_two(agents[r0:r0 + rows])
+        chunk_param = None if param is None else _at_least_two(param[r0:r0 + rows])
+        n_r = min(rows, agents.shape[0] - r0)
+        for b0 in range(0, blocks, cols):
+            b1 = min(b0 + cols, blocks)
+            vals = _compiled_block_values()(torch.arange(b0, max(b1, b0 + 2), device=device), chunk_agents,
+                                            counters, chunk_param, transform)
+            e1 = min(2 * b1, numel)
+            out[r0:r0 + n_r, 2 * b0:e1] = vals[:, :n_r].permute(1, 2, 0).reshape(n_r, -1)[:, : e1 - 2 * b0]
+    return out
+
+
+def _at_least_two(rows: torch.Tensor) -> torch.Tensor:
+    """A new tensor of the rows, twice over if there is one (a view would add guards on its base)."""
+    return rows.repeat(2) if rows.shape[0] == 1 else rows.clone()
+
+
+def _compiled_works(device: torch.device, transform) -> bool:
+    """Whether the compiled kernel runs on this device and gives the portable path's bits, checked once
+    per device type and transform on a small draw at extreme counters; if not, a note is logged and the
+    portable path is used."""
+    key = (device.type, transform.__name__)
+    if key not in _compiled_ok:
+        agents = torch.tensor([0, 7, _MASK32], device=device)
+        param = torch.tensor([1.0, 0.25, 3.0], dtype=torch.float64, device=device)
+        args = (_MASK32, agents, 12345, _MASK32, 3, 2049, torch.float64, transform, param)
+        try:
+            _compiled_ok[key] = torch.equal(_compiled_draw(*args), _portable_draw(*args))
+            reason = "its draws differ from the portable path's"
+        except Exception as error:  # noqa: BLE001 - any failure of the compiler stack means: do not use it
+            _compiled_ok[key] = False
+            reason = f"{type(error).__name__}: {error}"
+        if not _compiled_ok[key]:
+            _log.warning("dpadmm.noise: the compiled %s kernel is not used on %s (%s); the portable "
+                         "path gives the same numbers, with more kernel launches", key[1], device.type,
+                         reason[:500])
+    return _compiled_ok[key]
 
 
 def uniform(seed: int, agents: torch.Tensor, round_: int, step: int, stream: int, numel: int) -> torch.Tensor:

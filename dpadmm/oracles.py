@@ -32,7 +32,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpadmm import noise
 from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, gradient, probabilities, sensitivity
+from dpadmm.models import AgentData, gradient, gradient_and_sensitivity
 from dpadmm.modules import Params, numel
 from dpadmm.privacy import clipped_sensitivity
 
@@ -61,15 +61,16 @@ class LogisticOracle:
     def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(g, noise scale per agent [(S,) P]) at z [(S,) P, J, K]; the scale is None without noise."""
         config, data = self.config, self.data
-        probs = probabilities(data.x, z)
-        g = gradient(data, z, scale=1.0 / data.total, reg=config.beta / config.num_agents, probs=probs,
-                     clip=config.clip_norm if config.clipped else None, norm=config.clip_norm_type)
+        scale, reg = 1.0 / data.total, config.beta / config.num_agents
+        if config.private and not config.clipped:
+            g, delta = gradient_and_sensitivity(data, z, scale=scale, reg=reg)
+            return g, delta / config.epsilon
+        g = gradient(data, z, scale=scale, reg=reg, clip=config.clip_norm if config.clipped else None,
+                     norm=config.clip_norm_type)
         if not config.private:
             return g, None
-        if config.clipped:
-            delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
-            return g, torch.full(probs.shape[:-2], delta / config.epsilon, dtype=z.dtype, device=z.device)
-        return g, sensitivity(data, probs) / config.epsilon
+        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
+        return g, torch.full(z.shape[:-2], delta / config.epsilon, dtype=z.dtype, device=z.device)
 
 
 class ModuleOracle:

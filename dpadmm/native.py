@@ -1,0 +1,226 @@
+"""Fused CPU kernels in C, built on first use with the machine's C compiler and loaded with ctypes.
+
+Why: on a CPU torch's elementwise calls cannot fuse. The keyed Philox noise in portable torch
+arithmetic is about 350 calls per chunk, each a pass over memory; the logistic gradient is two
+skinny batched matrix products with a softmax between them, each reading all of X. Here each is
+one pass: :func:`draw` computes the same bits as :mod:`dpadmm.noise`'s torch path, several times
+faster, and :func:`logistic_gradient` computes :func:`dpadmm.models.gradient` (up to
+floating-point rounding) reading each agent's nonzero pixels once, while a row's logits and
+residual are in cache. ``docs/benchmarks.md`` has the numbers.
+
+How: the C source (:mod:`dpadmm.native_source`) is compiled once per machine and source
+into a cache folder (``$DPADMM_CACHE``, else ``~/.cache/dpadmm``), with the constants of the
+noise transforms taken from :mod:`dpadmm.noise`, so there is one definition of each. The
+flags keep IEEE arithmetic exact (``-ffp-contract=off``, no fast-math): the noise is the
+same on every machine and compiler. Where there is no compiler or the build fails, or with
+``DPADMM_NATIVE=0``, every caller keeps the torch path (a note is logged once): the same
+noise bits, the same gradient up to rounding, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from dpadmm import native_source, noise
+
+log = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC",
+         "-fopenmp")
+VECTOR_BYTES = 16  # a gradient row's width is a multiple of the kernels' smallest vector (vec2_t)
+NOISE_KINDS = {"uniform": 0, "laplace": 1, "gaussian": 2}
+
+_F64, _I64 = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int64)
+
+
+def _array(values: tuple[float, ...]) -> str:
+    return "{" + ", ".join(float.hex(v) for v in values) + "}"
+
+
+def source() -> str:
+    """The C source with the transforms' constants of :mod:`dpadmm.noise` (hex floats: exact)."""
+    exp_coeffs = [1.0]
+    for j in range(1, 14):
+        exp_coeffs.append(exp_coeffs[-1] / j)
+    defines = {
+        "LN2_HI": float.hex(noise._LN2_HI),
+        "LN2_LO": float.hex(noise._LN2_LO),
+        "SQRT_MAGIC": f"{noise._SQRT_MAGIC}LL",
+        "HALF_PI": float.hex(noise._HALF_PI),
+    }
+    arrays = {"LOG_C": noise._LOG_COEFFS, "SIN_C": noise._SIN_COEFFS, "COS_C": noise._COS_COEFFS,
+              "EXP_C": tuple(exp_coeffs)}
+    head = [f"#define {k} {v}" for k, v in defines.items()]
+    head += [f"static const double {k}[{len(v)}] = {_array(v)};" for k, v in arrays.items()]
+    includes, body = native_source.SOURCE.split("/* ---", 1)
+    parts = [includes, "\n".join(head), "\n\n/* ---", body]
+    for real, suffix in (("double", "f64"), ("float", "f32")):
+        parts.append(f"\n#define real_t {real}\n#define vec_t vec_{suffix}\n#define vec2_t vec2_{suffix}\n"
+                     f"#define FN(name) CAT(name, _{suffix})\n")
+        parts.append(native_source.GRADIENT)
+        specialised = native_source.SPECIALISED
+        for nv, nt, lanes in specialised:
+            parts.append(f"static void FN(w{nv}_{nt})(void *job, int64_t p) "
+                         f"{{ FN(agent)(job, p, {nv}, {nt}, {lanes}); }}\n")
+        table = ", ".join(f"{{{nv}, {nt}, FN(w{nv}_{nt})}}" for nv, nt, _ in specialised)
+        parts.append(f"static const struct {{ int64_t nv, nt; task_fn fn; }} FN(by_width)[] = {{{table}}};\n")
+        parts.append(native_source.ENTRY)
+        parts.append("#undef real_t\n#undef vec_t\n#undef vec2_t\n#undef FN\n")
+    return "".join(parts)
+
+
+def _machine() -> str:
+    """What the build depends on besides the source: the CPU's features and the compiler."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("DPADMM_CACHE") or Path.home() / ".cache" / "dpadmm")
+
+
+def _build() -> Path:
+    """Compile the source into the cache (atomically: concurrent builds by Ray workers are harmless)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError("no C compiler (cc, gcc or $CC) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    text = source()
+    key = hashlib.sha256("\0".join([text, " ".join(FLAGS), version, _machine()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"dpadmm-native-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        c_file, so_file = Path(tmp) / "native.c", Path(tmp) / "native.so"
+        c_file.write_text(text)
+        done = subprocess.run([compiler, *FLAGS, str(c_file), "-o", str(so_file), "-lm"], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(so_file, target)
+    return target
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (torch paths are used; the reason is logged once)."""
+    if os.environ.get("DPADMM_NATIVE", "1") == "0":
+        log.info("dpadmm.native is off (DPADMM_NATIVE=0); the torch paths are used")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        log.warning("dpadmm.native: the C kernels are not available (%s); using the torch paths, which give "
+                    "the same noise and the same gradients up to rounding, more slowly", error)
+        return None
+    c_int, c_u32, c_i64, c_dbl, c_void = ctypes.c_int, ctypes.c_uint32, ctypes.c_int64, ctypes.c_double, \
+        ctypes.c_void_p
+    lib.dp_noise.argtypes = [c_int, c_u32, _I64, c_i64, c_u32, c_u32, c_u32, c_i64, _F64, c_void, c_int,
+                             c_int]
+    lib.dp_noise.restype = None
+    for suffix in ("f64", "f32"):
+        getattr(lib, f"dp_csr_count_{suffix}").argtypes = [c_void, c_i64, c_i64, _I64]
+        getattr(lib, f"dp_csr_count_{suffix}").restype = c_i64
+        getattr(lib, f"dp_csr_fill_{suffix}").argtypes = [c_void, c_i64, c_i64, _I64, c_void, c_void]
+        getattr(lib, f"dp_csr_fill_{suffix}").restype = None
+        getattr(lib, f"dp_logistic_grad_{suffix}").argtypes = [
+            c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, _I64, c_void, c_void, c_void, c_void, c_void, c_void,
+            c_dbl, c_int, c_void, c_dbl, c_void, _F64, c_int]
+        getattr(lib, f"dp_logistic_grad_{suffix}").restype = None
+    return lib
+
+
+def _ptr(t: torch.Tensor, kind=ctypes.c_void_p):
+    return ctypes.cast(t.data_ptr(), kind)
+
+
+_SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
+
+
+def draw(kind: str, seed: int, agents: torch.Tensor, round_: int, step: int, stream: int, numel: int,
+         param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """[P, numel] keyed draws as :func:`dpadmm.noise._draw` computes them (arguments already checked), or
+    None where the kernel cannot run (not on CPU, a dtype other than float32/64, no library)."""
+    lib = library()
+    if lib is None or agents.device.type != "cpu" or dtype not in _SUFFIX:
+        return None
+    agents = agents.contiguous()
+    out = torch.empty((agents.shape[0], numel), dtype=dtype)
+    param_ptr = None
+    if param is not None:
+        param = param.to(torch.float64).contiguous()
+        param_ptr = _ptr(param, _F64)
+    lib.dp_noise(NOISE_KINDS[kind], seed, _ptr(agents, _I64), agents.shape[0], round_, step, stream, numel,
+                 param_ptr, _ptr(out), int(dtype == torch.float32), torch.get_num_threads())
+    return out
+
+
+def csr(x: torch.Tensor, max_density: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The nonzeros of x [P, I, J] row by row: (row pointers [P*I + 1], columns int32, values); None where
+    the kernels do not run, or where more than ``max_density`` of x is nonzero."""
+    lib = library()
+    if lib is None or x.device.type != "cpu" or x.dtype not in _SUFFIX:
+        return None
+    x = x.contiguous()
+    rows, cols = x.shape[0] * x.shape[1], x.shape[2]
+    suffix = _SUFFIX[x.dtype]
+    rowptr = torch.empty(rows + 1, dtype=torch.int64)
+    nnz = getattr(lib, f"dp_csr_count_{suffix}")(_ptr(x), rows, cols, _ptr(rowptr, _I64))
+    if nnz > max_density * x.numel():
+        return None
+    col = torch.empty(nnz, dtype=torch.int32)
+    val = torch.empty(nnz, dtype=x.dtype)
+    getattr(lib, f"dp_csr_fill_{suffix}")(_ptr(x), rows, cols, _ptr(rowptr, _I64), _ptr(col), _ptr(val))
+    return rowptr, col, val
+
+
+def logistic_gradient(rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor], y: torch.Tensor,
+                      x_l1: torch.Tensor, x_l2: torch.Tensor, z: torch.Tensor, *, scale: torch.Tensor | float,
+                      reg: float, clip: float | None, norm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, worst) for :func:`dpadmm.models.gradient`'s arguments: ``rows`` = :func:`csr` of X [P, I, J],
+    y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z, worst [(S,) P] the largest
+    ||x_i||_1 ||h_i - y_i||_1 (eq. (9b) times I). Needs :func:`library`."""
+    lib = library()
+    runs = z.shape[0] if z.dim() == 4 else 1
+    zs = z if z.dim() == 4 else z.unsqueeze(0)
+    _, agents, features, classes = zs.shape
+    lanes = VECTOR_BYTES // z.element_size()
+    width = -(-runs * classes // lanes) * lanes  # S K columns, padded to whole vectors
+    if width == classes:  # one run, no padding: z is the kernel's layout already
+        zt = z.reshape(agents, features, classes).contiguous()
+    else:
+        zt = torch.zeros((agents, features, width), dtype=z.dtype)
+        zt[:, :, : runs * classes] = zs.permute(1, 2, 0, 3).reshape(agents, features, runs * classes)
+    scales = torch.as_tensor(scale, dtype=z.dtype).expand(agents).contiguous()
+    g = torch.empty_like(zt)
+    worst = torch.empty((agents, runs), dtype=torch.float64)
+    rowptr, col, val = rows
+    y, x_l1, x_l2 = y.contiguous(), x_l1.contiguous(), x_l2.contiguous()
+    getattr(lib, f"dp_logistic_grad_{_SUFFIX[z.dtype]}")(
+        agents, y.shape[1], features, classes, runs, width, _ptr(rowptr, _I64), _ptr(col), _ptr(val), _ptr(y),
+        _ptr(x_l1), _ptr(x_l2), _ptr(zt), -1.0 if clip is None else float(clip), int(norm == "l2"),
+        _ptr(scales), 2.0 * reg, _ptr(g), _ptr(worst, _F64), torch.get_num_threads())
+    worst = worst.to(z.dtype).T.contiguous()
+    if width == classes:
+        return g.view(z.shape), worst.view(z.shape[:-2])
+    g = g[:, :, : runs * classes].reshape(agents, features, runs, classes).permute(2, 0, 1, 3).contiguous()
+    return (g, worst) if z.dim() == 4 else (g[0], worst[0])

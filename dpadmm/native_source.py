@@ -1,0 +1,384 @@
+"""The C source of :mod:`dpadmm.native`, kept as a Python string so that it travels wherever the package
+does (a Flower app bundle carries .py files only).
+
+Two kernels, each the same mathematics as a torch function that stays the definition and the
+fallback (and that the tests compare them with):
+
+- ``dp_noise``: the keyed Philox-4x32-10 draws of :mod:`dpadmm.noise` (uniform, Laplace, Gaussian),
+  the same bits: the 32-bit words come from integer arithmetic, the transforms repeat the torch
+  path's float64 operations one by one in the same order. It is compiled with
+  ``-ffp-contract=off`` and without fast-math, so that the compiler can neither fuse a multiply
+  and an add nor reorder a sum; vectorising the independent elements changes no result.
+- ``dp_logistic_grad``: g = scale X_p^T (clip(H - Y)) + 2 reg z of :func:`dpadmm.models.gradient`
+  and the largest ||x_i||_1 ||h_i - y_i||_1 of eq. (9b), in one pass over each agent's rows held
+  sparse (CSR): both products, the softmax and the clipping of a row are done while the row
+  is in cache, and zero pixels cost nothing. Each agent's result is computed by one thread in
+  an order fixed by the data, so it does not depend on the thread count or on which other
+  agents are batched with it.
+"""
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------ threads */
+
+typedef void (*task_fn)(void *ctx, int64_t item);
+
+/* Run fn(ctx, item) for item = 0..items-1 on `threads` OpenMP threads. Which thread runs an item does not
+   change its result. The threads are torch's own (the same libgomp.so.1 is loaded once per process), so
+   the kernels do not compete with torch's pool, whose idle threads spin for a while after each region. */
+static void parallel_for(task_fn fn, void *ctx, int64_t items, int threads) {
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(threads > 1 && items > 1)
+    for (int64_t item = 0; item < items; item++) fn(ctx, item);
+}
+
+/* ------------------------------------------------------------------ Philox-4x32-10 */
+
+#define M0 0xD2511F53u
+#define M1 0xCD9E8D57u
+#define W0 0x9E3779B9u
+#define W1 0xBB67AE85u
+
+INLINE void philox(uint32_t c[4], uint32_t k0, uint32_t k1) {
+    _Pragma("GCC unroll 10") for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)M0 * c[0], p1 = (uint64_t)M1 * c[2];
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+        k0 += W0; k1 += W1;
+    }
+}
+
+/* ------------------------------------------------------------------ float64 functions */
+/* Each repeats dpadmm.noise's torch function of the same name operation by operation. */
+
+INLINE double bits_to_double(int64_t b) { double d; memcpy(&d, &b, 8); return d; }
+INLINE int64_t double_to_bits(double d) { int64_t b; memcpy(&b, &d, 8); return b; }
+
+/* max(k, 1/2) * scale * 2**-21 with k the top 53 bits of (hi << 32) | lo (_unit). */
+INLINE double unit(uint32_t hi, uint32_t lo, double scale) {
+    double k = (double)((((uint64_t)hi << 32) | lo) >> 11);
+    double u = k * (scale * 0x1p-21);
+    double lowest = scale * 0x1p-22;
+    return u < lowest ? lowest : u;
+}
+
+#define SQRT_HALF_BITS 0x3FE6A09E667F3BCDLL
+#define MANT_MASK ((1LL << 52) - 1)
+
+INLINE double log_(double t) {
+    int64_t b = double_to_bits(t) - SQRT_HALF_BITS;
+    double e = (double)(b >> 52);
+    double m = bits_to_double((b & MANT_MASK) + SQRT_HALF_BITS);
+    double f = m - 1.0;
+    m = m + 1.0;
+    f = f / m;
+    double s = f * f;
+    double p = s * LOG_C[8];
+    _Pragma("GCC unroll 16") for (int j = 7; j >= 0; j--) { p = p + LOG_C[j]; p = p * s; }
+    p = p * f;
+    f = f * 2.0;
+    p = p + f;
+    p = p + e * LN2_LO;
+    p = p + e * LN2_HI;
+    return p;
+}
+
+INLINE double sqrt_(double x) {
+    double y = bits_to_double((double_to_bits(x) >> 1) + SQRT_MAGIC);
+    _Pragma("GCC unroll 16") for (int j = 0; j < 4; j++) { double q = x / y; q = q + y; y = q * 0.5; }
+    return y;
+}
+
+INLINE void sincos_2pi(double u, double *sin_out, double *cos_out) {
+    u = u * 4.0;
+    double q = nearbyint(u);
+    double x = u - q;
+    x = x * HALF_PI;
+    double z = x * x;
+    double s = z * SIN_C[7];
+    _Pragma("GCC unroll 16") for (int j = 6; j >= 0; j--) { s = s + SIN_C[j]; s = s * z; }
+    s = s * x;
+    s = s + x;
+    double c = z * COS_C[7];
+    _Pragma("GCC unroll 16") for (int j = 6; j >= 0; j--) { c = c + COS_C[j]; c = c * z; }
+    c = c + 1.0;
+    int64_t quad = (int64_t)q & 3;
+    double sn = (quad & 1) ? c : s, cs = (quad & 1) ? s : c;
+    int64_t sb = double_to_bits(sn) ^ ((quad >> 1) * INT64_MIN);
+    int64_t cb = double_to_bits(cs) ^ ((((quad + 1) >> 1) & 1) * INT64_MIN);
+    *sin_out = bits_to_double(sb);
+    *cos_out = bits_to_double(cb);
+}
+
+/* ------------------------------------------------------------------ keyed draws */
+
+enum { UNIFORM = 0, LAPLACE = 1, GAUSSIAN = 2 };
+#define NOISE_TILE 1024  /* blocks (pairs of elements) per work item */
+
+/* The inverse CDF of dpadmm.noise._laplace_transform on t = 2u: b log(min(t, 2 - t)), sign of t - 1. */
+INLINE double laplace(double t, double b) {
+    double sign = t - 1.0, r = -t;
+    r = r + 2.0;
+    t = t < r ? t : r;
+    return copysign(log_(t) * b, sign);
+}
+
+typedef struct {
+    int kind, out_float;
+    uint32_t seed, round_, step, stream;
+    const int64_t *agents;
+    const double *param;
+    int64_t numel, blocks, tiles;
+    void *out;
+} noise_job;
+
+static void noise_item(void *ctx, int64_t item) {
+    const noise_job *job = (const noise_job *)ctx;
+    int64_t p = item / job->tiles, b0 = (item % job->tiles) * NOISE_TILE;
+    int n = (int)(b0 + NOISE_TILE < job->blocks ? NOISE_TILE : job->blocks - b0);
+    const uint32_t agent = (uint32_t)job->agents[p], seed = job->seed;
+    const uint32_t step = job->step, round_ = job->round_, stream = job->stream;
+    const double param = job->param ? job->param[p] : 0.0;
+    uint32_t w0[NOISE_TILE], w1[NOISE_TILE], w2[NOISE_TILE], w3[NOISE_TILE];
+    double v0[NOISE_TILE], v1[NOISE_TILE];
+    /* Stages over the tile, each a loop of independent elements (vectorised by the compiler). */
+    for (int i = 0; i < n; i++) {
+        uint32_t w[4] = {(uint32_t)(b0 + i), step, round_, stream};
+        philox(w, seed, agent);
+        w0[i] = w[0]; w1[i] = w[1]; w2[i] = w[2]; w3[i] = w[3];
+    }
+    const double unit_scale = job->kind == LAPLACE ? 0x1p-31 : 0x1p-32;  /* Laplace transforms t = 2u */
+    for (int i = 0; i < n; i++) {
+        v0[i] = unit(w0[i], w1[i], unit_scale);
+        v1[i] = unit(w2[i], w3[i], unit_scale);
+    }
+    if (job->kind == LAPLACE) {
+        for (int i = 0; i < n; i++) v0[i] = laplace(v0[i], param);
+        for (int i = 0; i < n; i++) v1[i] = laplace(v1[i], param);
+    } else if (job->kind == GAUSSIAN) {
+        for (int i = 0; i < n; i++) {
+            double r = log_(v0[i]);
+            r = r * -2.0;
+            r = sqrt_(r);
+            v0[i] = r * param;
+        }
+        for (int i = 0; i < n; i++) {
+            double sn, cs;
+            sincos_2pi(v1[i], &sn, &cs);
+            v1[i] = v0[i] * sn;
+            v0[i] = v0[i] * cs;
+        }
+    }
+    const int64_t e0 = 2 * b0, m = 2 * (int64_t)n <= job->numel - e0 ? 2 * (int64_t)n : job->numel - e0;
+    if (job->out_float) {
+        float *out = (float *)job->out + p * job->numel + e0;
+        for (int64_t e = 0; e < m; e++) out[e] = (float)((e & 1) ? v1[e >> 1] : v0[e >> 1]);
+    } else {
+        double *out = (double *)job->out + p * job->numel + e0;
+        for (int64_t e = 0; e < m; e++) out[e] = (e & 1) ? v1[e >> 1] : v0[e >> 1];
+    }
+}
+
+/* [P, numel] draws of (seed, agents[p], round_, step, stream) into out (float64, or float32 when
+   out_float), as dpadmm.noise.uniform / laplace / gaussian compute them. */
+void dp_noise(int kind, uint32_t seed, const int64_t *agents, int64_t num_agents, uint32_t round_,
+              uint32_t step, uint32_t stream, int64_t numel, const double *param, void *out, int out_float,
+              int threads) {
+    noise_job job = {kind, out_float, seed, round_, step, stream, agents, param, numel, (numel + 1) / 2, 0,
+                     out};
+    job.tiles = (job.blocks + NOISE_TILE - 1) / NOISE_TILE;
+    parallel_for(noise_item, &job, num_agents * job.tiles, threads);
+}
+
+/* ------------------------------------------------------------------ sparse rows */
+
+/* Nonzeros of each row of x [rows, cols]; returns their total. */
+#define CSR_FUNCS(REAL, SUFFIX)                                                                           \
+int64_t dp_csr_count_##SUFFIX(const REAL *x, int64_t rows, int64_t cols, int64_t *rowptr) {              \
+    rowptr[0] = 0;                                                                                       \
+    for (int64_t i = 0; i < rows; i++) {                                                                 \
+        int64_t n = 0;                                                                                   \
+        for (int64_t j = 0; j < cols; j++) n += x[i * cols + j] != 0;                                    \
+        rowptr[i + 1] = rowptr[i] + n;                                                                   \
+    }                                                                                                    \
+    return rowptr[rows];                                                                                 \
+}                                                                                                        \
+void dp_csr_fill_##SUFFIX(const REAL *x, int64_t rows, int64_t cols, const int64_t *rowptr,             \
+                          int32_t *col, REAL *val) {                                                     \
+    for (int64_t i = 0; i < rows; i++) {                                                                 \
+        int64_t q = rowptr[i];                                                                           \
+        for (int64_t j = 0; j < cols; j++)                                                               \
+            if (x[i * cols + j] != 0) { col[q] = (int32_t)j; val[q] = x[i * cols + j]; q++; }            \
+    }                                                                                                    \
+}
+CSR_FUNCS(double, f64)
+CSR_FUNCS(float, f32)
+
+/* ------------------------------------------------------------------ logistic gradient */
+
+/* exp(x) for x <= 0 (a softmax's shifted logits): x = n ln 2 + r, |r| <= ln(2)/2, Taylor series of degree 13
+   for e**r (truncation below 4e-18), times 2**n from the bit pattern; 0 below -708. Plain arithmetic, so it
+   vectorises and gives the same bits on every machine. */
+INLINE double exp_neg(double x) {
+    if (!(x >= -708.0)) return 0.0;
+    double n = nearbyint(x * 1.4426950408889634);
+    double r = x - n * LN2_HI;
+    r = r - n * LN2_LO;
+    double p = EXP_C[13];
+    _Pragma("GCC unroll 16") for (int j = 12; j >= 0; j--) { p = p * r; p = p + EXP_C[j]; }
+    return p * bits_to_double((int64_t)(n + 1023.0) << 52);
+}
+
+typedef double vec_f64 __attribute__((vector_size(64)));
+typedef double vec2_f64 __attribute__((vector_size(16)));
+typedef float vec_f32 __attribute__((vector_size(64)));
+typedef float vec2_f32 __attribute__((vector_size(16)));
+#define ROW_BLOCK 64  /* rows whose residuals are held between the two products */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+"""
+
+# The logistic gradient for one floating-point type: source() pastes it once per type, with real_t, vec_t
+# (64 bytes), vec2_t (16 bytes) and FN(name) (name_f64 or name_f32) defined before it, and then the
+# specialisations of agent() for the widths that occur (SPECIALISED below).
+GRADIENT = r"""
+typedef struct {
+    int64_t I, J, K, S, W, NV, NT;
+    const int64_t *rowptr; const int32_t *col; const real_t *val;
+    const real_t *y, *x_l1, *x_l2, *zt, *scale;
+    double clip, twice_reg; int l2;
+    real_t *g; double *worst;
+} FN(job_t);
+
+/* r[0:S K] = clip(softmax(x_i z_s) - y_i) for each run s, from the logits in r; worst[s] is the largest
+   ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). */
+INLINE void FN(residual)(const FN(job_t) *job, int64_t row, real_t *restrict r, double *worst) {
+    const int64_t K = job->K;
+    const real_t *yi = job->y + row * K;
+    const double xl1 = job->x_l1[row], xl2 = job->x_l2[row];
+    for (int64_t s = 0; s < job->S; s++) {
+        real_t *rs = r + s * K;
+        real_t m = rs[0];
+        for (int64_t k = 1; k < K; k++) m = rs[k] > m ? rs[k] : m;
+        for (int64_t k = 0; k < K; k++) rs[k] = (real_t)exp_neg((double)(rs[k] - m));
+        double total = 0.0;
+        for (int64_t k = 0; k < K; k++) total += rs[k];
+        const real_t inv = (real_t)(1.0 / total);
+        double l1 = 0.0, sq = 0.0;
+        for (int64_t k = 0; k < K; k++) {
+            rs[k] = rs[k] * inv - yi[k];
+            l1 += fabs((double)rs[k]);
+            sq += (double)rs[k] * rs[k];
+        }
+        const double d = xl1 * l1;
+        if (d > worst[s]) worst[s] = d;
+        if (job->clip > 0) {
+            const double f = job->clip / (job->l2 ? xl2 * sqrt(sq) : d);
+            if (f < 1.0) for (int64_t k = 0; k < K; k++) rs[k] = (real_t)(rs[k] * f);
+        }
+    }
+}
+
+INLINE vec_t FN(load)(const real_t *p) { vec_t v; memcpy(&v, p, sizeof v); return v; }
+INLINE vec2_t FN(load2)(const real_t *p) { vec2_t v; memcpy(&v, p, sizeof v); return v; }
+INLINE void FN(store)(real_t *p, vec_t v) { memcpy(p, &v, sizeof v); }
+INLINE void FN(store2)(real_t *p, vec2_t v) { memcpy(p, &v, sizeof v); }
+
+/* One agent's g = scale X^T clip(H - Y) + 2 reg z, over rows of width W = NV 64-byte vectors and NT 16-byte
+   ones (constants in the specialisations, so that a row's sums stay in registers). A row's logits x_i z
+   are summed in `lanes` partial sums (nonzero q of the row into sum q mod lanes), which hides the
+   latency of the adds; the order is fixed by the row's nonzeros and W alone. The residuals of
+   ROW_BLOCK rows are held between the two products, so that each product has only z or g in cache. */
+INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT, const int lanes) {
+    const int64_t I = job->I, J = job->J, L = sizeof(vec_t) / sizeof(real_t);
+    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), W = NV * L + NT * L2;
+    const int64_t *rowptr = job->rowptr + p * I;
+    const int32_t *col = job->col;
+    const real_t *val = job->val;
+    const real_t *zt = job->zt + p * J * W;
+    real_t *g = job->g + p * J * W;
+    double *worst = job->worst + p * job->S;
+    memset(g, 0, sizeof(real_t) * J * W);
+    for (int64_t s = 0; s < job->S; s++) worst[s] = 0.0;
+    vec_t acc[4][NV + 1], r[NV + 1];
+    vec2_t acc2[4][NT + 1], r2[NT + 1];
+    real_t res[ROW_BLOCK * W];
+    for (int64_t i0 = 0; i0 < I; i0 += ROW_BLOCK) {
+        const int64_t i1 = i0 + ROW_BLOCK < I ? i0 + ROW_BLOCK : I;
+        for (int64_t i = i0; i < i1; i++) { /* the logits x_i z and residuals of the block's rows */
+            const int64_t a = rowptr[i], b = rowptr[i + 1];
+            if (a == b) continue; /* x_i = 0 (padding): its term is zero */
+            for (int l = 0; l < lanes; l++) {
+                for (int64_t v = 0; v < NV; v++) acc[l][v] = (vec_t){0};
+                for (int64_t v = 0; v < NT; v++) acc2[l][v] = (vec2_t){0};
+            }
+            int64_t q = a;
+            for (; q + lanes <= b; q += lanes)
+                for (int l = 0; l < lanes; l++) {
+                    const real_t x = val[q + l], *zr = zt + (int64_t)col[q + l] * W;
+                    for (int64_t v = 0; v < NV; v++) acc[l][v] += x * FN(load)(zr + v * L);
+                    for (int64_t v = 0; v < NT; v++) acc2[l][v] += x * FN(load2)(zr + NV * L + v * L2);
+                }
+            for (; q < b; q++) {
+                const real_t x = val[q], *zr = zt + (int64_t)col[q] * W;
+                for (int64_t v = 0; v < NV; v++) acc[0][v] += x * FN(load)(zr + v * L);
+                for (int64_t v = 0; v < NT; v++) acc2[0][v] += x * FN(load2)(zr + NV * L + v * L2);
+            }
+            real_t *ri = res + (i - i0) * W;
+            for (int64_t v = 0; v < NV; v++)
+                FN(store)(ri + v * L, lanes == 4 ? (acc[0][v] + acc[1][v]) + (acc[2][v] + acc[3][v])
+                                    : lanes == 2 ? acc[0][v] + acc[1][v] : acc[0][v]);
+            for (int64_t v = 0; v < NT; v++)
+                FN(store2)(ri + NV * L + v * L2,
+                           lanes == 4 ? (acc2[0][v] + acc2[1][v]) + (acc2[2][v] + acc2[3][v])
+                           : lanes == 2 ? acc2[0][v] + acc2[1][v] : acc2[0][v]);
+            FN(residual)(job, p * I + i, ri, worst);
+        }
+        for (int64_t i = i0; i < i1; i++) { /* g += x_i^T r_i */
+            const real_t *ri = res + (i - i0) * W;
+            for (int64_t v = 0; v < NV; v++) r[v] = FN(load)(ri + v * L);
+            for (int64_t v = 0; v < NT; v++) r2[v] = FN(load2)(ri + NV * L + v * L2);
+            for (int64_t q = rowptr[i]; q < rowptr[i + 1]; q++) {
+                const real_t x = val[q];
+                real_t *gr = g + (int64_t)col[q] * W;
+                for (int64_t v = 0; v < NV; v++) FN(store)(gr + v * L, FN(load)(gr + v * L) + x * r[v]);
+                for (int64_t v = 0; v < NT; v++)
+                    FN(store2)(gr + NV * L + v * L2, FN(load2)(gr + NV * L + v * L2) + x * r2[v]);
+            }
+        }
+    }
+    const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
+    for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
+}
+
+static void FN(any_width)(void *job, int64_t p) {
+    const FN(job_t) *j = job;
+    FN(agent)(j, p, j->NV, j->NT, 1);
+}
+"""
+
+# (64-byte vectors, 16-byte vectors, partial sums) of the widths with their own compiled loop; any other
+# width runs a generic loop (runtime width, one partial sum).
+SPECIALISED = tuple((nv, nt, 4 if nv + nt <= 2 else 2 if nv + nt <= 5 else 1)
+                    for nv in range(9) for nt in range(4) if nv + nt)
+
+ENTRY = r"""
+void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S, int64_t W,
+                          const int64_t *rowptr, const int32_t *col, const real_t *val, const real_t *y,
+                          const real_t *x_l1, const real_t *x_l2, const real_t *zt, double clip, int l2,
+                          const real_t *scale, double twice_reg, real_t *g, double *worst, int threads) {
+    const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
+    FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, rowptr, col, val, y, x_l1, x_l2, zt, scale, clip,
+                     twice_reg, l2, g, worst};
+    task_fn fn = FN(any_width);
+    for (int64_t i = 0; i < (int64_t)(sizeof FN(by_width) / sizeof FN(by_width)[0]); i++)
+        if (FN(by_width)[i].nv == job.NV && FN(by_width)[i].nt == job.NT) fn = FN(by_width)[i].fn;
+    parallel_for(fn, &job, P, threads);
+}
+"""
