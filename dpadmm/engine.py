@@ -170,7 +170,7 @@ def run_seeds(
                         "round": t,
                         **central_metrics(run_state.w, dataset, config.beta, module),
                         "consensus-violation": consensus_violation(run_state.w, run_state.z),
-                        "noise-magnitude": magnitude[s],
+                        "noise-magnitude": float(magnitude[s]),
                         "rho": schedules.rho_at(config, t),
                         "seconds": seconds,
                     }
@@ -200,7 +200,7 @@ def run_seeds(
 
 def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
          seeds: Sequence[int] | None = None, active: torch.Tensor | None = None, *,
-         module: nn.Module | None = None, vectorize: bool = True) -> list[float]:
+         module: nn.Module | None = None, vectorize: bool = True) -> torch.Tensor:
     """Round t of Algorithm 1 (or of OutP) in place, for every run of ``seeds``.
 
     The state has a leading run dimension (one per seed); ``seeds=None`` means the one
@@ -210,7 +210,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     sample of :func:`dpadmm.schedules.participants` (everyone when fraction-train is 1).
     With ``module`` the state is that module's parameters (one run) and the agents are
     updated chunk by chunk (:func:`_module_step`).
-    Returns each run's mean noise magnitude over its active agents.
+    Returns each run's mean noise magnitude over its active agents, an [S] tensor on the state's
+    device: nothing in a round waits for the device (the caller reads it at evaluated rounds).
     """
     seeds = [config.seed] if seeds is None else seeds
     if active is None and config.fraction_train < 1:
@@ -219,8 +220,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
             active[s, schedules.participants(config, t, seed)] = True
     rho_t = schedules.rho_at(config, t)
     if module is not None:
-        return [_module_step(config, data, state, t, rho_t, None if active is None else active[0], module,
-                             vectorize)]
+        return _module_step(config, data, state, t, rho_t, None if active is None else active[0], module,
+                            vectorize).reshape(1)
     if config.algorithm == "outp":
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
@@ -232,13 +233,13 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     state.lam = _where(active, dual_update(state.lam, state.w, z, rho_t), state.lam)
     state.z, state.z_chain = z, z_chain
     if active is None:
-        return result.noise_magnitude.mean(dim=-1).tolist()
+        return result.noise_magnitude.mean(dim=-1)
     mask = active.to(result.noise_magnitude)
-    return ((result.noise_magnitude * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)).tolist()
+    return (result.noise_magnitude * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
 def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int, rho_t: float,
-                 active: torch.Tensor | None, module: nn.Module, vectorize: bool) -> float:
+                 active: torch.Tensor | None, module: nn.Module, vectorize: bool) -> torch.Tensor:
     """Round t for a module's parameters: w (line 5), then each chunk of active agents' local round
     and duals (lines 15-23), written into the state in place; the mean noise magnitude.
 
@@ -264,7 +265,7 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
             state.z_chain[k][index] = result.z_last[k]
             state.lam[k][index] = new_lam[k]
         magnitudes.append(result.noise_magnitude)
-    return float(torch.cat(magnitudes).mean()) if magnitudes else 0.0
+    return torch.cat(magnitudes).mean() if magnitudes else torch.zeros(())
 
 
 def _initial_state(config: RunConfig, data: AgentData, runs: int, module: nn.Module | None) -> EngineState:

@@ -149,3 +149,15 @@ def test_partial_participation_keeps_the_state_of_agents_not_sampled() -> None:
     first = engine.run(config, write=False, progress=False)
     again = engine.run(config, write=False, progress=False)
     assert torch.equal(first.state.w, again.state.w)  # and it is still a function of config and seed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("algorithm", ["objpm", "objt"])
+def test_cpu_and_cuda_give_the_same_w(algorithm: str) -> None:
+    """Several rounds on CPU (fused C kernels) and on CUDA (compiled noise, cuBLAS products): the noise is
+    the same bits, so w differs only by the products' rounding."""
+    config = RunConfig(algorithm=algorithm, epsilon=1.0, local_steps=3, rounds=6, eval_every=6, num_agents=10)
+    cpu = engine.run(config, write=False, progress=False)
+    cuda = engine.run(dataclasses.replace(config, device="cuda"), write=False, progress=False)
+    torch.testing.assert_close(cuda.state.w.cpu(), cpu.state.w, rtol=1e-9, atol=1e-12)
+    assert cuda.records[-1]["noise-magnitude"] == pytest.approx(cpu.records[-1]["noise-magnitude"], rel=1e-12)
