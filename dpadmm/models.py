@@ -39,10 +39,11 @@ class AgentData:
     total: int  # I, the number of samples over all agents (a public parameter)
 
     @cached_property
-    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The nonzeros of x row by row (:func:`dpadmm.native.csr`), built on first use, for the fused
-        gradient; None where that kernel does not run (CUDA, no C compiler)."""
-        return native.csr(self.x, max_density=SPARSE_ENOUGH)
+    def blocks(self) -> native.Blocks | None:
+        """The nonzeros of x by blocks of rows and columns (:func:`dpadmm.native.column_blocks`), built on
+        first use, for the fused gradient; None where that kernel does not run (CUDA, no C compiler) or
+        x is too dense for it."""
+        return native.column_blocks(self.x, max_density=SPARSE_ENOUGH)
 
     @property
     def num_agents(self) -> int:
@@ -129,7 +130,7 @@ def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, r
     the same in one pass over each agent's nonzero pixels; the torch code below is the
     definition it is tested against, and what runs elsewhere.
     """
-    if probs is None and data.rows is not None and z.dtype == data.x.dtype:
+    if probs is None and data.blocks is not None and z.dtype == data.x.dtype:
         return gradient_and_sensitivity(data, z, scale=scale, reg=reg, clip=clip, norm=norm)[0]
     h = probabilities(data.x, z) if probs is None else probs
     residual = h - data.y
@@ -150,9 +151,9 @@ def gradient_and_sensitivity(data: AgentData, z: torch.Tensor, *, scale: torch.T
                              norm: str = "l1") -> tuple[torch.Tensor, torch.Tensor]:
     """(:func:`gradient`, :func:`sensitivity`) at z: the data-dependent Delta of eq. (9b) comes with the
     gradient, in the same pass where the fused kernel runs."""
-    if data.rows is not None and z.dtype == data.x.dtype:
-        g, worst = native.logistic_gradient(data.rows, data.y, data.x_l1, data.x_l2, z, scale=scale, reg=reg,
-                                            clip=clip, norm=norm)
+    if data.blocks is not None and z.dtype == data.x.dtype:
+        g, worst = native.logistic_gradient(data.blocks, data.y, data.x_l1, data.x_l2, z, scale=scale,
+                                            reg=reg, clip=clip, norm=norm)
         return g, worst / data.total
     probs = probabilities(data.x, z)
     g = gradient(data, z, scale=scale, reg=reg, probs=probs, clip=clip, norm=norm)

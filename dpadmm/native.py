@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC",
          "-fopenmp")
+ROW_BLOCK = 256  # rows per column block (their logits stay in cache; a row's number in its block is one byte)
 VECTOR_BYTES = 16  # a gradient row's width is a multiple of the kernels' smallest vector (vec2_t)
 NOISE_KINDS = {"uniform": 0, "laplace": 1, "gaussian": 2}
 
@@ -58,6 +59,7 @@ def source() -> str:
         "LN2_LO": float.hex(noise._LN2_LO),
         "SQRT_MAGIC": f"{noise._SQRT_MAGIC}LL",
         "HALF_PI": float.hex(noise._HALF_PI),
+        "ROW_BLOCK": str(ROW_BLOCK),
     }
     arrays = {"LOG_C": noise._LOG_COEFFS, "SIN_C": noise._SIN_COEFFS, "COS_C": noise._COS_COEFFS,
               "EXP_C": tuple(exp_coeffs)}
@@ -70,10 +72,10 @@ def source() -> str:
                      f"#define FN(name) CAT(name, _{suffix})\n")
         parts.append(native_source.GRADIENT)
         specialised = native_source.SPECIALISED
-        for nv, nt, lanes in specialised:
+        for nv, nt in specialised:
             parts.append(f"static void FN(w{nv}_{nt})(void *job, int64_t p) "
-                         f"{{ FN(agent)(job, p, {nv}, {nt}, {lanes}); }}\n")
-        table = ", ".join(f"{{{nv}, {nt}, FN(w{nv}_{nt})}}" for nv, nt, _ in specialised)
+                         f"{{ FN(agent)(job, p, {nv}, {nt}); }}\n")
+        table = ", ".join(f"{{{nv}, {nt}, FN(w{nv}_{nt})}}" for nv, nt in specialised)
         parts.append(f"static const struct {{ int64_t nv, nt; task_fn fn; }} FN(by_width)[] = {{{table}}};\n")
         parts.append(native_source.ENTRY)
         parts.append("#undef real_t\n#undef vec_t\n#undef vec2_t\n#undef FN\n")
@@ -138,13 +140,12 @@ def library() -> ctypes.CDLL | None:
                              c_int]
     lib.dp_noise.restype = None
     for suffix in ("f64", "f32"):
-        getattr(lib, f"dp_csr_count_{suffix}").argtypes = [c_void, c_i64, c_i64, _I64]
-        getattr(lib, f"dp_csr_count_{suffix}").restype = c_i64
-        getattr(lib, f"dp_csr_fill_{suffix}").argtypes = [c_void, c_i64, c_i64, _I64, c_void, c_void]
-        getattr(lib, f"dp_csr_fill_{suffix}").restype = None
+        getattr(lib, f"dp_blocks_{suffix}").argtypes = [c_void, c_i64, c_i64, c_i64, c_int, _I64, c_void,
+                                                       _I64, c_void, c_void]
+        getattr(lib, f"dp_blocks_{suffix}").restype = None
         getattr(lib, f"dp_logistic_grad_{suffix}").argtypes = [
-            c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, _I64, c_void, c_void, c_void, c_void, c_void, c_void,
-            c_dbl, c_int, c_void, c_dbl, c_void, _F64, c_int]
+            c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, _I64, c_void, _I64, c_void, c_void, c_void, c_void,
+            c_void, c_void, c_dbl, c_int, c_void, c_dbl, c_void, _F64, c_int]
         getattr(lib, f"dp_logistic_grad_{suffix}").restype = None
     return lib
 
@@ -174,30 +175,39 @@ def draw(kind: str, seed: int, agents: torch.Tensor, round_: int, step: int, str
     return out
 
 
-def csr(x: torch.Tensor, max_density: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The nonzeros of x [P, I, J] row by row: (row pointers [P*I + 1], columns int32, values); None where
-    the kernels do not run, or where more than ``max_density`` of x is nonzero."""
+Blocks = tuple[torch.Tensor, ...]  # (blk, col, ptr, row, val) of :func:`column_blocks`
+
+
+def column_blocks(x: torch.Tensor, max_density: float = 1.0) -> Blocks | None:
+    """x [P, I, J] as column blocks (see dp_blocks in the source): each agent's rows in blocks of
+    :data:`ROW_BLOCK`, and in a block each column's nonzero entries. None where the kernels do not run,
+    or where more than ``max_density`` of x is nonzero."""
     lib = library()
     if lib is None or x.device.type != "cpu" or x.dtype not in _SUFFIX:
         return None
     x = x.contiguous()
-    rows, cols = x.shape[0] * x.shape[1], x.shape[2]
-    suffix = _SUFFIX[x.dtype]
-    rowptr = torch.empty(rows + 1, dtype=torch.int64)
-    nnz = getattr(lib, f"dp_csr_count_{suffix}")(_ptr(x), rows, cols, _ptr(rowptr, _I64))
-    if nnz > max_density * x.numel():
+    agents, rows, features = x.shape
+    build = getattr(lib, f"dp_blocks_{_SUFFIX[x.dtype]}")
+    blk = torch.zeros(agents * -(-rows // ROW_BLOCK) + 1, dtype=torch.int64)
+    totals = torch.zeros(1, dtype=torch.int64)
+    build(_ptr(x), agents, rows, features, 0, _ptr(blk, _I64), None, _ptr(totals, _I64), None, None)
+    columns, entries = int(blk[-1]), int(totals[0])
+    if entries > max_density * x.numel():
         return None
-    col = torch.empty(nnz, dtype=torch.int32)
-    val = torch.empty(nnz, dtype=x.dtype)
-    getattr(lib, f"dp_csr_fill_{suffix}")(_ptr(x), rows, cols, _ptr(rowptr, _I64), _ptr(col), _ptr(val))
-    return rowptr, col, val
+    col = torch.empty(columns, dtype=torch.int32)
+    ptr = torch.empty(columns + 1, dtype=torch.int64)
+    row = torch.empty(entries, dtype=torch.uint8)
+    val = torch.empty(entries, dtype=x.dtype)
+    build(_ptr(x), agents, rows, features, 1, _ptr(blk, _I64), _ptr(col), _ptr(ptr, _I64), _ptr(row),
+          _ptr(val))
+    return blk, col, ptr, row, val
 
 
-def logistic_gradient(rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor], y: torch.Tensor,
+def logistic_gradient(blocks: Blocks, y: torch.Tensor,
                       x_l1: torch.Tensor, x_l2: torch.Tensor, z: torch.Tensor, *, scale: torch.Tensor | float,
                       reg: float, clip: float | None, norm: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, worst) for :func:`dpadmm.models.gradient`'s arguments: ``rows`` = :func:`csr` of X [P, I, J],
-    y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z, worst [(S,) P] the largest
+    """(g, worst) for :func:`dpadmm.models.gradient`'s arguments: ``blocks`` = :func:`column_blocks` of X
+    [P, I, J], y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z, worst [(S,) P] the largest
     ||x_i||_1 ||h_i - y_i||_1 (eq. (9b) times I). Needs :func:`library`."""
     lib = library()
     runs = z.shape[0] if z.dim() == 4 else 1
@@ -213,12 +223,12 @@ def logistic_gradient(rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor], y: 
     scales = torch.as_tensor(scale, dtype=z.dtype).expand(agents).contiguous()
     g = torch.empty_like(zt)
     worst = torch.empty((agents, runs), dtype=torch.float64)
-    rowptr, col, val = rows
+    blk, col, ptr, row, val = blocks
     y, x_l1, x_l2 = y.contiguous(), x_l1.contiguous(), x_l2.contiguous()
     getattr(lib, f"dp_logistic_grad_{_SUFFIX[z.dtype]}")(
-        agents, y.shape[1], features, classes, runs, width, _ptr(rowptr, _I64), _ptr(col), _ptr(val), _ptr(y),
-        _ptr(x_l1), _ptr(x_l2), _ptr(zt), -1.0 if clip is None else float(clip), int(norm == "l2"),
-        _ptr(scales), 2.0 * reg, _ptr(g), _ptr(worst, _F64), torch.get_num_threads())
+        agents, y.shape[1], features, classes, runs, width, _ptr(blk, _I64), _ptr(col), _ptr(ptr, _I64),
+        _ptr(row), _ptr(val), _ptr(y), _ptr(x_l1), _ptr(x_l2), _ptr(zt), -1.0 if clip is None else clip,
+        int(norm == "l2"), _ptr(scales), 2.0 * reg, _ptr(g), _ptr(worst, _F64), torch.get_num_threads())
     worst = worst.to(z.dtype).T.contiguous()
     if width == classes:
         return g.view(z.shape), worst.view(z.shape[:-2])

@@ -20,6 +20,7 @@ fallback (and that the tests compare them with):
 SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -196,61 +197,69 @@ void dp_noise(int kind, uint32_t seed, const int64_t *agents, int64_t num_agents
     parallel_for(noise_item, &job, num_agents * job.tiles, threads);
 }
 
-/* ------------------------------------------------------------------ sparse rows */
-
-/* Nonzeros of each row of x [rows, cols]; returns their total. */
-#define CSR_FUNCS(REAL, SUFFIX)                                                                           \
-int64_t dp_csr_count_##SUFFIX(const REAL *x, int64_t rows, int64_t cols, int64_t *rowptr) {              \
-    rowptr[0] = 0;                                                                                       \
-    for (int64_t i = 0; i < rows; i++) {                                                                 \
-        int64_t n = 0;                                                                                   \
-        for (int64_t j = 0; j < cols; j++) n += x[i * cols + j] != 0;                                    \
-        rowptr[i + 1] = rowptr[i] + n;                                                                   \
-    }                                                                                                    \
-    return rowptr[rows];                                                                                 \
-}                                                                                                        \
-void dp_csr_fill_##SUFFIX(const REAL *x, int64_t rows, int64_t cols, const int64_t *rowptr,             \
-                          int32_t *col, REAL *val) {                                                     \
-    for (int64_t i = 0; i < rows; i++) {                                                                 \
-        int64_t q = rowptr[i];                                                                           \
-        for (int64_t j = 0; j < cols; j++)                                                               \
-            if (x[i * cols + j] != 0) { col[q] = (int32_t)j; val[q] = x[i * cols + j]; q++; }            \
-    }                                                                                                    \
-}
-CSR_FUNCS(double, f64)
-CSR_FUNCS(float, f32)
-
 /* ------------------------------------------------------------------ logistic gradient */
 
 /* exp(x) for x <= 0 (a softmax's shifted logits): x = n ln 2 + r, |r| <= ln(2)/2, Taylor series of degree 13
    for e**r (truncation below 4e-18), times 2**n from the bit pattern; 0 below -708. Plain arithmetic, so it
    vectorises and gives the same bits on every machine. */
-INLINE double exp_neg(double x) {
-    if (!(x >= -708.0)) return 0.0;
+INLINE double exp_neg(double x0) {
+    const int ok = x0 >= -708.0;  /* no branch: a row's exponentials vectorise */
+    const double x = ok ? x0 : -708.0;
     double n = nearbyint(x * 1.4426950408889634);
     double r = x - n * LN2_HI;
     r = r - n * LN2_LO;
     double p = EXP_C[13];
     _Pragma("GCC unroll 16") for (int j = 12; j >= 0; j--) { p = p * r; p = p + EXP_C[j]; }
-    return p * bits_to_double((int64_t)(n + 1023.0) << 52);
+    p = p * bits_to_double((int64_t)(n + 1023.0) << 52);
+    return ok ? p : 0.0;
 }
 
 typedef double vec_f64 __attribute__((vector_size(64)));
 typedef double vec2_f64 __attribute__((vector_size(16)));
 typedef float vec_f32 __attribute__((vector_size(64)));
 typedef float vec2_f32 __attribute__((vector_size(16)));
-#define ROW_BLOCK 64  /* rows whose residuals are held between the two products */
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 """
 
-# The logistic gradient for one floating-point type: source() pastes it once per type, with real_t, vec_t
-# (64 bytes), vec2_t (16 bytes) and FN(name) (name_f64 or name_f32) defined before it, and then the
-# specialisations of agent() for the widths that occur (SPECIALISED below).
+# The column blocks and the logistic gradient for one floating-point type: source() pastes this once per
+# type, with real_t, vec_t (64 bytes), vec2_t (16 bytes) and FN(name) (name_f64 or name_f32) defined
+# before it, then the specialisations of agent() for the widths that occur (SPECIALISED below).
 GRADIENT = r"""
+/* Column blocks of x [P, I, J]: each agent's rows in blocks of ROW_BLOCK, and in each block the columns
+   that hold a nonzero, each with its entries (row within the block, value) in row order:
+   block (p, b) has columns blk[p nb + b] .. blk[p nb + b + 1] - 1, column c is number col[c] and has
+   entries ptr[c] .. ptr[c + 1] - 1. Pass 1 (fill = 0) counts columns and entries per block into blk
+   and ptr[0] (totals returned through them); pass 2 fills. */
+void FN(dp_blocks)(const real_t *x, int64_t P, int64_t I, int64_t J, int fill, int64_t *blk, int32_t *col,
+                   int64_t *ptr, uint8_t *row, real_t *val) {
+    const int64_t nb = (I + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t columns = 0, entries = 0;
+    if (!fill) blk[0] = 0;
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t i0 = b * ROW_BLOCK, i1 = i0 + ROW_BLOCK < I ? i0 + ROW_BLOCK : I;
+            const real_t *xb = x + (p * I + i0) * J;
+            for (int64_t j = 0; j < J; j++) {
+                int64_t n = 0;
+                for (int64_t i = 0; i < i1 - i0; i++)
+                    if (xb[i * J + j] != 0) {
+                        if (fill) { row[entries + n] = (uint8_t)i; val[entries + n] = xb[i * J + j]; }
+                        n++;
+                    }
+                if (!n) continue;
+                if (fill) { col[columns] = (int32_t)j; ptr[columns] = entries; }
+                columns++;
+                entries += n;
+            }
+            if (!fill) blk[p * nb + b + 1] = columns;
+        }
+    if (fill) ptr[columns] = entries; else ptr[0] = entries;
+}
+
 typedef struct {
     int64_t I, J, K, S, W, NV, NT;
-    const int64_t *rowptr; const int32_t *col; const real_t *val;
+    const int64_t *blk; const int32_t *col; const int64_t *ptr; const uint8_t *row; const real_t *val;
     const real_t *y, *x_l1, *x_l2, *zt, *scale;
     double clip, twice_reg; int l2;
     real_t *g; double *worst;
@@ -258,10 +267,10 @@ typedef struct {
 
 /* r[0:S K] = clip(softmax(x_i z_s) - y_i) for each run s, from the logits in r; worst[s] is the largest
    ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). */
-INLINE void FN(residual)(const FN(job_t) *job, int64_t row, real_t *restrict r, double *worst) {
+INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, double *worst) {
     const int64_t K = job->K;
-    const real_t *yi = job->y + row * K;
-    const double xl1 = job->x_l1[row], xl2 = job->x_l2[row];
+    const real_t *yi = job->y + i * K;
+    const double xl1 = job->x_l1[i], xl2 = job->x_l2[i];
     for (int64_t s = 0; s < job->S; s++) {
         real_t *rs = r + s * K;
         real_t m = rs[0];
@@ -290,92 +299,80 @@ INLINE vec2_t FN(load2)(const real_t *p) { vec2_t v; memcpy(&v, p, sizeof v); re
 INLINE void FN(store)(real_t *p, vec_t v) { memcpy(p, &v, sizeof v); }
 INLINE void FN(store2)(real_t *p, vec2_t v) { memcpy(p, &v, sizeof v); }
 
-/* One agent's g = scale X^T clip(H - Y) + 2 reg z, over rows of width W = NV 64-byte vectors and NT 16-byte
-   ones (constants in the specialisations, so that a row's sums stay in registers). A row's logits x_i z
-   are summed in `lanes` partial sums (nonzero q of the row into sum q mod lanes), which hides the
-   latency of the adds; the order is fixed by the row's nonzeros and W alone. The residuals of
-   ROW_BLOCK rows are held between the two products, so that each product has only z or g in cache. */
-INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT, const int lanes) {
+/* One agent's g = scale X^T clip(H - Y) + 2 reg z, block of rows by block of rows, over rows of width
+   W = NV 64-byte vectors and NT 16-byte ones (constants in the specialisations, so that a column's z
+   and g stay in registers). In a block, each nonzero column's z_j is read once and added into the logits
+   of its rows (which stay in cache); then each row's residual; then each column's sum of x_ij r_i is
+   added to g_j once. A logit is the sum over j in increasing order, a block's part of g_j the sum over
+   i in increasing order, blocks in order: fixed by the data alone. */
+INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT) {
     const int64_t I = job->I, J = job->J, L = sizeof(vec_t) / sizeof(real_t);
     const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), W = NV * L + NT * L2;
-    const int64_t *rowptr = job->rowptr + p * I;
-    const int32_t *col = job->col;
-    const real_t *val = job->val;
+    const int64_t nb = (I + ROW_BLOCK - 1) / ROW_BLOCK;
     const real_t *zt = job->zt + p * J * W;
     real_t *g = job->g + p * J * W;
     double *worst = job->worst + p * job->S;
     memset(g, 0, sizeof(real_t) * J * W);
     for (int64_t s = 0; s < job->S; s++) worst[s] = 0.0;
-    vec_t acc[4][NV + 1], r[NV + 1];
-    vec2_t acc2[4][NT + 1], r2[NT + 1];
-    real_t res[ROW_BLOCK * W];
-    for (int64_t i0 = 0; i0 < I; i0 += ROW_BLOCK) {
-        const int64_t i1 = i0 + ROW_BLOCK < I ? i0 + ROW_BLOCK : I;
-        for (int64_t i = i0; i < i1; i++) { /* the logits x_i z and residuals of the block's rows */
-            const int64_t a = rowptr[i], b = rowptr[i + 1];
-            if (a == b) continue; /* x_i = 0 (padding): its term is zero */
-            for (int l = 0; l < lanes; l++) {
-                for (int64_t v = 0; v < NV; v++) acc[l][v] = (vec_t){0};
-                for (int64_t v = 0; v < NT; v++) acc2[l][v] = (vec2_t){0};
-            }
-            int64_t q = a;
-            for (; q + lanes <= b; q += lanes)
-                for (int l = 0; l < lanes; l++) {
-                    const real_t x = val[q + l], *zr = zt + (int64_t)col[q + l] * W;
-                    for (int64_t v = 0; v < NV; v++) acc[l][v] += x * FN(load)(zr + v * L);
-                    for (int64_t v = 0; v < NT; v++) acc2[l][v] += x * FN(load2)(zr + NV * L + v * L2);
-                }
-            for (; q < b; q++) {
-                const real_t x = val[q], *zr = zt + (int64_t)col[q] * W;
-                for (int64_t v = 0; v < NV; v++) acc[0][v] += x * FN(load)(zr + v * L);
-                for (int64_t v = 0; v < NT; v++) acc2[0][v] += x * FN(load2)(zr + NV * L + v * L2);
-            }
-            real_t *ri = res + (i - i0) * W;
-            for (int64_t v = 0; v < NV; v++)
-                FN(store)(ri + v * L, lanes == 4 ? (acc[0][v] + acc[1][v]) + (acc[2][v] + acc[3][v])
-                                    : lanes == 2 ? acc[0][v] + acc[1][v] : acc[0][v]);
-            for (int64_t v = 0; v < NT; v++)
-                FN(store2)(ri + NV * L + v * L2,
-                           lanes == 4 ? (acc2[0][v] + acc2[1][v]) + (acc2[2][v] + acc2[3][v])
-                           : lanes == 2 ? acc2[0][v] + acc2[1][v] : acc2[0][v]);
-            FN(residual)(job, p * I + i, ri, worst);
-        }
-        for (int64_t i = i0; i < i1; i++) { /* g += x_i^T r_i */
-            const real_t *ri = res + (i - i0) * W;
-            for (int64_t v = 0; v < NV; v++) r[v] = FN(load)(ri + v * L);
-            for (int64_t v = 0; v < NT; v++) r2[v] = FN(load2)(ri + NV * L + v * L2);
-            for (int64_t q = rowptr[i]; q < rowptr[i + 1]; q++) {
-                const real_t x = val[q];
-                real_t *gr = g + (int64_t)col[q] * W;
-                for (int64_t v = 0; v < NV; v++) FN(store)(gr + v * L, FN(load)(gr + v * L) + x * r[v]);
+    real_t *logits = malloc(sizeof(real_t) * ROW_BLOCK * W);
+    vec_t z[NV + 1];
+    vec2_t z2[NT + 1];
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t i0 = b * ROW_BLOCK, rows = i0 + ROW_BLOCK < I ? ROW_BLOCK : I - i0;
+        const int64_t c0 = job->blk[p * nb + b], c1 = job->blk[p * nb + b + 1];
+        memset(logits, 0, sizeof(real_t) * rows * W);
+        for (int64_t c = c0; c < c1; c++) { /* the logits x_i z */
+            const real_t *zj = zt + (int64_t)job->col[c] * W;
+            for (int64_t v = 0; v < NV; v++) z[v] = FN(load)(zj + v * L);
+            for (int64_t v = 0; v < NT; v++) z2[v] = FN(load2)(zj + NV * L + v * L2);
+            for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
+                const real_t x = job->val[e];
+                real_t *li = logits + job->row[e] * W;
+                for (int64_t v = 0; v < NV; v++) FN(store)(li + v * L, FN(load)(li + v * L) + x * z[v]);
                 for (int64_t v = 0; v < NT; v++)
-                    FN(store2)(gr + NV * L + v * L2, FN(load2)(gr + NV * L + v * L2) + x * r2[v]);
+                    FN(store2)(li + NV * L + v * L2, FN(load2)(li + NV * L + v * L2) + x * z2[v]);
             }
+        }
+        for (int64_t i = 0; i < rows; i++) /* the residuals, in place; x_i = 0 (padding) adds nothing */
+            if (job->x_l1[p * I + i0 + i] != 0) FN(residual)(job, p * I + i0 + i, logits + i * W, worst);
+        for (int64_t c = c0; c < c1; c++) { /* g_j += sum_i x_ij r_i */
+            for (int64_t v = 0; v < NV; v++) z[v] = (vec_t){0};
+            for (int64_t v = 0; v < NT; v++) z2[v] = (vec2_t){0};
+            for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
+                const real_t x = job->val[e], *ri = logits + job->row[e] * W;
+                for (int64_t v = 0; v < NV; v++) z[v] += x * FN(load)(ri + v * L);
+                for (int64_t v = 0; v < NT; v++) z2[v] += x * FN(load2)(ri + NV * L + v * L2);
+            }
+            real_t *gj = g + (int64_t)job->col[c] * W;
+            for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + z[v]);
+            for (int64_t v = 0; v < NT; v++)
+                FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + z2[v]);
         }
     }
+    free(logits);
     const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
     for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
 }
 
 static void FN(any_width)(void *job, int64_t p) {
     const FN(job_t) *j = job;
-    FN(agent)(j, p, j->NV, j->NT, 1);
+    FN(agent)(j, p, j->NV, j->NT);
 }
 """
 
-# (64-byte vectors, 16-byte vectors, partial sums) of the widths with their own compiled loop; any other
-# width runs a generic loop (runtime width, one partial sum).
-SPECIALISED = tuple((nv, nt, 4 if nv + nt <= 2 else 2 if nv + nt <= 5 else 1)
-                    for nv in range(9) for nt in range(4) if nv + nt)
+# (64-byte vectors, 16-byte vectors) of the widths with their own compiled loop; any other width runs a
+# generic loop (its width known at run time).
+SPECIALISED = tuple((nv, nt) for nv in range(9) for nt in range(4) if nv + nt)
 
 ENTRY = r"""
 void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S, int64_t W,
-                          const int64_t *rowptr, const int32_t *col, const real_t *val, const real_t *y,
-                          const real_t *x_l1, const real_t *x_l2, const real_t *zt, double clip, int l2,
-                          const real_t *scale, double twice_reg, real_t *g, double *worst, int threads) {
+                          const int64_t *blk, const int32_t *col, const int64_t *ptr, const uint8_t *row,
+                          const real_t *val, const real_t *y, const real_t *x_l1, const real_t *x_l2,
+                          const real_t *zt, double clip, int l2, const real_t *scale, double twice_reg,
+                          real_t *g, double *worst, int threads) {
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
-    FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, rowptr, col, val, y, x_l1, x_l2, zt, scale, clip,
-                     twice_reg, l2, g, worst};
+    FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, blk, col, ptr, row, val, y, x_l1, x_l2, zt, scale,
+                     clip, twice_reg, l2, g, worst};
     task_fn fn = FN(any_width);
     for (int64_t i = 0; i < (int64_t)(sizeof FN(by_width) / sizeof FN(by_width)[0]); i++)
         if (FN(by_width)[i].nv == job.NV && FN(by_width)[i].nt == job.NT) fn = FN(by_width)[i].fn;

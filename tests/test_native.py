@@ -84,22 +84,28 @@ def test_public_draws_use_the_kernel_and_keep_their_numbers(monkeypatch) -> None
 # -------------------------------------------------------------------------- sparse rows
 
 
-def test_csr_holds_the_nonzeros_row_by_row() -> None:
-    data = _sparse_agents()
-    rowptr, col, val = data.rows
-    x = data.x.reshape(-1, data.x.shape[2])
-    assert rowptr.shape == (x.shape[0] + 1,) and int(rowptr[-1]) == int((x != 0).sum())
-    for i in (0, 7, 40, x.shape[0] - 1):
-        nz = (x[i] != 0).nonzero().flatten()
-        a, b = int(rowptr[i]), int(rowptr[i + 1])
-        assert torch.equal(col[a:b].long(), nz) and torch.equal(val[a:b], x[i, nz])
+@pytest.mark.parametrize("counts", [(37, 5, 60), (300, 600, 1)])  # one block per agent; several, and padding
+def test_column_blocks_hold_exactly_the_nonzeros(counts) -> None:
+    data = _sparse_agents(counts=counts)
+    blk, col, ptr, row, val = data.blocks
+    agents, rows, features = data.x.shape
+    per_agent = -(-rows // native.ROW_BLOCK)
+    rebuilt = torch.zeros_like(data.x)
+    for p in range(agents):
+        for b in range(per_agent):
+            for c in range(int(blk[p * per_agent + b]), int(blk[p * per_agent + b + 1])):
+                entries = slice(int(ptr[c]), int(ptr[c + 1]))
+                assert int(ptr[c + 1]) > int(ptr[c])  # only columns with a nonzero are listed
+                assert torch.all(row[entries][1:] > row[entries][:-1])  # rows in order
+                rebuilt[p, b * native.ROW_BLOCK + row[entries].long(), int(col[c])] = val[entries]
+    assert torch.equal(rebuilt, data.x) and val.numel() == int((data.x != 0).sum())
 
 
 def test_dense_data_keep_the_batched_products() -> None:
     dense = AgentData.from_blocks([torch.rand(9, 5, dtype=F64)], [torch.zeros(9, dtype=torch.int64)],
                                   num_classes=3, total=9, agents=[0])
-    assert dense.rows is None  # more than SPARSE_ENOUGH nonzero: torch's products
-    assert native.csr(dense.x, max_density=1.0) is not None
+    assert dense.blocks is None  # more than SPARSE_ENOUGH nonzero: torch's products
+    assert native.column_blocks(dense.x, max_density=1.0) is not None
 
 
 # ----------------------------------------------------------------------------- gradient
@@ -111,7 +117,7 @@ def test_dense_data_keep_the_batched_products() -> None:
 def test_gradient_is_the_torch_definition(runs: int | None, clip: float | None, norm: str,
                                           classes: int) -> None:
     data = _sparse_agents(k=classes)
-    assert data.rows is not None
+    assert data.blocks is not None
     gen = torch.Generator().manual_seed(5)
     shape = (3, 50, classes) if runs is None else (runs, 3, 50, classes)
     z = torch.randn(shape, generator=gen, dtype=F64)
@@ -131,7 +137,7 @@ def test_gradient_with_per_agent_scale_and_float32() -> None:
     torch.testing.assert_close(gradient(data, z, scale=1 / data.counts, reg=0.1), reference,
                                rtol=1e-12, atol=1e-14)
     data32 = _sparse_agents(seed=2, dtype=torch.float32)
-    assert data32.rows is not None
+    assert data32.blocks is not None
     got = gradient(data32, z.float(), scale=1 / data32.total, reg=0.1)
     want = gradient(data32, z.float(), scale=1 / data32.total, reg=0.1,
                     probs=probabilities(data32.x, z.float()))
