@@ -1,23 +1,37 @@
-"""Seconds per round: the batched engine, its matrix products alone, and the Flower simulation.
+"""Seconds per round of the batched engine, against the hardware's floor and a plain NumPy implementation.
 
-Measures, on the machine it runs on:
+Measures, on the machine it runs on, for each engine row:
 
-1. the engine on MNIST, P = 10, ObjP (eps-bar = 0.1), the papers' first setting;
-2. the engine on a FEMNIST-shaped problem: P = 195 agents, 188 samples each, 784 x 62,
-   ObjPM with E = 10 (eps-bar = 0.05); the data are random (the shape is what costs);
-3. for each, the round's matrix products alone (X z and X^T (H - Y) per local step,
-   batched over agents): the "roofline" floor of the round, and the ratio round / products;
-4. the Flower simulation (`flwr run .`, Ray) with P = 195 SuperNodes on the embedded data.
+1. **round**: ``dpadmm.engine.step`` (the server's w and lambda updates and every agent's E local steps
+   with their noise; no central evaluation), after one warm-up round;
+2. **gradient**: the round's E gradient calls alone, as the engine makes them (on a CPU the fused kernel
+   of :mod:`dpadmm.native`: both products, the softmax and the clipping in one pass over the nonzero
+   pixels; elsewhere torch's batched products);
+3. **BLAS**: the round's two dense products per step (X z and X^T R, batched over agents: what a plain
+   GEMM of the same shapes costs);
+4. **floors**: the time to read X once per step (a reduction over X: the memory floor of any method
+   that reads the dense data once per step; on CUDA plus one write of the round's noise), and the
+   round's dense FLOPs (4 P I J K per step and run) at the rate of a large square GEMM on this
+   machine (the compute floor of the dense products; a sparse method can go below it);
+5. **NumPy**: ``benchmarks.numpy_reference``, the same algorithm written plainly with NumPy, on the same
+   data, in the same run (on the CPU, whatever the engine's device);
+6. on CUDA, the **kernel launches** of one round (torch.profiler).
+
+Rows: MNIST, P = 10, ObjP (eps-bar = 0.1), the papers' first setting; and FEMNIST P = 195, ObjPM with
+E = 10 (eps-bar = 0.05): a FEMNIST-shaped problem of random dense data by default (195 x 188 samples,
+784 x 62), or the real LEAF writers with ``--femnist-dir``. Optionally the Flower simulation
+(`flwr run .`, Ray) with P = 195 SuperNodes on the embedded data.
 
 Usage, from the project root:
-    python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--mnist-dir DIR] [--skip-flower]
-                               [--seeds S] [--femnist-dir DIR]
+    python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--dtype float64|float32] [--seeds S]
+                               [--mnist-dir DIR] [--femnist-dir DIR] [--flower] [--markdown FILE]
 Prints a Markdown table (and writes it with --markdown FILE). Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -25,18 +39,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.config import RunConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
 from dpadmm.engine import EngineState, step
 from dpadmm.federation import agent_data
-from dpadmm.models import shared_bmm
+from dpadmm.models import AgentData, gradient, probabilities, shared_bmm
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Row:
+    label: str
+    round: float  # seconds per round
+    gradient: float | None = None  # the round's E gradient calls
+    blas: float | None = None  # the round's 2 E dense products
+    floor: float | None = None  # E reads of X (+ one write of the noise on CUDA)
+    flops_floor: float | None = None  # the round's dense FLOPs at the GEMM peak
+    numpy: float | None = None  # the NumPy reference's seconds per round
+    launches: int | None = None  # CUDA kernels per round
 
 
 def _sync(device: torch.device) -> None:
@@ -44,31 +74,74 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def engine_seconds(config: RunConfig, dataset: Dataset, rounds: int, seeds: int = 1) -> tuple[float, float]:
-    """(seconds per round of engine.step for a batch of ``seeds`` runs, seconds of its matrix products)."""
+def _seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Mean seconds of fn() over ``repeats`` calls, after one warm-up call."""
+    fn()
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - started) / repeats
+
+
+def _launches(fn: Callable[[], object]) -> int:
+    """CUDA kernels launched by fn() (torch.profiler's CUDA events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def gemm_peak(dtype: torch.dtype, device: torch.device) -> float:
+    """FLOP/s of a 2048 x 2048 x 2048 matrix product: what this machine's BLAS reaches at best."""
+    a = torch.rand(2048, 2048, dtype=dtype, device=device)
+    return 2 * 2048**3 / _seconds(lambda: a @ a, device, 5)
+
+
+def engine_row(label: str, config: RunConfig, dataset: Dataset, rounds: int, seeds: int) -> Row:
     data = agent_data(dataset, config, range(config.num_agents))
     device = data.x.device
     zeros = torch.zeros((seeds, config.num_agents, *data.shape), dtype=data.x.dtype, device=device)
     state = EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(), lam=zeros.clone())
     runs = list(range(seeds))
-    step(config, data, state, 1, runs)  # warm-up
-    _sync(device)
-    started = time.perf_counter()
-    for t in range(2, rounds + 2):
-        step(config, data, state, t, runs)
-    _sync(device)
-    per_round = (time.perf_counter() - started) / rounds
+    rounds_done = iter(range(1, 10**9))
+    per_round = _seconds(lambda: step(config, data, state, next(rounds_done), runs), device, rounds)
+    launches = _launches(lambda: step(config, data, state, next(rounds_done), runs)) \
+        if device.type == "cuda" else None
 
-    z = state.z_chain
+    z, steps = state.z_chain, config.steps
+    clip = config.clip_norm if config.clipped else None
+    grad = _seconds(lambda: [gradient(data, z, scale=1.0 / data.total, reg=0.0, clip=clip)
+                             for _ in range(steps)], device, rounds)
+    residual = probabilities(data.x, z) - data.y
     xt = data.x.transpose(1, 2)
-    _sync(device)
-    started = time.perf_counter()
-    for _ in range(rounds):
-        for _ in range(config.steps):
-            shared_bmm(xt, shared_bmm(data.x, z))
-    _sync(device)
-    products = (time.perf_counter() - started) / rounds
-    return per_round, products
+    blas = _seconds(lambda: [(shared_bmm(data.x, z), shared_bmm(xt, residual)) for _ in range(steps)],
+                    device, rounds)
+    floor = _seconds(lambda: [data.x.sum() for _ in range(steps)], device, rounds)
+    if device.type == "cuda":
+        noise_shape = (steps, *z.shape)
+        floor += _seconds(lambda: torch.zeros(noise_shape, dtype=z.dtype, device=device), device, rounds)
+    agents, rows, features = data.x.shape
+    flops = 4 * steps * seeds * agents * rows * features * data.shape[1]
+    flops_floor = flops / gemm_peak(data.x.dtype, device)
+    return Row(label, per_round, grad, blas, floor, flops_floor, launches=launches)
+
+
+def numpy_seconds(config: RunConfig, data: AgentData, rounds: int) -> float:
+    """Seconds per round of the NumPy reference on the same agents' data (CPU, float64)."""
+    c1, c2, tc = config.rho_constants
+    counts = data.counts.long().tolist()
+    xs = [data.x[p, :n].cpu().double().numpy() for p, n in enumerate(counts)]
+    labels = [data.y[p, :n].argmax(dim=1).cpu().numpy() for p, n in enumerate(counts)]
+    reference = NumpyDPIADMM(xs, labels, data.shape[1], ReferenceConfig(
+        epsilon=config.epsilon, rho_c1=c1, rho_c2=c2, rho_tc=tc, prox_scale=config.prox_scale,
+        beta=config.beta, clip_norm=config.clip_norm, local_steps=config.steps))
+    reference.total = data.total
+    t = iter(range(1, 10**9))
+    return _seconds(lambda: reference.round(next(t)), torch.device("cpu"), rounds)
 
 
 def femnist_shaped(seed: int = 0) -> Dataset:
@@ -103,22 +176,39 @@ def flower_seconds(rounds: int, agents: int) -> float:
         return seconds[len(seconds) // 2]
 
 
+def _table(rows: list[Row], header: str) -> str:
+    lines = [header, "",
+             "| what | s/round | gradient | BLAS products | floor: read X | floor: dense FLOPs "
+             "| NumPy reference | round / read X | round / FLOPs | speed-up on NumPy | CUDA launches/round |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    def cell(value: float | None, form: str = "{:.4f}") -> str:
+        return "" if value is None else form.format(value)
+
+    for r in rows:
+        cells = [r.label, cell(r.round), cell(r.gradient), cell(r.blas), cell(r.floor), cell(r.flops_floor),
+                 cell(r.numpy), cell(None if r.floor is None else r.round / r.floor, "{:.2f}"),
+                 cell(None if r.flops_floor is None else r.round / r.flops_floor, "{:.2f}"),
+                 cell(None if r.numpy is None else r.numpy / r.round, "{:.1f}x"), cell(r.launches, "{}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per engine measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (and repeats) per measurement")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--mnist-dir", default=str(ROOT.parent / "shared" / "data" / "mnist"))
-    parser.add_argument("--skip-flower", action="store_true", help="do not run the Flower simulation")
-    parser.add_argument("--flower-rounds", type=int, default=5)
-    parser.add_argument("--seeds", type=int, default=1,
-                        help="runs batched per engine step (reproduce's seeds)")
     parser.add_argument("--femnist-dir", default="",
                         help="time the real FEMNIST (LEAF samples, 195 writers) instead of random data")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs batched per engine step (reproduce's seeds)")
+    parser.add_argument("--skip-numpy", action="store_true", help="do not time the NumPy reference")
+    parser.add_argument("--flower", action="store_true", help="also time the Flower simulation (P = 195)")
+    parser.add_argument("--flower-rounds", type=int, default=5)
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
 
-    rows = []
     mnist = RunConfig(algorithm="objp", epsilon=0.1, num_agents=10, dataset="mnist", data_dir=args.mnist_dir,
                       device=args.device, dtype=args.dtype)
     femnist = RunConfig(algorithm="objpm", epsilon=0.05, local_steps=10, num_agents=195, rho_preset="femnist",
@@ -126,32 +216,31 @@ def main() -> int:
     if args.femnist_dir:
         femnist_data, femnist_label = load_dataset("femnist", args.femnist_dir, 195), "FEMNIST (LEAF samples)"
     else:
-        femnist_data, femnist_label = femnist_shaped(), "FEMNIST-shaped"
+        femnist_data, femnist_label = femnist_shaped(), "FEMNIST-shaped (random, dense)"
     runs = f", {args.seeds} seeds batched" if args.seeds > 1 else ""
+    rows = []
     for label, config, dataset in (
-        (f"engine, MNIST P=10 ObjP (E=1){runs}", mnist, load_mnist(args.mnist_dir)),
-        (f"engine, {femnist_label} P=195 ObjPM (E=10){runs}", femnist, femnist_data),
+        (f"MNIST P=10 ObjP (E=1){runs}", mnist, load_mnist(args.mnist_dir)),
+        (f"{femnist_label} P=195 ObjPM (E=10){runs}", femnist, femnist_data),
     ):
-        per_round, products = engine_seconds(config, dataset, args.rounds, args.seeds)
-        rows.append((label, per_round, products))
-        print(f"{label}: {per_round:.3f} s/round, products {products:.3f} s", file=sys.stderr)
-    if not args.skip_flower:
-        per_round = flower_seconds(args.flower_rounds, 195)
-        rows.append(("Flower simulation, P=195 ObjP (E=1), embedded data 784x10", per_round, None))
+        row = engine_row(label, config, dataset, args.rounds, args.seeds)
+        if not args.skip_numpy:
+            cpu = agent_data(dataset, dataclasses.replace(config, device="cpu", dtype="float64"),
+                             range(config.num_agents))
+            row.numpy = numpy_seconds(config, cpu, max(1, min(args.rounds, 3))) * args.seeds
+        rows.append(row)
+        print(f"{label}: {row.round:.4f} s/round, gradient {row.gradient:.4f} s, BLAS {row.blas:.4f} s, "
+              f"read X {row.floor:.4f} s, dense FLOPs {row.flops_floor:.4f} s, NumPy {row.numpy}",
+              file=sys.stderr)
+    if args.flower:
+        rows.append(Row("Flower simulation, P=195 ObjP (E=1), embedded data 784x10",
+                        flower_seconds(args.flower_rounds, 195)))
 
-    lines = [
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"device {args.device}, dtype {args.dtype}; {args.rounds} timed engine rounds.",
-        "",
-        "| what | seconds per round | matrix products alone | ratio |",
-        "| --- | --- | --- | --- |",
-    ]
-    for label, per_round, products in rows:
-        if products is None:
-            lines.append(f"| {label} | {per_round:.3f} | | |")
-        else:
-            lines.append(f"| {label} | {per_round:.3f} | {products:.3f} | {per_round / products:.1f} |")
-    table = "\n".join(lines)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    header = (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
+              f"threads, torch {torch.__version__}, numpy {np.__version__}, device {args.device} ({device}), "
+              f"dtype {args.dtype}; {args.rounds} timed rounds per measurement.")
+    table = _table(rows, header)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
