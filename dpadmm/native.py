@@ -60,7 +60,6 @@ def source() -> str:
         "SQRT_MAGIC": f"{noise._SQRT_MAGIC}LL",
         "HALF_PI": float.hex(noise._HALF_PI),
         "ROW_BLOCK": str(ROW_BLOCK),
-        "TILE_VECTORS": str(native_source.TILE_VECTORS),
     }
     arrays = {"LOG_C": noise._LOG_COEFFS, "SIN_C": noise._SIN_COEFFS, "COS_C": noise._COS_COEFFS,
               "EXP_C": tuple(exp_coeffs)}
@@ -72,17 +71,12 @@ def source() -> str:
         parts.append(f"\n#define real_t {real}\n#define vec_t vec_{suffix}\n#define vec2_t vec2_{suffix}\n"
                      f"#define FN(name) CAT(name, _{suffix})\n")
         parts.append(native_source.GRADIENT)
-        for nv, nt in native_source.SPECIALISED:
-            parts.append(
-                f"static void FN(l{nv}_{nt})(const FN(job_t) *j, int64_t c0, int64_t c1, const real_t *zt, "
-                f"real_t *lg, int64_t off) {{ FN(tile_logits)(j, c0, c1, zt, lg, off, {nv}, {nt}); }}\n"
-                f"static void FN(g{nv}_{nt})(const FN(job_t) *j, int64_t c0, int64_t c1, const real_t *r, "
-                f"real_t *g, int64_t off) {{ FN(tile_grad)(j, c0, c1, r, g, off, {nv}, {nt}); }}\n")
-        table = ", ".join(f"[{nv}][{nt}] = {{FN(l{nv}_{nt}), FN(g{nv}_{nt})}}"
-                          for nv, nt in native_source.SPECIALISED)
-        parts.append(f"static const struct {{ FN(logits_fn) logits; FN(grad_fn) grad; }} "
-                     f"FN(tiles)[TILE_VECTORS + 1][4] = {{{table}}};\n")
-        parts.append(native_source.AGENT)
+        specialised = native_source.SPECIALISED
+        for nv, nt in specialised:
+            parts.append(f"static void FN(w{nv}_{nt})(void *job, int64_t p) "
+                         f"{{ FN(agent)(job, p, {nv}, {nt}); }}\n")
+        table = ", ".join(f"{{{nv}, {nt}, FN(w{nv}_{nt})}}" for nv, nt in specialised)
+        parts.append(f"static const struct {{ int64_t nv, nt; task_fn fn; }} FN(by_width)[] = {{{table}}};\n")
         parts.append(native_source.ENTRY)
         parts.append("#undef real_t\n#undef vec_t\n#undef vec2_t\n#undef FN\n")
     return "".join(parts)

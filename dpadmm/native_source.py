@@ -10,11 +10,11 @@ fallback (and that the tests compare them with):
   ``-ffp-contract=off`` and without fast-math, so that the compiler can neither fuse a multiply
   and an add nor reorder a sum; vectorising the independent elements changes no result.
 - ``dp_logistic_grad``: g = scale X_p^T (clip(H - Y)) + 2 reg z of :func:`dpadmm.models.gradient`
-  and the largest ||x_i||_1 ||h_i - y_i||_1 of eq. (9b), from each agent's nonzero pixels held in
-  column blocks (``dp_blocks``): both products, the softmax and the clipping of a block of rows
-  are done while its logits are in cache, and zero pixels cost nothing. Each agent's result is
-  computed by one thread in an order fixed by the data, so it does not depend on the thread
-  count or on which other agents are batched with it.
+  and the largest ||x_i||_1 ||h_i - y_i||_1 of eq. (9b), in one pass over each agent's rows held
+  sparse (CSR): both products, the softmax and the clipping of a row are done while the row
+  is in cache, and zero pixels cost nothing. Each agent's result is computed by one thread in
+  an order fixed by the data, so it does not depend on the thread count or on which other
+  agents are batched with it.
 """
 
 SOURCE = r"""
@@ -224,7 +224,7 @@ typedef float vec2_f32 __attribute__((vector_size(16)));
 
 # The column blocks and the logistic gradient for one floating-point type: source() pastes this once per
 # type, with real_t, vec_t (64 bytes), vec2_t (16 bytes) and FN(name) (name_f64 or name_f32) defined
-# before it, then the tile functions of the sizes in SPECIALISED (below), their table, AGENT and ENTRY.
+# before it, then the specialisations of agent() for the widths that occur (SPECIALISED below).
 GRADIENT = r"""
 /* Column blocks of x [P, I, J]: each agent's rows in blocks of ROW_BLOCK, and in each block the columns
    that hold a nonzero, each with its entries (row within the block, value) in row order:
@@ -299,99 +299,70 @@ INLINE vec2_t FN(load2)(const real_t *p) { vec2_t v; memcpy(&v, p, sizeof v); re
 INLINE void FN(store)(real_t *p, vec_t v) { memcpy(p, &v, sizeof v); }
 INLINE void FN(store2)(real_t *p, vec2_t v) { memcpy(p, &v, sizeof v); }
 
-/* The two products of one block on one tile of a row's columns: off .. off + NV 64-byte vectors and NT
-   16-byte ones (constants in the specialisations, so that a column's tile of z or g stays in
-   registers). Rows are tiled because wider register tiles spill: rows of 8 or more 64-byte vectors ran
-   2.2 times slower than 7 and 3 16-byte ones. Tiling changes no number: each logit and each g_j is
-   the same sum in the same order. */
-INLINE void FN(tile_logits)(const FN(job_t) *job, int64_t c0, int64_t c1, const real_t *zt, real_t *logits,
-                            int64_t off, const int64_t NV, const int64_t NT) {
-    const int64_t W = job->W, L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
-    vec_t z[NV + 1];
-    vec2_t z2[NT + 1];
-    for (int64_t c = c0; c < c1; c++) { /* z_j into the logits x_i z of the column's rows */
-        const real_t *zj = zt + (int64_t)job->col[c] * W + off;
-        for (int64_t v = 0; v < NV; v++) z[v] = FN(load)(zj + v * L);
-        for (int64_t v = 0; v < NT; v++) z2[v] = FN(load2)(zj + NV * L + v * L2);
-        for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
-            const real_t x = job->val[e];
-            real_t *li = logits + job->row[e] * W + off;
-            for (int64_t v = 0; v < NV; v++) FN(store)(li + v * L, FN(load)(li + v * L) + x * z[v]);
-            for (int64_t v = 0; v < NT; v++)
-                FN(store2)(li + NV * L + v * L2, FN(load2)(li + NV * L + v * L2) + x * z2[v]);
-        }
-    }
-}
-
-INLINE void FN(tile_grad)(const FN(job_t) *job, int64_t c0, int64_t c1, const real_t *residuals, real_t *g,
-                          int64_t off, const int64_t NV, const int64_t NT) {
-    const int64_t W = job->W, L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
-    vec_t z[NV + 1];
-    vec2_t z2[NT + 1];
-    for (int64_t c = c0; c < c1; c++) { /* g_j += sum_i x_ij r_i */
-        for (int64_t v = 0; v < NV; v++) z[v] = (vec_t){0};
-        for (int64_t v = 0; v < NT; v++) z2[v] = (vec2_t){0};
-        for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
-            const real_t x = job->val[e], *ri = residuals + job->row[e] * W + off;
-            for (int64_t v = 0; v < NV; v++) z[v] += x * FN(load)(ri + v * L);
-            for (int64_t v = 0; v < NT; v++) z2[v] += x * FN(load2)(ri + NV * L + v * L2);
-        }
-        real_t *gj = g + (int64_t)job->col[c] * W + off;
-        for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + z[v]);
-        for (int64_t v = 0; v < NT; v++)
-            FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + z2[v]);
-    }
-}
-
-typedef void (*FN(logits_fn))(const FN(job_t) *, int64_t, int64_t, const real_t *, real_t *, int64_t);
-typedef void (*FN(grad_fn))(const FN(job_t) *, int64_t, int64_t, const real_t *, real_t *, int64_t);
-"""
-
-# The tile sizes (64-byte vectors, 16-byte vectors) with their own compiled loops: a row is cut into
-# tiles of TILE_VECTORS 64-byte vectors, the last one with the row's 16-byte vectors.
-TILE_VECTORS = 7
-SPECIALISED = tuple((nv, nt) for nv in range(TILE_VECTORS + 1) for nt in range(4) if nv + nt)
-
-AGENT = r"""
-/* One agent's g = scale X^T clip(H - Y) + 2 reg z, block of rows by block of rows. In a block, each
-   nonzero column's z_j is read once and added into the logits of its rows (which stay in cache); then
-   each row's residual; then each column's sum of x_ij r_i is added to g_j once. A logit is the sum over
-   j in increasing order, a block's part of g_j the sum over i in increasing order, blocks in order:
-   fixed by the data alone. */
-static void FN(agent)(void *ctx, int64_t p) {
-    const FN(job_t) *job = ctx;
-    const int64_t I = job->I, J = job->J, W = job->W, L = sizeof(vec_t) / sizeof(real_t);
-    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), nb = (I + ROW_BLOCK - 1) / ROW_BLOCK;
+/* One agent's g = scale X^T clip(H - Y) + 2 reg z, block of rows by block of rows, over rows of width
+   W = NV 64-byte vectors and NT 16-byte ones (constants in the specialisations, so that a column's z
+   and g stay in registers). In a block, each nonzero column's z_j is read once and added into the logits
+   of its rows (which stay in cache); then each row's residual; then each column's sum of x_ij r_i is
+   added to g_j once. A logit is the sum over j in increasing order, a block's part of g_j the sum over
+   i in increasing order, blocks in order: fixed by the data alone. */
+INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT) {
+    const int64_t I = job->I, J = job->J, L = sizeof(vec_t) / sizeof(real_t);
+    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), W = NV * L + NT * L2;
+    const int64_t nb = (I + ROW_BLOCK - 1) / ROW_BLOCK;
     const real_t *zt = job->zt + p * J * W;
     real_t *g = job->g + p * J * W;
     double *worst = job->worst + p * job->S;
     memset(g, 0, sizeof(real_t) * J * W);
     for (int64_t s = 0; s < job->S; s++) worst[s] = 0.0;
     real_t *logits = malloc(sizeof(real_t) * ROW_BLOCK * W);
+    vec_t z[NV + 1];
+    vec2_t z2[NT + 1];
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i0 = b * ROW_BLOCK, rows = i0 + ROW_BLOCK < I ? ROW_BLOCK : I - i0;
         const int64_t c0 = job->blk[p * nb + b], c1 = job->blk[p * nb + b + 1];
         memset(logits, 0, sizeof(real_t) * rows * W);
-        for (int64_t left = job->NV, off = 0;;) {
-            const int64_t nv = left < TILE_VECTORS ? left : TILE_VECTORS, nt = left == nv ? job->NT : 0;
-            FN(tiles)[nv][nt].logits(job, c0, c1, zt, logits, off);
-            left -= nv, off += nv * L + nt * L2;
-            if (!left) break;
+        for (int64_t c = c0; c < c1; c++) { /* the logits x_i z */
+            const real_t *zj = zt + (int64_t)job->col[c] * W;
+            for (int64_t v = 0; v < NV; v++) z[v] = FN(load)(zj + v * L);
+            for (int64_t v = 0; v < NT; v++) z2[v] = FN(load2)(zj + NV * L + v * L2);
+            for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
+                const real_t x = job->val[e];
+                real_t *li = logits + job->row[e] * W;
+                for (int64_t v = 0; v < NV; v++) FN(store)(li + v * L, FN(load)(li + v * L) + x * z[v]);
+                for (int64_t v = 0; v < NT; v++)
+                    FN(store2)(li + NV * L + v * L2, FN(load2)(li + NV * L + v * L2) + x * z2[v]);
+            }
         }
         for (int64_t i = 0; i < rows; i++) /* the residuals, in place; x_i = 0 (padding) adds nothing */
             if (job->x_l1[p * I + i0 + i] != 0) FN(residual)(job, p * I + i0 + i, logits + i * W, worst);
-        for (int64_t left = job->NV, off = 0;;) {
-            const int64_t nv = left < TILE_VECTORS ? left : TILE_VECTORS, nt = left == nv ? job->NT : 0;
-            FN(tiles)[nv][nt].grad(job, c0, c1, logits, g, off);
-            left -= nv, off += nv * L + nt * L2;
-            if (!left) break;
+        for (int64_t c = c0; c < c1; c++) { /* g_j += sum_i x_ij r_i */
+            for (int64_t v = 0; v < NV; v++) z[v] = (vec_t){0};
+            for (int64_t v = 0; v < NT; v++) z2[v] = (vec2_t){0};
+            for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
+                const real_t x = job->val[e], *ri = logits + job->row[e] * W;
+                for (int64_t v = 0; v < NV; v++) z[v] += x * FN(load)(ri + v * L);
+                for (int64_t v = 0; v < NT; v++) z2[v] += x * FN(load2)(ri + NV * L + v * L2);
+            }
+            real_t *gj = g + (int64_t)job->col[c] * W;
+            for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + z[v]);
+            for (int64_t v = 0; v < NT; v++)
+                FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + z2[v]);
         }
     }
     free(logits);
     const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
     for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
 }
+
+static void FN(any_width)(void *job, int64_t p) {
+    const FN(job_t) *j = job;
+    FN(agent)(j, p, j->NV, j->NT);
+}
 """
+
+# (64-byte vectors, 16-byte vectors) of the widths with their own compiled loop; any other width runs a
+# generic loop (its width known at run time).
+SPECIALISED = tuple((nv, nt) for nv in range(9) for nt in range(4) if nv + nt)
 
 ENTRY = r"""
 void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S, int64_t W,
@@ -402,6 +373,9 @@ void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S,
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
     FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, blk, col, ptr, row, val, y, x_l1, x_l2, zt, scale,
                      clip, twice_reg, l2, g, worst};
-    parallel_for(FN(agent), &job, P, threads);
+    task_fn fn = FN(any_width);
+    for (int64_t i = 0; i < (int64_t)(sizeof FN(by_width) / sizeof FN(by_width)[0]); i++)
+        if (FN(by_width)[i].nv == job.NV && FN(by_width)[i].nt == job.NT) fn = FN(by_width)[i].fn;
+    parallel_for(fn, &job, P, threads);
 }
 """
