@@ -21,8 +21,9 @@ import torch
 
 from dpadmm import native
 
-# Where more of X is nonzero, the batched dense products (BLAS) beat the fused sparse kernel: on 2 cores
-# it took 1.4 times their time on dense random data (docs/benchmarks.md); MNIST is 19% nonzero, FEMNIST 12%.
+# Where more of X is nonzero, the batched dense products (BLAS) are used: the fused kernel's work grows with
+# the nonzeros, and on fully dense data it took 1.4 times the products' time on 2 cores (an early row-wise
+# version, FEMNIST-shaped random data). MNIST is 19% nonzero, FEMNIST 12%.
 SPARSE_ENOUGH = 0.5
 
 
