@@ -81,7 +81,7 @@ def test_public_draws_use_the_kernel_and_keep_their_numbers(monkeypatch) -> None
     assert len(calls) == 1
 
 
-# -------------------------------------------------------------------------- sparse rows
+# ------------------------------------------------------------------------ column blocks
 
 
 @pytest.mark.parametrize("counts", [(37, 5, 60), (300, 600, 1)])  # one block per agent; several, and padding
