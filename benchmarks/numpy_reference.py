@@ -52,12 +52,12 @@ class NumpyDPIADMM:
     """The agents' data as lists of NumPy blocks, and the state z_p, lambda_p, w."""
 
     def __init__(self, xs: list[np.ndarray], labels: list[np.ndarray], num_classes: int,
-                 config: ReferenceConfig):
+                 config: ReferenceConfig, total: int | None = None):
         self.config = config
         self.xs = xs
         self.ys = [np.eye(num_classes)[lab] for lab in labels]
         self.x_l1 = [np.abs(x).sum(axis=1) for x in xs]
-        self.total = sum(x.shape[0] for x in xs)
+        self.total = sum(x.shape[0] for x in xs) if total is None else total  # I of eq. (63), public
         shape = (xs[0].shape[1], num_classes)
         self.w = np.zeros(shape)
         self.z = [np.zeros(shape) for _ in xs]

@@ -97,11 +97,9 @@ def _noise(draw: Callable[..., torch.Tensor], seeds: Sequence[int] | None, confi
         return draw(config.seed, agents, t, e, shape, scale, dtype=like.dtype, stream=stream,
                     generator=config.noise_generator)
     scales = scale.expand(len(seeds), agents.shape[0])
-    if len(seeds) == 1:  # no copy
-        return draw(seeds[0], agents, t, e, shape, scales[0], dtype=like.dtype, stream=stream,
-                    generator=config.noise_generator).unsqueeze(0)
-    return torch.stack([draw(s, agents, t, e, shape, scales[i], dtype=like.dtype, stream=stream,
-                             generator=config.noise_generator) for i, s in enumerate(seeds)])
+    draws = [draw(s, agents, t, e, shape, scales[i], dtype=like.dtype, stream=stream,
+                  generator=config.noise_generator) for i, s in enumerate(seeds)]
+    return draws[0].unsqueeze(0) if len(draws) == 1 else torch.stack(draws)  # one run: no copy
 
 
 def _dtype(tree: Tree) -> torch.dtype:
