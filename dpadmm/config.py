@@ -29,6 +29,7 @@ SENSITIVITIES = ("clipped", "data-dependent")
 NEIGHBOURING = ("replace-one", "add-remove")
 MECHANISMS = ("laplace", "gaussian")
 PER_SAMPLE = ("vmap", "factorized")
+TRUST_RADII = ("paper", "reference")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -90,6 +91,11 @@ class RunConfig:
     prox_scale: float = field(
         default=1.0,
         metadata={"help": "scaling constant a of eta^t = a/sqrt(t) and the trust radius a/t^2 (000 A.11)"},
+    )
+    trust_radius: str = field(
+        default="paper",
+        metadata={"help": "objt's trust radius: paper (a/t^2, 000 eq. (9) and A.11) or reference (the "
+                          "constant a that the authors' code computes, `a / (iteration+1)*(iteration+1)`)"},
     )
     beta: float = field(default=1e-6, metadata={"help": "L2 regularisation beta of eq. (2c)"})
     rho_preset: str = field(
@@ -178,6 +184,10 @@ class RunConfig:
         _allowed("model", self.model, MODELS)
         _allowed("noise-generator", self.noise_generator, GENERATORS)
         _allowed("per-sample", self.per_sample, PER_SAMPLE)
+        _allowed("trust-radius", self.trust_radius, TRUST_RADII)
+        if self.trust_radius != "paper" and self.algorithm != "objt":
+            raise ValueError(f"trust-radius={self.trust_radius!r} is not allowed with algorithm="
+                             f"{self.algorithm!r}: the trust radius is objt's; leave it 'paper'")
         self._check_model()
         if not self.clip_norm > 0:
             raise ValueError(f"clip-norm={self.clip_norm!r} is not allowed; it must be > 0")

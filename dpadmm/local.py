@@ -127,7 +127,7 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
     if config.algorithm == "objt":
-        radius = schedules.trust_radius(t, config.prox_scale)
+        radius = schedules.trust_radius(t, config.prox_scale, config.trust_radius)
         step = lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)  # noqa: E731
     else:
         eta = schedules.eta(t, config.prox_scale)

@@ -37,13 +37,15 @@ def eta(t: int, a: float) -> float:
     return a / math.sqrt(t)
 
 
-def trust_radius(t: int, a: float) -> float:
-    """Infinity-norm trust radius delta^t = a / t^2 of eq. (9) of 000.
+def trust_radius(t: int, a: float, kind: str = "paper") -> float:
+    """Infinity-norm trust radius of ObjT's step, eq. (9) of 000.
 
-    The reference code writes ``a / (t)*(t)``, which evaluates to the constant a; we follow
-    the paper's a / t^2.
+    ``paper``: delta^t = a / t^2, as 000 (A.11) states it. Its sum over all rounds is bounded
+    (a pi^2 / 6), so no coordinate can move more than about 1.6 a in a whole run.
+    ``reference``: the constant a. The authors' code writes ``a / (iteration+1)*(iteration+1)``,
+    which Python evaluates as (a / t) * t = a; 000's ObjT numbers were most likely produced so.
     """
-    return a / (t * t)
+    return a if kind == "reference" else a / (t * t)
 
 
 def outp_inverse_eta(t: int, num_samples: float, num_params: int, epsilon: float, delta: float,

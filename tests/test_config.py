@@ -82,6 +82,10 @@ def test_readme_documents_every_key() -> None:
         ({"per-sample": "loop"}, "per-sample='loop' is not allowed; choose one of vmap, factorized"),
         ({"per-sample": "factorized"}, "per-sample='factorized' is not allowed with model='logistic'"),
         ({"noise-generator": "numpy"}, "noise-generator='numpy' is not allowed; choose one of philox, torch"),
+        ({"trust-radius": "constant"},
+         "trust-radius='constant' is not allowed; choose one of paper, reference"),
+        ({"trust-radius": "reference", "algorithm": "objpm"},
+         "trust-radius='reference' is not allowed with algorithm='objpm': the trust radius is objt's"),
     ],
 )
 def test_bad_model_mechanism_and_batch_combinations_are_named(values: dict, message: str) -> None:
@@ -97,6 +101,7 @@ def test_bad_model_mechanism_and_batch_combinations_are_named(values: dict, mess
     {"model": "mlp", "neighbouring": "add-remove"},
     {"model": "custom", "algorithm": "iadmm", "batch-size": 4},
     {"mechanism": "gaussian", "algorithm": "objpm"},
+    {"algorithm": "objt", "trust-radius": "reference"},
 ])
 def test_covered_model_combinations_are_accepted(values: dict) -> None:
     config = RunConfig.from_mapping(values)

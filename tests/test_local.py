@@ -131,6 +131,27 @@ def test_objpm_round_follows_lines_15_to_22(calibration: str) -> None:
     assert float(result.noise_magnitude.min()) > 0
 
 
+@pytest.mark.parametrize("radius", ["paper", "reference"])
+def test_objt_round_takes_eq_9_with_the_chosen_radius(radius: str) -> None:
+    """ObjT's step is eq. (9) of 000 with delta^t = a/t^2 (paper) or the constant a (the authors' code)."""
+    config = RunConfig(algorithm="objt", epsilon=0.5, num_agents=4, seed=2, prox_scale=0.5,
+                       sensitivity="data-dependent", trust_radius=radius)
+    data = _data()
+    w, lam, z = _state(4, 4)
+    t = 9
+    result = agent_round(config, data, w, lam, z, t)
+    delta_t = 0.5 / 81 if radius == "paper" else 0.5
+    probs = probabilities(data.x, z)
+    g = gradient(data, z, scale=1 / data.total, reg=config.beta / 4)
+    xi = noise.laplace(2, data.agents, t, 1, SHAPE, sensitivity(data, probs) / 0.5)
+    expected = trust_region_step(z, w, lam, g, xi, schedules.rho_at(config, t), delta_t)
+    torch.testing.assert_close(result.z_sent, expected, rtol=1e-12, atol=1e-14)
+    moved = (result.z_sent - z).abs()
+    assert float(moved.max()) == pytest.approx(delta_t)  # some coordinate is held at the radius
+    if radius == "reference":
+        assert float(moved.max()) > 0.5 / 81  # beyond the paper's radius
+
+
 @pytest.mark.parametrize("algorithm", ["objp", "objpm", "objt", "outp", "iadmm"])
 def test_one_agent_alone_equals_its_row_of_the_batch(algorithm: str) -> None:
     """The Flower client (P = 1) and the engine (all P) compute the same numbers."""

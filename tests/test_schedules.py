@@ -28,6 +28,10 @@ def test_eta_and_trust_radius() -> None:
     assert schedules.eta(9, 3.0) == 1.0
     assert schedules.trust_radius(10, 1.0) == pytest.approx(0.01)
     assert schedules.trust_radius(2, 4.0) == 1.0
+    assert schedules.trust_radius(2, 4.0, "paper") == 1.0
+    # The authors' code: a / (iteration+1)*(iteration+1), which Python reads as (a / t) * t.
+    for t in (1, 7, 20000):
+        assert schedules.trust_radius(t, 4.0, "reference") == 4.0 == pytest.approx(4.0 / t * t)
 
 
 def test_outp_step_and_sigma() -> None:
