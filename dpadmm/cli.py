@@ -90,6 +90,12 @@ def _add_reproduce(commands: argparse._SubParsersAction) -> None:
     rep.add_argument("--eps", default=",".join(f"{e:g}" for e in d.eps),
                      help="comma-separated eps-bar values of the private algorithms "
                           f"(default: {','.join(f'{e:g}' for e in d.eps)})")
+    rep.add_argument("--trust-radii", default=",".join(d.trust_radii),
+                     help="comma-separated objt trust radii, a cell each: paper (000's a/t^2), reference "
+                          f"(the authors' code's constant a) (default: {','.join(d.trust_radii)})")
+    rep.add_argument("--iadmm-steps", default=",".join(map(str, d.iadmm_steps)),
+                     help="comma-separated local steps E of the non-private iadmm, a cell each "
+                          f"(default: {','.join(map(str, d.iadmm_steps))})")
     rep.add_argument("--seeds", type=int, default=d.seeds, help=f"seeds 0..N-1 per cell (default: {d.seeds})")
     rep.add_argument("--rounds", type=int, default=d.rounds, help=f"rounds T (default: {d.rounds})")
     rep.add_argument("--eval-every", type=int, default=d.eval_every,

@@ -24,6 +24,13 @@ COLOURS = {"iadmm": "black", "objp": "tab:blue", "objpm": "tab:green", "objt": "
            "outp": "tab:red"}
 
 
+def _style(label: str) -> dict[str, str]:
+    """Colour by algorithm; the non-private line dashed, a variant (``objt-reference``, ``iadmm-E10``: see
+    :func:`dpadmm.reproduce.algorithm_label`) dotted."""
+    algorithm, _, variant = label.partition("-")
+    return {"color": COLOURS[algorithm], "ls": ":" if variant else "--" if algorithm == "iadmm" else "-"}
+
+
 def _pyplot():
     import matplotlib
 
@@ -63,17 +70,17 @@ def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *,
     for i, dataset in enumerate(datasets):
         for j, eps in enumerate(eps_values):
             ax = axes[i][j]
-            for (d, algorithm, e), (rounds, values) in sorted(curves.items(), key=lambda kv: kv[0][1]):
-                if d != dataset or (private_only and algorithm == "iadmm"):
+            for (d, label, e), (rounds, values) in sorted(curves.items(), key=lambda kv: kv[0][1]):
+                non_private = not math.isfinite(e)
+                if d != dataset or (private_only and non_private):
                     continue
-                if e != eps and algorithm != "iadmm":  # the non-private line appears in every panel
+                if e != eps and not non_private:  # the non-private lines appear in every panel
                     continue
                 y = values * (100 if key == "test_error" else 1)
-                ax.plot(rounds, y.mean(axis=0), color=COLOURS[algorithm], lw=1.2,
-                        label=algorithm, ls="--" if algorithm == "iadmm" else "-")
+                ax.plot(rounds, y.mean(axis=0), lw=1.2, label=label, **_style(label))
                 if band and y.shape[0] > 1:
                     ax.fill_between(rounds, np.percentile(y, 20, axis=0), np.percentile(y, 80, axis=0),
-                                    color=COLOURS[algorithm], alpha=0.2, lw=0)
+                                    color=_style(label)["color"], alpha=0.2, lw=0)
             if log:
                 ax.set_yscale("log")
             ax.set_title(f"{dataset.upper()}, eps-bar = {eps:g}" if math.isfinite(eps) else dataset.upper(),
@@ -110,15 +117,13 @@ def _best_vs_eps(rows: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), squeeze=False, figsize=(4.2 * len(datasets), 3.2))
     for i, dataset in enumerate(datasets):
         ax = axes[0][i]
-        for algorithm in COLOURS:
+        for label in sorted({a for d, a, _ in errors if d == dataset}):
             points = sorted((eps, 100 * min(v)) for (d, a, eps), v in errors.items()
-                            if d == dataset and a == algorithm)
-            if not points:
-                continue
-            if algorithm == "iadmm":
-                ax.axhline(points[0][1], color=COLOURS[algorithm], ls="--", lw=1, label="iadmm (non-private)")
+                            if d == dataset and a == label)
+            if not math.isfinite(points[0][0]):
+                ax.axhline(points[0][1], lw=1, label=f"{label} (non-private)", **_style(label))
             else:
-                ax.plot(*zip(*points, strict=True), marker="o", color=COLOURS[algorithm], label=algorithm)
+                ax.plot(*zip(*points, strict=True), marker="o", label=label, **_style(label))
         ax.set_xscale("log")
         ax.set_xlabel("eps-bar (per local step)", fontsize=8)
         ax.set_ylabel("best test error (%)", fontsize=8)

@@ -2,8 +2,12 @@
 
 The grid of Ryu & Kim (003 Section IV, 000 Section V): algorithms iadmm, objp, objpm (E=10),
 objt and outp; eps-bar in {0.05, 0.1, 1, 5} (and 3, for 000's figure); MNIST with P = 10
-and FEMNIST with P = 195; 10 seeds; T = 20,000 rounds. Every cell (data set, algorithm,
-eps-bar) runs its seeds together as one batch of the engine (:func:`dpadmm.engine.run_seeds`).
+and FEMNIST with P = 195; 10 seeds; T = 20,000 rounds. Two settings the papers leave open get
+a cell each: objt with 000's radius a/t^2 and with the constant radius of the authors' code
+(``--trust-radii``), and the non-private iadmm with E = 1 and E = 10 (``--iadmm-steps``; 003
+defines it as Algorithm 1 with eps = inf without saying which E). Every cell (data set,
+algorithm and variant, eps-bar) runs its seeds together as one batch of the engine
+(:func:`dpadmm.engine.run_seeds`).
 
 The runs use the papers' calibration, ``sensitivity="data-dependent"`` (eq. (9b) evaluated
 on the agent's own data), because the point is to reproduce their numbers; the privacy
@@ -13,7 +17,8 @@ covered, clipped default.
 
 Layout of ``out``::
 
-    runs/<dataset>-<algorithm>-eps<eps>/seed-<s>/   config.json, privacy.json, metrics.jsonl
+    runs/<dataset>-<label>-eps<eps>/seed-<s>/       config.json, privacy.json, metrics.jsonl
+                                                    (label: algorithm_label, e.g. objt-reference)
     runs/<cell>/checkpoint.pt                       while the cell runs (resume point)
     runs/<cell>/cell.json                           when it is complete (config, seeds, wall time)
     results.csv, summary.md, fig-*.png              rebuilt from every completed cell
@@ -37,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, RunConfig
+from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig
 
 # The engine, the data and numpy are imported where they are used, so that the ``dpadmm`` command can build
 # its parser from GridConfig without them (``dpadmm --help`` in well under a second).
@@ -76,6 +81,8 @@ class GridConfig:
     datasets: tuple[str, ...] = PAPER_DATASETS
     algorithms: tuple[str, ...] = ALGORITHMS
     eps: tuple[float, ...] = PAPER_EPS
+    trust_radii: tuple[str, ...] = TRUST_RADII  # one objt cell per radius
+    iadmm_steps: tuple[int, ...] = (1, 10)  # one iadmm cell per E
     seeds: int = PAPER_SEEDS
     rounds: int = PAPER_ROUNDS
     eval_every: int = 0  # 0: about 100 evaluations per run
@@ -87,11 +94,15 @@ class GridConfig:
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("datasets", self.datasets, PAPER_DATASETS),
-                                      ("algorithms", self.algorithms, ALGORITHMS)):
+                                      ("algorithms", self.algorithms, ALGORITHMS),
+                                      ("trust-radii", self.trust_radii, TRUST_RADII)):
             bad = [v for v in values if v not in allowed]
             if bad or not values:
                 raise ValueError(f"{name}={','.join(values)!r} is not allowed; "
                                  f"choose among {', '.join(allowed)}")
+        if not self.iadmm_steps or any(e < 1 for e in self.iadmm_steps):
+            raise ValueError(f"iadmm-steps={','.join(map(str, self.iadmm_steps))!r} is not allowed; give "
+                             "local step counts >= 1")
         if not self.eps or any(not (e > 0 and math.isfinite(e)) for e in self.eps):
             raise ValueError(f"eps={self.eps!r} is not allowed; give finite eps-bar values > 0")
         if self.seeds < 1 or self.rounds < 1 or self.eval_every < 0:
@@ -109,19 +120,36 @@ class GridConfig:
         out = []
         for dataset in self.datasets:
             for algorithm in self.algorithms:
-                for eps in ([math.inf] if algorithm == "iadmm" else self.eps):
-                    out.append(RunConfig(
-                        algorithm=algorithm, epsilon=eps, rounds=self.rounds, dataset=dataset,
-                        data_dir=self.mnist_dir if dataset == "mnist" else self.femnist_dir,
-                        dtype=self.dtype, device=self.device, eval_every=every,
-                        sensitivity=SENSITIVITY, delta=self.delta,
-                    ))
+                variants: list[dict[str, Any]] = [{}]
+                if algorithm == "objt":
+                    variants = [{"trust_radius": r} for r in self.trust_radii]
+                elif algorithm == "iadmm":
+                    variants = [{"local_steps": e} for e in self.iadmm_steps]
+                for variant in variants:
+                    for eps in ([math.inf] if algorithm == "iadmm" else self.eps):
+                        out.append(RunConfig(
+                            algorithm=algorithm, epsilon=eps, rounds=self.rounds, dataset=dataset,
+                            data_dir=self.mnist_dir if dataset == "mnist" else self.femnist_dir,
+                            dtype=self.dtype, device=self.device, eval_every=every,
+                            sensitivity=SENSITIVITY, delta=self.delta, **variant,
+                        ))
         return out
+
+
+def algorithm_label(config: RunConfig) -> str:
+    """The algorithm and the open setting that tells its cells apart: ``objt-reference`` (the authors'
+    code's constant trust radius), ``iadmm-E10`` (non-private with E = 10); the papers' reading keeps the
+    bare name, so cells run before these settings existed keep their names."""
+    if config.algorithm == "objt" and config.trust_radius != "paper":
+        return f"objt-{config.trust_radius}"
+    if config.algorithm == "iadmm" and config.steps != 1:
+        return f"iadmm-E{config.steps}"
+    return config.algorithm
 
 
 def cell_name(config: RunConfig) -> str:
     eps = "inf" if not config.private else f"{config.epsilon:g}"
-    return f"{config.dataset}-{config.algorithm}-eps{eps}"
+    return f"{config.dataset}-{algorithm_label(config)}-eps{eps}"
 
 
 def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
@@ -151,6 +179,8 @@ def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], No
         done = folder / "cell.json"
         if done.exists():
             recorded = json.loads(done.read_text())
+            # a cell recorded before a key existed ran with that key's default
+            recorded["config"] = {**_identity(RunConfig(), [])["config"], **recorded["config"]}
             if {k: recorded[k] for k in identity} != identity:
                 raise ValueError(f"{folder} holds this cell with other settings ({recorded['config']}, seeds "
                                  f"{recorded['seeds']}); use another --out or delete that folder")
@@ -207,7 +237,7 @@ def collect(out: Path) -> list[dict[str, Any]]:
                 for line in fh:
                     m = json.loads(line)
                     rows.append({
-                        "dataset": config.dataset, "algorithm": config.algorithm,
+                        "dataset": config.dataset, "algorithm": algorithm_label(config),
                         "eps": config.effective_epsilon, "local_steps": config.steps,
                         "rounds": config.rounds, "seed": seed, "round": m["round"],
                         "test_error": m["test-error"], "train_loss": m["train-loss"],
@@ -232,7 +262,7 @@ def write_report(out: Path, delta: float = 1e-5) -> None:
 
 
 def final_errors(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, float], list[float]]:
-    """Test error at each run's last round, per (dataset, algorithm, eps)."""
+    """Test error at each run's last round, per (dataset, algorithm label, eps)."""
     last: dict[tuple[str, str, float, int], tuple[int, float]] = {}
     for r in rows:
         key = (r["dataset"], r["algorithm"], r["eps"], r["seed"])
@@ -302,13 +332,14 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
             "| per round | whole run | wall (s)* |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
-        for config, record, folder in sorted(here, key=lambda c: (c[0].algorithm, c[0].effective_epsilon)):
-            key = (dataset, config.algorithm, config.effective_epsilon)
-            errs = 100 * np.asarray(errors.get(key, [math.nan]))
-            papers = PAPER_RESULTS.get(key, [])
+        for config, record, folder in sorted(here, key=lambda c: (algorithm_label(c[0]),
+                                                                  c[0].effective_epsilon)):
+            label = algorithm_label(config)
+            errs = 100 * np.asarray(errors.get((dataset, label, config.effective_epsilon), [math.nan]))
+            papers = PAPER_RESULTS.get((dataset, config.algorithm, config.effective_epsilon), [])
             quoted = "; ".join(f"{v:.2f} ({src})" for v, src in papers) or "-"
             lines.append(
-                f"| {config.algorithm} | {_eps(config.effective_epsilon)} | {config.steps} | {config.rounds} "
+                f"| {label} | {_eps(config.effective_epsilon)} | {config.steps} | {config.rounds} "
                 f"| {len(record['seeds'])} | {errs.mean():.2f} | {np.percentile(errs, 20):.2f} "
                 f"| {np.percentile(errs, 80):.2f} | {errs.min():.2f} | {quoted} "
                 f"| {_ledger_cells(folder, record['seeds'][0])} "
@@ -334,8 +365,14 @@ def grid_from_args(**kwargs: Any) -> GridConfig:
     for key, value in kwargs.items():
         if key not in fields or value is None:
             continue
-        if key in ("datasets", "algorithms"):
+        if key in ("datasets", "algorithms", "trust_radii"):
             value = tuple(v.strip() for v in value.split(",") if v.strip())
+        elif key == "iadmm_steps":
+            try:
+                value = tuple(int(v) for v in value.split(",") if v.strip())
+            except ValueError:
+                raise ValueError(f"iadmm-steps={value!r} is not allowed; give comma-separated "
+                                 "integers") from None
         elif key == "eps":
             try:
                 value = tuple(float(v) for v in value.split(",") if v.strip())

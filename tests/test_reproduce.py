@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -19,7 +20,7 @@ ROUNDS = 4
 
 def _grid(out: Path, mnist_dir: Path, **kw) -> GridConfig:
     values = dict(out=str(out), datasets=("mnist",), algorithms=("iadmm", "objpm"), eps=(0.5,), seeds=2,
-                  rounds=ROUNDS, eval_every=2, mnist_dir=str(mnist_dir))
+                  rounds=ROUNDS, eval_every=2, mnist_dir=str(mnist_dir), iadmm_steps=(1,))
     return GridConfig(**(values | kw))
 
 
@@ -29,7 +30,14 @@ def _final_error(out: Path, cell: str, seed: int) -> float:
 
 def test_grid_cells_use_the_papers_calibration() -> None:
     cells = GridConfig(femnist_dir="somewhere").cells()
-    assert len(cells) == 2 * (1 + 4 * 5)  # two data sets; iadmm once, four private algorithms x five eps
+    # two data sets; iadmm with E = 1 and 10; objp, objpm, outp and objt with either radius, x five eps
+    assert len(cells) == 2 * (2 + 5 * 5)
+    assert len({cell_name(c) for c in cells}) == len(cells)
+    assert {c.trust_radius for c in cells if c.algorithm == "objt"} == {"paper", "reference"}
+    assert {c.steps for c in cells if c.algorithm == "iadmm"} == {1, 10}
+    assert {cell_name(c) for c in cells if c.dataset == "mnist" and c.algorithm in ("iadmm", "objt")
+            and c.effective_epsilon in (math.inf, 5.0)} == {
+        "mnist-iadmm-epsinf", "mnist-iadmm-E10-epsinf", "mnist-objt-eps5", "mnist-objt-reference-eps5"}
     assert {c.sensitivity for c in cells} == {"data-dependent"}
     assert {(c.dataset, c.num_agents) for c in cells} == {("mnist", 10), ("femnist", 195)}
     assert {c.steps for c in cells if c.algorithm == "objpm"} == {10}
@@ -88,8 +96,39 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
         run_grid(_grid(out, mnist_dir, rounds=6), progress=False, log=logged.append)
 
 
+def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -> None:
+    """objt with both trust radii and iadmm with two E: a cell, a label and a line each; a cell recorded
+    before those keys existed is still recognised as complete."""
+    out = tmp_path / "grid"
+    grid = _grid(out, mnist_dir, algorithms=("iadmm", "objt"), iadmm_steps=(1, 2), seeds=1, rounds=2)
+    run_grid(grid, progress=False, log=lambda _: None)
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [
+        "mnist-iadmm-E2-epsinf", "mnist-iadmm-epsinf", "mnist-objt-eps0.5", "mnist-objt-reference-eps0.5"]
+    with open(out / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["algorithm"], r["local_steps"]) for r in rows} == {
+        ("iadmm", "1"), ("iadmm-E2", "2"), ("objt", "1"), ("objt-reference", "1")}
+    summary = (out / "summary.md").read_text()
+    assert "| objt-reference | 0.5 | 1 | 2 |" in summary and "| iadmm-E2 | non-private | 2 | 2 |" in summary
+    assert summary.count("7.84 (000)") == 0 and summary.count("12.80 (000)") == 0  # eps 0.5: none quoted
+    for cell, radius in (("mnist-objt-eps0.5", "paper"), ("mnist-objt-reference-eps0.5", "reference")):
+        header = json.loads((out / "runs" / cell / "seed-0" / "config.json").read_text())
+        assert header["trust-radius"] == radius
+    done = out / "runs" / "mnist-objt-eps0.5" / "cell.json"
+    record = json.loads(done.read_text())
+    del record["config"]["trust-radius"]  # as written before the key existed
+    done.write_text(json.dumps(record))
+    logged: list[str] = []
+    run_grid(grid, progress=False, log=logged.append)
+    assert sum("complete, skipped" in line for line in logged) == 4
+
+
 def test_bad_grid_values_are_named() -> None:
     with pytest.raises(ValueError, match="eps=.* finite"):
         GridConfig(eps=(math.inf,))
     with pytest.raises(ValueError, match="seeds=0"):
         GridConfig(seeds=0)
+    with pytest.raises(ValueError, match="trust-radii='huge' is not allowed; choose among paper, reference"):
+        GridConfig(trust_radii=("huge",))
+    with pytest.raises(ValueError, match="iadmm-steps='0' is not allowed"):
+        GridConfig(iadmm_steps=(0,))
