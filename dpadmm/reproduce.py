@@ -7,7 +7,8 @@ a cell each: objt with 000's radius a/t^2 and with the constant radius of the au
 (``--trust-radii``), and the non-private iadmm with E = 1 and E = 10 (``--iadmm-steps``; 003
 defines it as Algorithm 1 with eps = inf without saying which E). Every cell (data set,
 algorithm and variant, eps-bar) runs its seeds together as one batch of the engine
-(:func:`dpadmm.engine.run_seeds`).
+(:func:`dpadmm.engine.run_seeds`). A non-private cell runs seed 0 alone: without noise nothing in
+a run depends on the seed (full batches, zero start), so more seeds would repeat the same numbers.
 
 The runs use the papers' calibration, ``sensitivity="data-dependent"`` (eq. (9b) evaluated
 on the agent's own data), because the point is to reproduce their numbers; the privacy
@@ -175,12 +176,15 @@ def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], No
         "Theorem 1 does not cover it and the privacy columns are nominal (dpadmm train defaults to clipped)")
     for i, config in enumerate(cells, 1):
         folder = out / "runs" / cell_name(config)
-        identity = _identity(config, seeds)
+        cell_seeds = seeds if config.private else seeds[:1]
+        identity = _identity(config, cell_seeds)
         done = folder / "cell.json"
         if done.exists():
             recorded = json.loads(done.read_text())
             # a cell recorded before a key existed ran with that key's default
             recorded["config"] = {**_identity(RunConfig(), [])["config"], **recorded["config"]}
+            if not config.private:  # recorded before non-private cells ran one seed: the same run
+                recorded["seeds"] = recorded["seeds"][:1]
             if {k: recorded[k] for k in identity} != identity:
                 raise ValueError(f"{folder} holds this cell with other settings ({recorded['config']}, seeds "
                                  f"{recorded['seeds']}); use another --out or delete that folder")
@@ -189,8 +193,8 @@ def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], No
         checkpoint = folder / "checkpoint.pt"
         log(f"[{i}/{len(cells)}] {cell_name(config)}: " + ("resuming" if checkpoint.exists() else "running"))
         started = time.perf_counter()
-        dirs = [folder / f"seed-{s}" for s in seeds]
-        engine.run_seeds(config, seeds, progress=progress, directories=dirs, checkpoint=checkpoint)
+        dirs = [folder / f"seed-{s}" for s in cell_seeds]
+        engine.run_seeds(config, cell_seeds, progress=progress, directories=dirs, checkpoint=checkpoint)
         record = {**identity, "wall_seconds_last_call": round(time.perf_counter() - started, 1),
                   "training_samples": load_for(config).num_train, "machine": machine(),
                   "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -308,18 +312,25 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
     machines = sorted({record.get("machine", "?") for _, record, _ in cells})
     if machines:
         lines += [f"Hardware: {'; '.join(machines)}.", ""]
-    short = sorted({(c.dataset, c.rounds, len(rec["seeds"])) for c, rec, _ in cells
-                    if c.rounds < PAPER_ROUNDS or len(rec["seeds"]) < PAPER_SEEDS})
+    # a non-private cell's one seed stands for all (its runs do not depend on the seed)
+    short = sorted({(c.dataset, c.rounds, len(rec["seeds"]) if c.private else PAPER_SEEDS)
+                    for c, rec, _ in cells
+                    if c.rounds < PAPER_ROUNDS or (c.private and len(rec["seeds"]) < PAPER_SEEDS)})
     if short:
         lines += [
             "**Shortened grid.** "
             + "; ".join(f"{d.upper()}: T = {t:,} of the papers' {PAPER_ROUNDS:,} rounds, "
                         f"{n} of {PAPER_SEEDS} seeds" for d, t, n in short)
-            + ". Errors after so few rounds are far above the papers' T = 20,000 values and are not "
-            "comparable to them; the comparison the rows allow is between algorithms at equal T. "
-            "The full grid is `" + FULL_COMMAND + "`.",
+            + "."
+            + (" Errors after fewer rounds than the papers' are above their T = 20,000 values and are not "
+               "comparable to them; the comparison such rows allow is between algorithms at equal T."
+               if any(t < PAPER_ROUNDS for _, t, _ in short) else "")
+            + " The full grid is `" + FULL_COMMAND + "`.",
             "",
         ]
+    if any(not c.private for c, _, _ in cells):
+        lines += ["The non-private cells run seed 0 alone: without noise a run does not depend on its "
+                  "seed.", ""]
     for dataset in PAPER_DATASETS:
         here = [(c, rec, folder) for c, rec, folder in cells if c.dataset == dataset]
         if not here:

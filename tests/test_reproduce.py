@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,9 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     # results.csv: one row per cell x seed x evaluated round
     with open(out / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 2 * 2 * (ROUNDS // 2)
-    assert {(r["algorithm"], r["eps"]) for r in rows} == {("iadmm", "inf"), ("objpm", "0.5")}
+    assert len(rows) == (1 + 2) * (ROUNDS // 2)  # iadmm: seed 0 alone (no noise, nothing depends on it)
+    assert {(r["algorithm"], r["eps"], r["seed"]) for r in rows} == {
+        ("iadmm", "inf", "0"), ("objpm", "0.5", "0"), ("objpm", "0.5", "1")}
     # summary.md: the papers' numbers next to ours, and the ledger of each cell
     summary = (out / "summary.md").read_text()
     assert "9.10 (003, non-private)" in summary and "nominal" in summary
@@ -118,6 +120,12 @@ def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -
     record = json.loads(done.read_text())
     del record["config"]["trust-radius"]  # as written before the key existed
     done.write_text(json.dumps(record))
+    done = out / "runs" / "mnist-iadmm-epsinf" / "cell.json"
+    record = json.loads(done.read_text())
+    record["seeds"] = [0, 1, 2]  # as written when non-private cells ran every seed
+    done.write_text(json.dumps(record))
+    for seed in (1, 2):
+        shutil.copytree(done.parent / "seed-0", done.parent / f"seed-{seed}")
     logged: list[str] = []
     run_grid(grid, progress=False, log=logged.append)
     assert sum("complete, skipped" in line for line in logged) == 4
