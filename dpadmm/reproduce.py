@@ -124,8 +124,8 @@ class GridConfig:
                 variants: list[dict[str, Any]] = [{}]
                 if algorithm == "objt":
                     variants = [{"trust_radius": r} for r in self.trust_radii]
-                elif algorithm == "iadmm":
-                    variants = [{"local_steps": e} for e in self.iadmm_steps]
+                elif algorithm == "iadmm":  # E = 1 is iadmm's default: its cells keep their settings
+                    variants = [{"local_steps": e} if e != 1 else {} for e in self.iadmm_steps]
                 for variant in variants:
                     for eps in ([math.inf] if algorithm == "iadmm" else self.eps):
                         out.append(RunConfig(

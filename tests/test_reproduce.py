@@ -123,6 +123,7 @@ def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -
     done = out / "runs" / "mnist-iadmm-epsinf" / "cell.json"
     record = json.loads(done.read_text())
     record["seeds"] = [0, 1, 2]  # as written when non-private cells ran every seed
+    assert record["config"]["local-steps"] == 0  # E = 1 by default, as cells recorded earlier say
     done.write_text(json.dumps(record))
     for seed in (1, 2):
         shutil.copytree(done.parent / "seed-0", done.parent / f"seed-{seed}")
