@@ -312,19 +312,23 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
     machines = sorted({record.get("machine", "?") for _, record, _ in cells})
     if machines:
         lines += [f"Hardware: {'; '.join(machines)}.", ""]
-    # a non-private cell's one seed stands for all (its runs do not depend on the seed)
-    short = sorted({(c.dataset, c.rounds, len(rec["seeds"]) if c.private else PAPER_SEEDS)
-                    for c, rec, _ in cells
-                    if c.rounds < PAPER_ROUNDS or (c.private and len(rec["seeds"]) < PAPER_SEEDS)})
+    # (data set, T) -> seed counts of its private cells, where T or the seeds fall short of the papers'
+    # (a non-private cell's one seed stands for all: its runs do not depend on the seed)
+    short: dict[tuple[str, int], set[int]] = {}
+    for c, rec, _ in cells:
+        if c.rounds < PAPER_ROUNDS or (c.private and len(rec["seeds"]) < PAPER_SEEDS):
+            short.setdefault((c.dataset, c.rounds), set()).update([len(rec["seeds"])] if c.private else [])
     if short:
+        fewer_rounds = any(t < PAPER_ROUNDS for _, t in short)
+        parts = [f"{d.upper()}: T = {t:,}"
+                 + (f" of the papers' {PAPER_ROUNDS:,} rounds" if t < PAPER_ROUNDS else "")
+                 + (f", {'/'.join(map(str, sorted(n)))} of {PAPER_SEEDS} seeds" if n else "")
+                 for (d, t), n in sorted(short.items())]
         lines += [
-            "**Shortened grid.** "
-            + "; ".join(f"{d.upper()}: T = {t:,} of the papers' {PAPER_ROUNDS:,} rounds, "
-                        f"{n} of {PAPER_SEEDS} seeds" for d, t, n in short)
-            + "."
+            ("**Shortened grid.** " if fewer_rounds else "**Fewer seeds.** ") + "; ".join(parts) + "."
             + (" Errors after fewer rounds than the papers' are above their T = 20,000 values and are not "
                "comparable to them; the comparison such rows allow is between algorithms at equal T."
-               if any(t < PAPER_ROUNDS for _, t, _ in short) else "")
+               if fewer_rounds else "")
             + " The full grid is `" + FULL_COMMAND + "`.",
             "",
         ]

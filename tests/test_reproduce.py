@@ -63,6 +63,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     # summary.md: the papers' numbers next to ours, and the ledger of each cell
     summary = (out / "summary.md").read_text()
     assert "9.10 (003, non-private)" in summary and "nominal" in summary
+    assert "**Shortened grid.** MNIST: T = 4 of the papers' 20,000 rounds, 2 of 10 seeds." in summary
     config = next(c for c in _grid(out, mnist_dir).cells() if c.algorithm == "objpm")
     ledger = privacy.ledger(config, total_samples=60000)
     assert f"| {ledger.whole_run.epsilon_pld:.3g} |" in summary
