@@ -3,9 +3,9 @@
 At the same whole-run (epsilon, delta) per agent, on the same data, partition and model (the papers'
 logistic regression, zero start):
 
-- ``dpiadmm``: our DP-IADMM on the batched engine (``dpadmm.engine.run_seeds``), budget-first:
+- ``dpiadmm``: our DP-IADMM on the batched engine (``dpadmm.iadmm.engine.run_seeds``), budget-first:
   ``target_epsilon`` calibrates eps-bar per local step for the configured T and E;
-- ``dpsgd``: DP-SGD local training through Opacus + FedAvg (``dpadmm.baselines.dpsgd_fedavg``),
+- ``dpsgd``: DP-SGD local training through Opacus + FedAvg (``dpfedavg_bench.baselines.dpsgd_fedavg``),
   the noise multiplier calibrated to the target;
 - ``dpfedavg``: Flower's own DP-FedAvg, ``FedAvg`` wrapped in
   ``DifferentialPrivacyClientSideFixedClipping`` with Flower's ``RdpAccountant`` and the
@@ -15,7 +15,7 @@ logistic regression, zero start):
   by ``dpfedavg_bench.inprocess.InProcessGrid``, because a simulation costs seconds of framework
   overhead per round at 195 nodes on two cores.
 
-The three epsilons are not the same promise (``dpadmm.baselines`` explains): DP-IADMM and DP-SGD
+The three epsilons are not the same promise (``dpfedavg_bench.baselines`` explains): DP-IADMM and DP-SGD
 are sample-level and local (the agent adds the noise); DP-FedAvg is client-level (a whole agent)
 and central (the server adds the noise and sees the clipped updates). All three are stated for
 add-or-remove-one neighbours, at delta, by dp-accounting's PLD accountant; DP-FedAvg's row also
@@ -23,7 +23,7 @@ carries Flower's own (RDP) epsilon.
 
 Protocol: for each data set, method and epsilon, every configuration of the method's small grid
 (``GRIDS``) is trained with seed 0 and scored on the validation half of the test set
-(``dpadmm.baselines.evaluation_split``); the configuration with the lowest validation error is then
+(``dpfedavg_bench.baselines.evaluation_split``); the configuration with the lowest validation error is then
 trained with the reported seeds (1, 2, 3) and scored on the other half. Errors are those of the last
 round's model. The grids were fixed before any run; no reported number chose anything.
 
@@ -63,18 +63,24 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dpadmm import engine
-from dpadmm.baselines import DpFedAvgConfig, DpSgdConfig, dpsgd_fedavg, error_rate, evaluation_split
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
-from dpadmm.federation import load_for
-from dpadmm.modules import build_model
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import load_for
+from dpadmm.models.modules import build_model
 from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "benchmarks" / "dpfedavg_app"
 sys.path.insert(0, str(APP))
 from dpfedavg_bench import client_app, inprocess, server_app  # noqa: E402  (the app's own modules)
+from dpfedavg_bench.baselines import (  # noqa: E402
+    DpFedAvgConfig,
+    DpSgdConfig,
+    dpsgd_fedavg,
+    error_rate,
+    evaluation_split,
+)
 
 METHODS = ("dpiadmm", "dpsgd", "dpfedavg")
 LABELS = {

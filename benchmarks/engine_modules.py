@@ -1,6 +1,6 @@
 """The engine's module path: vmap over agents against a plain loop over agents (s/round, peak memory).
 
-Each variant runs ``dpadmm.engine.step`` (w, every agent's E local steps with their noise,
+Each variant runs ``dpadmm.iadmm.engine.step`` (w, every agent's E local steps with their noise,
 the duals; no central evaluation) in a fresh subprocess, so that its peak resident memory
 (``VmHWM`` of /proc/self/status, reset with /proc/self/clear_refs once the data and the
 state are built) is its own. The variants:
@@ -50,10 +50,10 @@ from typing import Any
 
 import torch
 
-from dpadmm import engine
-from dpadmm.config import RunConfig
-from dpadmm.federation import agent_data, load_for
-from dpadmm.modules import LogisticRegression, build_model, initial_parameters
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.models.modules import LogisticRegression, build_model, initial_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 FEMNIST = str(ROOT.parent / "shared" / "data" / "femnist" / "leaf-sample-a") + "," + str(
@@ -117,7 +117,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def sweep(repeats: int) -> list[dict[str, Any]]:
     """Milliseconds (minimum of ``repeats``) and page faults of one gradient call, per model, budget and
     vectorize: the chunking of :meth:`ModuleOracle._sum` without the rest of the round."""
-    from dpadmm.oracles import ModuleOracle
+    from dpadmm.iadmm.local import oracle as make_oracle
 
     config = RunConfig(epsilon=1.0, algorithm="objpm", model="custom")
     dataset = load_for(config)
@@ -128,7 +128,7 @@ def sweep(repeats: int) -> list[dict[str, Any]]:
     for name, module in models:
         w = initial_parameters(module, 0, dtype=data.x.dtype)
         z = {k: v.expand(config.num_agents, *v.shape).clone() + 0.01 for k, v in w.items()}
-        oracles = {(budget, vectorize): ModuleOracle(config, module, data, vectorize=vectorize, budget=budget)
+        oracles = {(budget, vectorize): make_oracle(config, data, module, vectorize=vectorize, budget=budget)
                    for budget in (2**21, 2**23, 2**26) for vectorize in (True, False)}
         best = dict.fromkeys(oracles, float("inf"))
         faults = dict.fromkeys(oracles, 0)

@@ -8,7 +8,7 @@ Flower's Ray simulation backend with one CPU per client:
   agent) and receives z_p and the last iterate (2 arrays).
 - ``fedavg-same-work``: Flower's own ``FedAvg`` (``benchmarks/fedavg_app``) whose ClientApp does our
   agent's work: the same data loading (``clients.client_app.agent_data_for``) and one
-  ``dpadmm.local.agent_round`` on the 3 arrays it receives, replying 2 arrays. FedAvg broadcasts one
+  ``dpadmm.iadmm.local.agent_round`` on the 3 arrays it receives, replying 2 arrays. FedAvg broadcasts one
   ArrayRecord to every node and averages the replies; it has no per-agent state (so its driver
   holds one copy of the 3 arrays where ours holds 3 per agent, and no data set: ours evaluates w
   centrally).

@@ -2,7 +2,7 @@
 
 Measures, on the machine it runs on, for each engine row:
 
-1. **round**: ``dpadmm.engine.step`` (the server's w and lambda updates and every agent's E local steps
+1. **round**: ``dpadmm.iadmm.engine.step`` (the server's w and lambda updates and every agent's E local steps
    with their noise; no central evaluation), after one warm-up round;
 2. **gradient**: the round's E gradient calls alone, as the engine makes them (on a CPU the fused kernel
    of :mod:`dpadmm.native`: both products, the softmax and the clipping in one pass over the nonzero
@@ -49,12 +49,12 @@ import numpy as np
 import torch
 
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
-from dpadmm import noise
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
-from dpadmm.engine import EngineState, step
-from dpadmm.federation import agent_data
-from dpadmm.models import AgentData, gradient, probabilities, shared_bmm
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.engine import EngineState, step
+from dpadmm.iadmm.federation import agent_data
+from dpadmm.models.logistic import AgentData, gradient, probabilities, shared_bmm
+from dpadmm.privacy import noise
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The DP-IADMM ClientApp: one agent's lines 15-22 of 003 Algorithm 1.
 
-The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1, called through
+The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1, called through
 ``clients.dpiadmm`` (the protocol helpers any user's ClientApp can call too); this module only
 finds the agent's data and model. The agent keeps **no state between rounds**:
 the server sends it w together with its own lambda_p and last local iterate, and it sends
@@ -30,13 +30,13 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from clients.dpiadmm import answer_query, train_reply
-from dpadmm import privacy
-from dpadmm.config import RunConfig
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES
 from dpadmm.data.node import load_node_data
-from dpadmm.federation import DTYPES, agent_data, load_for, resolve_device
-from dpadmm.models import AgentData
-from dpadmm.modules import build_model
+from dpadmm.iadmm import privacy
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import DTYPES, agent_data, load_for, resolve_device
+from dpadmm.models.logistic import AgentData
+from dpadmm.models.modules import build_model
 
 app = ClientApp()
 

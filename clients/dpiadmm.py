@@ -15,7 +15,7 @@ and answers its messages with these helpers::
         data = AgentData.from_blocks([x], [y], num_classes=K, total=I, agents=[partition_id])
         return train_reply(msg, config, data, partition_id, module=MyNet())
 
-The learning is ``dpadmm.local.agent_round`` with an agent dimension of 1: E local
+The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1: E local
 updates of eq. (8) (or the trust region) with per-sample clipping and keyed noise. The
 agent keeps no state between rounds: the server sends w, lambda_p and the last local
 iterate, and the agent sends back z_p^{t+1} (and its last iterate when E > 1).
@@ -28,9 +28,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
 from dpadmm import wire
-from dpadmm.config import RunConfig
-from dpadmm.local import agent_round
-from dpadmm.models import AgentData
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.local import agent_round
+from dpadmm.models.logistic import AgentData
 
 
 def answer_query(msg: Message, partition_id: int) -> Message:
@@ -78,7 +78,7 @@ def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: 
     """Answer a train message: refuse another agent's state, run round t, reply z_p^{t+1}.
 
     ``config`` must be the run's (calibrated, if it sets ``target-epsilon``: see
-    ``dpadmm.privacy.calibrate``); ``data`` is this agent's, with ``agents=[partition_id]``
+    ``dpadmm.iadmm.privacy.calibrate``); ``data`` is this agent's, with ``agents=[partition_id]``
     (the key of its noise streams) and ``total`` the federation's sample count I.
     """
     sent_for = int(msg.content["config"]["partition-id"])

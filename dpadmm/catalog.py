@@ -1,9 +1,9 @@
 """The names a run configuration is checked against, apart from the modules that implement them.
 
-:class:`dpadmm.config.RunConfig` validates its keys against these tuples, and the ``dpadmm`` command
+:class:`dpadmm.iadmm.config.RunConfig` validates its keys against these tuples, and the ``dpadmm`` command
 builds its flags from RunConfig. Keeping the names here, without importing torch, lets
 ``dpadmm --help`` and ``dpadmm privacy`` start in a fraction of a second; the modules named
-(:mod:`dpadmm.data`, :mod:`dpadmm.modules`, :mod:`dpadmm.noise`) import them from here.
+(:mod:`dpadmm.data`, :mod:`dpadmm.models.modules`, :mod:`dpadmm.privacy.noise`) import them from here.
 """
 
 DATASET_NAMES = ("default", "mnist", "femnist")  # what dpadmm.data.load_dataset knows
@@ -15,6 +15,7 @@ NUM_CLASSES = {"default": 10, "mnist": 10, "femnist": 62}
 # P when num-agents is 0: the papers' 10 MNIST agents, and one agent per FEMNIST writer (195).
 DEFAULT_AGENTS = {"default": 10, "mnist": 10, "femnist": 195}
 
-MODELS = ("logistic", "cnn", "mlp", "custom")  # what dpadmm.modules.build_model knows
+MODELS = ("logistic", "cnn", "mlp", "custom")  # what dpadmm.models.modules.build_model knows
 
-GENERATORS = ("philox", "torch")  # dpadmm.noise's generators (see its "A faster generator for large models")
+# dpadmm.privacy.noise's generators (see its "A faster generator for large models")
+GENERATORS = ("philox", "torch")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig
 
 _T = TypeVar("_T")
 
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_reproduce(commands: argparse._SubParsersAction) -> None:
-    from dpadmm.reproduce import GridConfig
+    from dpadmm.iadmm.reproduce import GridConfig
 
     d = GridConfig()
     rep = commands.add_parser(
@@ -113,7 +113,7 @@ def _add_reproduce(commands: argparse._SubParsersAction) -> None:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from dpadmm import reproduce
+    from dpadmm.iadmm import reproduce
 
     try:
         if args.report_only:
@@ -326,8 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.command == "privacy":
-        from dpadmm import privacy  # and no torch: the ledger needs the sample count, not the data
         from dpadmm.data import train_size
+        from dpadmm.iadmm import privacy  # and no torch: the ledger needs the sample count, not the data
 
         try:
             total = train_size(config.dataset, config.data_dir, config.num_agents)
@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
         return 0
     if args.command == "train":
-        from dpadmm import engine
+        from dpadmm.iadmm import engine
 
         try:
             result = engine.run(config, progress=not args.no_progress)

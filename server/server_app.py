@@ -17,11 +17,11 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from dpadmm import privacy
-from dpadmm.config import RunConfig
-from dpadmm.federation import DTYPES, load_for
-from dpadmm.modules import build_model, initial_parameters
-from dpadmm.results import RunWriter, central_metrics
+from dpadmm.iadmm import privacy
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import DTYPES, load_for
+from dpadmm.models.modules import build_model, initial_parameters
+from dpadmm.runs.results import RunWriter, central_metrics
 from strategies import DPIADMM
 
 CHECKPOINT = "checkpoint.pt"
@@ -39,9 +39,11 @@ def main(grid: Grid, context: Context) -> None:
     resume = bool(config.out) and (Path(config.out) / CHECKPOINT).exists()
     if resume:
         strategy = DPIADMM(config, parameters, checkpoint_path=Path(config.out) / CHECKPOINT)
-        writer = RunWriter(config, engine="flower", directory=config.out, resume_round=strategy.round)
+        writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out,
+                           save_weights=config.save_weights, resume_round=strategy.round)
     else:
-        writer = RunWriter(config, engine="flower")
+        writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
+                           fresh=True, save_weights=config.save_weights)
         strategy = DPIADMM(config, parameters, checkpoint_path=writer.directory / CHECKPOINT)
     strategy.on_round = lambda report: writer.record_round(report.to_dict())
     log(INFO, "dpadmm: %s %s", "resuming" if resume else "writing",

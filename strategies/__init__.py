@@ -2,7 +2,7 @@
 
 ``DPIADMM`` is a ``flwr.serverapp.strategy.Strategy`` (Message API). It performs line 5
 (the global model w, eq. (4a)) and line 8 (the duals lambda_p, eq. (4c)) of Algorithm 1
-in 003 with the core functions of ``dpadmm.consensus``, and keeps the per-agent state
+in 003 with the core functions of ``dpadmm.iadmm.consensus``, and keeps the per-agent state
 (z_p, lambda_p) keyed by the partition id each client reports (node ids are random).
 
 Protocol (what a ClientApp must speak; ``clients.dpiadmm`` implements it for any model):

@@ -26,11 +26,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from dpadmm import checkpoint, privacy, schedules, wire
-from dpadmm.config import RunConfig
-from dpadmm.consensus import consensus_violation, dual_update, global_update
-from dpadmm.federation import DTYPES
-from dpadmm.modules import Params
+from dpadmm import wire
+from dpadmm.iadmm import privacy, schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.federation import DTYPES
+from dpadmm.models.modules import Params
+from dpadmm.runs import checkpoint
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -62,7 +64,7 @@ class RoundReport:
 class DPIADMM(Strategy):
     """Server side of DP-IADMM (ObjP, ObjPM, ObjT, IADMM) and of the OutP baseline.
 
-    Per round t, for the agents :func:`dpadmm.schedules.participants` samples:
+    Per round t, for the agents :func:`dpadmm.iadmm.schedules.participants` samples:
 
     * objective-perturbation family: ``configure_train`` computes w^{t+1} = eq. (4a) over
       all P agents (line 5) and sends it; ``aggregate_train`` stores each accepted z_p^{t+1}
@@ -85,7 +87,7 @@ class DPIADMM(Strategy):
 
     The model is any set of named parameter tensors: ``parameters`` is w^1 = z_p^0 (zeros
     for logistic regression, as in Algorithm 1; a network's own initialisation, see
-    :func:`dpadmm.modules.initial_parameters`), and lambda_p starts at 0. Every update
+    :func:`dpadmm.models.modules.initial_parameters`), and lambda_p starts at 0. Every update
     applies per tensor. Messages carry the variables in one ``ArrayRecord`` keyed
     ``<role>.<parameter>`` (:mod:`dpadmm.wire`).
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpadmm.audit import audit_local_step, clopper_pearson
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.audit import audit_local_step, clopper_pearson
+from dpadmm.iadmm.config import RunConfig
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0])

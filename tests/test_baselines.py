@@ -16,17 +16,17 @@ import pytest
 import torch
 from scipy import optimize, stats
 
-from dpadmm import baselines
-from dpadmm.baselines import DpFedAvgConfig, DpSgdConfig
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
-from dpadmm.federation import load_for
-from dpadmm.modules import LogisticRegression
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import load_for
+from dpadmm.models.modules import LogisticRegression
 from tests.conftest import ROOT, flwr_run, toml_value
 
 APP = ROOT / "benchmarks" / "dpfedavg_app"
 DELTA = 1e-5
-
+sys.path.insert(0, str(APP))  # the baselines are the benchmark app's own module
+from dpfedavg_bench import baselines  # noqa: E402
+from dpfedavg_bench.baselines import DpFedAvgConfig, DpSgdConfig  # noqa: E402
 
 # ----- accounting -----
 

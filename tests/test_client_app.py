@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from clients.client_app import agent_data_for
-from dpadmm.config import RunConfig
-from dpadmm.federation import agent_data, load_for
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
 
 
 def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig
 from tests.conftest import ROOT
 
 

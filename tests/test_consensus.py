@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from dpadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
 
 
 def test_global_update_minimises_eq_4a() -> None:

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm import engine
-from dpadmm.config import RunConfig
-from dpadmm.federation import agent_data, load_for
-from dpadmm.results import read_jsonl, read_metrics
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import ROOT, free_ports, stop_flwr_processes
 
 pytestmark = pytest.mark.slow

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm import engine, schedules
-from dpadmm.config import RunConfig
-from dpadmm.federation import agent_data, load_for
-from dpadmm.results import read_jsonl, read_metrics
+from dpadmm.iadmm import engine, schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.runs.results import read_jsonl, read_metrics
 from strategies import DPIADMM
 from tests.conftest import ROOT, flwr_run, toml_value
 from tests.faulty_clientapp import FAULTS

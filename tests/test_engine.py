@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm import engine, schedules
-from dpadmm.config import RunConfig
-from dpadmm.federation import agent_data, load_for
-from dpadmm.results import read_metrics
+from dpadmm.iadmm import engine, schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.runs.results import read_metrics
 
 # Authors' reference code, MNIST, P = 10 contiguous blocks, pixels / 255, non-private, t = 41.
 REFERENCE = {"objp": (0.2296, 6.652e-3), "outp": (0.3123, 0.1163)}

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm import engine
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset, load_dataset
-from dpadmm.modules import LogisticRegression
-from dpadmm.results import read_metrics
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.modules import LogisticRegression
+from dpadmm.runs.results import read_metrics
 
 
 @pytest.fixture(scope="module")

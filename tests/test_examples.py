@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig
 from tests.conftest import ROOT, flwr_run
 
 EXAMPLE = ROOT / "examples" / "plugin_app"
@@ -61,7 +61,7 @@ def test_the_example_imports_only_public_entry_points() -> None:
                 assert allowed, f"{path.name} imports {name}: a dependency the example does not declare"
     # It really plugs in our strategy and helpers (and not by copying them).
     assert {"strategies.DPIADMM", "clients.dpiadmm.answer_query", "clients.dpiadmm.train_reply",
-            "dpadmm.modules.initial_parameters", "dpadmm.modules.logits_of"} <= used
+            "dpadmm.models.modules.initial_parameters", "dpadmm.models.modules.logits_of"} <= used
 
     # Its own network: defined in the example, not one of dpadmm's built-in models.
     model = ast.parse((PACKAGE / "model.py").read_text())

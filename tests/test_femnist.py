@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpadmm.config import RunConfig
 from dpadmm.data import load_dataset
 from dpadmm.data.femnist import load_femnist, read_leaf, sample_folders
-from dpadmm.federation import agent_data
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data
 
 
 def _write(path: Path, users: dict[str, list[int]], fill: float, gz: bool) -> None:

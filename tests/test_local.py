@@ -13,10 +13,11 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from dpadmm import noise, schedules
-from dpadmm.config import RunConfig
-from dpadmm.local import agent_round, outp_step, proximal_step, trust_region_step
-from dpadmm.models import AgentData, gradient, probabilities, sensitivity
+from dpadmm.iadmm import schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.local import agent_round, outp_step, proximal_step, trust_region_step
+from dpadmm.models.logistic import AgentData, gradient, probabilities, sensitivity
+from dpadmm.privacy import noise
 
 SHAPE = (4, 3)
 

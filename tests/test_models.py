@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpadmm.models import AgentData, error_rate, gradient, probabilities, sensitivity, training_loss
+from dpadmm.models.logistic import AgentData, error_rate, gradient, probabilities, sensitivity, training_loss
 
 
 def _agents(seed: int = 0, counts=(7, 4, 9), j: int = 6, k: int = 4, total: int = 40) -> AgentData:

@@ -1,4 +1,4 @@
-"""dpadmm.modules: the models by name, their shapes, seeded initial parameters and the tree helpers."""
+"""dpadmm.models.modules: the models by name, their shapes, seeded initial parameters and the tree helpers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpadmm.modules import (
+from dpadmm.models.modules import (
     MLP,
     MODELS,
     LeafCNN,

@@ -12,9 +12,11 @@ import sys
 import pytest
 import torch
 
-from dpadmm import engine, native, noise
-from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, gradient, gradient_and_sensitivity, probabilities, sensitivity
+from dpadmm import native
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities, sensitivity
+from dpadmm.privacy import noise
 
 F64 = torch.float64
 
@@ -190,7 +192,8 @@ def _in_fresh_process(code: str, **env: str) -> dict:
 _PROBE = """
 import json, logging, torch
 logging.basicConfig(level=logging.INFO)
-from dpadmm import native, noise
+from dpadmm import native
+from dpadmm.privacy import noise
 x = noise.laplace(1, torch.arange(3), 2, 1, (101,), torch.ones(3, dtype=torch.float64))
 print(json.dumps({"native": native.library() is not None, "sum": float(x.sum()),
                   "bits": x.flatten().tolist()}))

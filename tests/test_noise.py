@@ -1,4 +1,4 @@
-"""Tests of dpadmm.noise: Philox known answers, keying, batching invariance, distributions.
+"""Tests of dpadmm.privacy.noise: Philox known answers, keying, batching invariance, distributions.
 
 Every test runs twice: with the fused C kernel (dpadmm.native) and with the portable torch path that is
 its definition and the fallback (and the only path on CUDA).
@@ -14,7 +14,8 @@ import pytest
 import scipy.stats
 import torch
 
-from dpadmm import native, noise
+from dpadmm import native
+from dpadmm.privacy import noise, transforms
 
 F64 = torch.float64
 
@@ -322,12 +323,13 @@ def test_log_sqrt_sincos_accuracy():
 
 
 def test_ln2_split():
-    mantissa = int(math.frexp(noise._LN2_HI)[0] * 2**53)
-    assert (mantissa & -mantissa).bit_length() - 1 >= 11  # e * _LN2_HI exact for |e| < 2**11
-    assert math.log(2) == noise._LN2_HI + noise._LN2_LO
+    mantissa = int(math.frexp(transforms.LN2_HI)[0] * 2**53)
+    assert (mantissa & -mantissa).bit_length() - 1 >= 11  # e * LN2_HI exact for |e| < 2**11
+    assert math.log(2) == transforms.LN2_HI + transforms.LN2_LO
     with decimal.localcontext() as ctx:
         ctx.prec = 60
-        error = decimal.Decimal(noise._LN2_HI) + decimal.Decimal(noise._LN2_LO) - decimal.Decimal(2).ln()
+        hi, lo = decimal.Decimal(transforms.LN2_HI), decimal.Decimal(transforms.LN2_LO)
+        error = hi + lo - decimal.Decimal(2).ln()
         assert abs(error) < decimal.Decimal(2) ** -100
 
 

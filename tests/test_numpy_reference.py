@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
-from dpadmm import engine
-from dpadmm.config import RunConfig
-from dpadmm.federation import load_for
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import load_for
 
 
 @pytest.mark.parametrize(("algorithm", "steps"), [("objp", 1), ("objpm", 3)])

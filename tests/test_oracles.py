@@ -1,4 +1,5 @@
-"""dpadmm.oracles: clipped per-sample gradients against autograd, the sensitivity bound, minibatches, scales.
+"""dpadmm.models.oracles: clipped per-sample gradients against autograd, the sensitivity bound, minibatches,
+scales.
 
 The privacy of a module run rests on three facts tested here: the oracle's gradient is
 (1/I) sum_i clip_C(grad l_i) + (2 beta/P) z exactly (compared with a per-sample
@@ -15,13 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from dpadmm import noise, privacy
-from dpadmm.config import RunConfig
-from dpadmm.local import agent_round
-from dpadmm.models import AgentData, clip_factors, probabilities
-from dpadmm.modules import MLP, LogisticRegression, Params
-from dpadmm.oracles import LogisticOracle, ModuleOracle
-from dpadmm.privacy import clipped_sensitivity
+from dpadmm.iadmm import local, privacy
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.local import agent_round
+from dpadmm.models.logistic import AgentData, clip_factors, probabilities
+from dpadmm.models.modules import MLP, LogisticRegression, Params
+from dpadmm.privacy import noise
+from dpadmm.privacy.ledger import clipped_sensitivity
 
 J, K, HIDDEN = 6, 3, 5
 COUNTS = (7, 2, 9, 5)
@@ -105,7 +106,7 @@ def test_clipped_gradient_equals_a_per_sample_autograd_loop(mechanism: str) -> N
     clip = 3.0 if mechanism == "laplace" else 1.0
     config = _config(mechanism=mechanism, clip_norm=clip)
     assert 0.1 < _clipped_fraction(config, module, z, data) < 0.9
-    g, scale = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
+    g, scale = local.oracle(config, data, module).gradient(z, t=1, e=1)
     expected = _explicit(config, module, z, data)
     assert list(g) == list(expected)
     for name in g:
@@ -119,7 +120,7 @@ def test_without_noise_the_gradient_is_not_clipped() -> None:
     module = MLP(J, K, hidden=HIDDEN)
     z = _params(module, data.num_agents)
     config = _config(algorithm="iadmm", clip_norm=1e-3)
-    g, scale = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
+    g, scale = local.oracle(config, data, module).gradient(z, t=1, e=1)
     expected = _explicit(_config(clip_norm=1e300), module, z, data)
     assert scale is None
     for name in g:
@@ -154,8 +155,8 @@ def test_one_replaced_sample_moves_the_gradient_by_at_most_2c_over_i(mechanism: 
     one = _params(module, 1, seed=9)
     z = {name: v.expand(5, *v.shape[1:]).clone() for name, v in one.items()}
     config = _config(mechanism=mechanism, num_agents=5, clip_norm=0.5)
-    g, _ = ModuleOracle(config, module, data).gradient(z, t=1, e=1)
-    free, _ = ModuleOracle(_config(algorithm="iadmm", num_agents=5), module, data).gradient(z, t=1, e=1)
+    g, _ = local.oracle(config, data, module).gradient(z, t=1, e=1)
+    free, _ = local.oracle(_config(algorithm="iadmm", num_agents=5), data, module).gradient(z, t=1, e=1)
     bound = clipped_sensitivity(config.clip_norm, TOTAL, "replace-one")
     kind = config.clip_norm_type
     for p in range(1, 5):
@@ -170,11 +171,11 @@ def test_the_loop_over_agents_equals_vmap_and_chunking_changes_nothing() -> None
     module = MLP(J, K, hidden=HIDDEN)
     z = _params(module, data.num_agents)
     config = _config(mechanism="gaussian")
-    whole, scale = ModuleOracle(config, module, data).gradient(z, 2, 1)
+    whole, scale = local.oracle(config, data, module).gradient(z, 2, 1)
     per_sample = sum(v[0].numel() for v in z.values())
     for vectorize, budget in ((False, 2**26), (True, per_sample * 2), (False, per_sample * 3),
                               (True, per_sample * 20)):
-        g, other = ModuleOracle(config, module, data, vectorize=vectorize, budget=budget).gradient(z, 2, 1)
+        g, other = local.oracle(config, data, module, vectorize=vectorize, budget=budget).gradient(z, 2, 1)
         assert torch.equal(other, scale)
         for name in g:
             torch.testing.assert_close(g[name], whole[name], rtol=1e-12, atol=1e-15)
@@ -189,7 +190,7 @@ def test_minibatch_rows_are_distinct_real_rows_and_keyed() -> None:
     data = _data()
     size = 3
     config = _config(batch_size=size)
-    oracle = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data)
+    oracle = local.oracle(config, data, MLP(J, K, hidden=HIDDEN))
     rows, factor = oracle._batch(1, 1)
     assert rows is not None and rows.shape == (data.num_agents, size)
     for p, count in enumerate(COUNTS):
@@ -200,12 +201,12 @@ def test_minibatch_rows_are_distinct_real_rows_and_keyed() -> None:
         else:
             assert sorted(chosen[:count]) == list(range(count)) and min(chosen[count:]) >= count
         assert float(factor[p]) == pytest.approx(count / min(size, count) / TOTAL, rel=1e-15)
-    again, _ = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data)._batch(1, 1)
+    again, _ = local.oracle(config, data, MLP(J, K, hidden=HIDDEN))._batch(1, 1)
     assert torch.equal(rows, again)
-    alone, _ = ModuleOracle(config, MLP(J, K, hidden=HIDDEN), data.select(slice(2, 3)))._batch(1, 1)
+    alone, _ = local.oracle(config, data.select(slice(2, 3)), MLP(J, K, hidden=HIDDEN))._batch(1, 1)
     assert torch.equal(alone[0], rows[2])
     others = [oracle._batch(t, e)[0] for t, e in ((1, 2), (2, 1), (3, 2))]
-    other_seed = ModuleOracle(_config(batch_size=size, seed=1), MLP(J, K, hidden=HIDDEN), data)
+    other_seed = local.oracle(_config(batch_size=size, seed=1), data, MLP(J, K, hidden=HIDDEN))
     others.append(other_seed._batch(1, 1)[0])
     for other in others:  # the big agents' rows change between steps and seeds
         assert not torch.equal(other[[0, 2]], rows[[0, 2]])
@@ -219,7 +220,7 @@ def test_minibatch_gradient_is_the_rescaled_clipped_sum_over_its_rows(mechanism:
     module = MLP(J, K, hidden=HIDDEN)
     z = _params(module, data.num_agents)
     config = _config(batch_size=4, mechanism=mechanism)
-    oracle = ModuleOracle(config, module, data)
+    oracle = local.oracle(config, data, module)
     rows, _ = oracle._batch(2, 3)
     assert rows is not None
     g, _ = oracle.gradient(z, 2, 3)
@@ -232,9 +233,9 @@ def test_a_batch_as_large_as_the_biggest_agent_is_the_full_batch() -> None:
     data = _data()
     module = MLP(J, K, hidden=HIDDEN)
     z = _params(module, data.num_agents)
-    full, full_scale = ModuleOracle(_config(), module, data).gradient(z, 1, 1)
+    full, full_scale = local.oracle(_config(), data, module).gradient(z, 1, 1)
     for size in (max(COUNTS), 1000):
-        g, scale = ModuleOracle(_config(batch_size=size), module, data).gradient(z, 1, 1)
+        g, scale = local.oracle(_config(batch_size=size), data, module).gradient(z, 1, 1)
         assert torch.equal(scale, full_scale)
         for name in g:
             assert torch.equal(g[name], full[name])
@@ -247,7 +248,7 @@ def test_noise_scale_is_the_ledgers(mechanism: str, size: int) -> None:
     data = _data()
     module = MLP(J, K, hidden=64)
     config = _config(mechanism=mechanism, batch_size=size, epsilon=0.25, clip_norm=2.0, local_steps=10)
-    _, scale = ModuleOracle(config, module, data).gradient(_params(module, data.num_agents), 1, 1)
+    _, scale = local.oracle(config, data, module).gradient(_params(module, data.num_agents), 1, 1)
     ledger = privacy.ledger(config, total_samples=TOTAL)
     delta = clipped_sensitivity(config.clip_norm, TOTAL, "replace-one")
     assert f"2C/I{' x I_p / B_p' if size else ''} = {delta:.6g}" in ledger.sensitivity
@@ -270,7 +271,7 @@ def test_modules_with_buffers_are_refused() -> None:
     module = nn.Sequential(nn.Linear(J, 4), nn.BatchNorm1d(4), nn.Linear(4, K))
     message = r"Sequential has buffers \(e\.g\. BatchNorm statistics\).*GroupNorm"
     with pytest.raises(ValueError, match=message):
-        ModuleOracle(_config(), module, _data())
+        local.oracle(_config(), _data(), module)
 
 
 def test_logistic_oracle_clips_in_l2_for_the_gaussian_mechanism() -> None:
@@ -280,7 +281,7 @@ def test_logistic_oracle_clips_in_l2_for_the_gaussian_mechanism() -> None:
     gen = torch.Generator().manual_seed(5)
     z = torch.randn(data.num_agents, J, K, generator=gen, dtype=torch.float64)
     config = _config(mechanism="gaussian", model="logistic", clip_norm=0.8)
-    g, scale = LogisticOracle(config, data).gradient(z, 1, 1)
+    g, scale = local.oracle(config, data).gradient(z, 1, 1)
     residual = probabilities(data.x, z) - data.y
     expected = torch.zeros_like(z)
     clipped = 0
@@ -297,11 +298,11 @@ def test_logistic_oracle_clips_in_l2_for_the_gaussian_mechanism() -> None:
     torch.testing.assert_close(
         g, torch.einsum("pij,pi,pik->pjk", data.x, by_factors, residual) / TOTAL + 2 * 0.3 / 4 * z,
         rtol=1e-12, atol=1e-14)
-    l1, _ = LogisticOracle(_config(model="logistic", clip_norm=0.8), data).gradient(z, 1, 1)
+    l1, _ = local.oracle(_config(model="logistic", clip_norm=0.8), data).gradient(z, 1, 1)
     assert not torch.allclose(g, l1)
     assert scale is not None
     torch.testing.assert_close(scale, torch.full((4,), 2 * 0.8 / TOTAL / 0.5, dtype=torch.float64))
-    module_oracle = ModuleOracle(dataclasses.replace(config, model="custom"), LogisticRegression(J, K), data)
+    module_oracle = local.oracle(dataclasses.replace(config, model="custom"), data, LogisticRegression(J, K))
     module_g, module_scale = module_oracle.gradient({"weight": z}, 1, 1)
     torch.testing.assert_close(module_g["weight"], g, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(module_scale, scale)
@@ -337,7 +338,7 @@ def test_factorized_clipping_equals_the_per_sample_autograd_loop(mechanism: str,
     for batch in (0, 4):
         config = _config(mechanism=mechanism, clip_norm=clip, per_sample="factorized", batch_size=batch)
         assert 0.1 < _clipped_fraction(config, module, z, data) < 0.9
-        oracle = ModuleOracle(config, module, data)
+        oracle = local.oracle(config, data, module)
         g, _ = oracle.gradient(z, t=2, e=1)
         rows, _ = oracle._batch(2, 1)
         expected = _explicit(config, module, z, data, None if rows is None else rows.tolist())
@@ -349,14 +350,14 @@ def test_a_module_under_the_logistic_fast_paths_name_is_refused() -> None:
     """model='logistic' would skip the network rules (no OutP, clipped sensitivity): say model='custom'."""
     refusal = r"a module \(MLP\) was given but model='logistic'.*set model='custom'"
     with pytest.raises(ValueError, match=refusal):
-        ModuleOracle(_config(model="logistic"), MLP(J, K, hidden=HIDDEN), _data())
+        local.oracle(_config(model="logistic"), _data(), MLP(J, K, hidden=HIDDEN))
 
 
 def test_factorized_clipping_refuses_what_it_cannot_factorise() -> None:
     config = _config(per_sample="factorized", model="custom")
     refusal = r"every parameter in a Linear or Conv2d layer; LogisticRegression has \['weight'\]"
     with pytest.raises(ValueError, match=refusal):
-        ModuleOracle(config, LogisticRegression(J, K), _data())
+        local.oracle(config, _data(), LogisticRegression(J, K))
 
     class Twice(nn.Module):
         def __init__(self) -> None:
@@ -369,4 +370,4 @@ def test_factorized_clipping_refuses_what_it_cannot_factorise() -> None:
 
     module = Twice()
     with pytest.raises(ValueError, match="layer fc is applied twice in one forward pass"):
-        ModuleOracle(config, module, _data()).gradient(_params(module, len(COUNTS)), t=1, e=1)
+        local.oracle(config, _data(), module).gradient(_params(module, len(COUNTS)), t=1, e=1)

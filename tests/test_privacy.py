@@ -1,4 +1,4 @@
-"""The privacy ledger against closed forms and dp-accounting called directly; calibration; clipping."""
+"""dpadmm.iadmm.privacy: DP-IADMM's ledger against dp-accounting called directly; calibration; clipping."""
 
 from __future__ import annotations
 
@@ -9,43 +9,24 @@ import dp_accounting
 import pytest
 import torch
 from dp_accounting.pld import pld_privacy_accountant
-from scipy.stats import norm
 
-from dpadmm import privacy, schedules
-from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, clip_factors, gradient, probabilities
-from dpadmm.privacy import clipped_sensitivity
-
-
-def test_single_laplace_release_is_pure_eps_bar() -> None:
-    assert privacy.single_release("laplace", 20.0, 0.0) == pytest.approx(0.05)
-    # the PLD accountant agrees (its discretisation is pessimistic by at most the interval)
-    assert privacy.pld_epsilon("laplace", 20.0, 1, 1e-5) == pytest.approx(0.05, abs=privacy.PLD_INTERVAL)
-    assert privacy.pld_epsilon("laplace", 20.0, 1, 1e-5) <= 0.05 + 1e-9
-
-
-def test_single_gaussian_release_matches_the_analytic_gaussian_mechanism() -> None:
-    """delta(eps) = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s)) (Balle & Wang 2018), s = sigma/Delta."""
-    s, delta = 3.0, 1e-5
-    eps = privacy.single_release("gaussian", s, delta)
-    analytic = norm.cdf(-eps * s + 1 / (2 * s)) - math.exp(eps) * norm.cdf(-eps * s - 1 / (2 * s))
-    assert analytic == pytest.approx(delta, rel=1e-3)
-    assert privacy.pld_epsilon("gaussian", s, 1, delta) == pytest.approx(eps, abs=2 * privacy.PLD_INTERVAL)
-
-
-def test_basic_and_advanced_composition_closed_forms() -> None:
-    assert privacy.basic_composition(0.05, 200_000) == pytest.approx(10_000)
-    k, eps, d = 200_000, 0.05, 1e-5
-    expected = math.sqrt(2 * k * math.log(1 / d)) * eps + k * eps * (math.exp(eps) - 1)
-    assert privacy.advanced_composition(eps, k, d) == pytest.approx(expected)
-    assert privacy.advanced_composition(0.05, 200_000, 1e-5) == pytest.approx(620.2, abs=0.5)
+from dpadmm.iadmm import privacy, schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.logistic import AgentData, clip_factors, gradient, probabilities
+from dpadmm.privacy.ledger import (
+    PLD_INTERVAL,
+    Release,
+    clipped_sensitivity,
+    pld_epsilon,
+    single_release,
+)
 
 
 def test_ledger_totals_match_dp_accounting_called_directly() -> None:
     config = RunConfig(algorithm="objpm", epsilon=0.3, local_steps=4, rounds=25, delta=1e-6)
     ledger = privacy.ledger(config)
     accountant = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                                      value_discretization_interval=privacy.PLD_INTERVAL)
+                                                      value_discretization_interval=PLD_INTERVAL)
     for _ in range(25):  # round by round, E steps each: the structure of a run
         accountant.compose(dp_accounting.LaplaceDpEvent(1 / 0.3), 4)
     assert ledger.whole_run.epsilon_pld == pytest.approx(accountant.get_epsilon(1e-6), rel=1e-6)
@@ -144,12 +125,12 @@ def test_gaussian_objective_perturbation_ledger_composes_gaussian_plds() -> None
     ledger = privacy.ledger(config, total_samples=5000)
     assert ledger.mechanism == "gaussian" and ledger.noise_multiplier == pytest.approx(1 / 0.8)
     assert ledger.whole_run.releases == 60 and ledger.per_round.releases == 3
-    expected = privacy.pld_epsilon("gaussian", 1 / 0.8, 60, 1e-6)
+    expected = pld_epsilon(Release("gaussian", 1 / 0.8), 60, 1e-6)
     assert ledger.whole_run.epsilon_pld == pytest.approx(expected, rel=1e-12)
-    assert ledger.whole_run.epsilon_pld != pytest.approx(privacy.pld_epsilon("laplace", 1 / 0.8, 60, 1e-6),
+    assert ledger.whole_run.epsilon_pld != pytest.approx(pld_epsilon(Release("laplace", 1 / 0.8), 60, 1e-6),
                                                          rel=1e-3)
-    assert ledger.per_step.epsilon_pld == pytest.approx(privacy.single_release("gaussian", 1.25, 1e-6),
-                                                        abs=2 * privacy.PLD_INTERVAL)
+    assert ledger.per_step.epsilon_pld == pytest.approx(single_release(Release("gaussian", 1.25), 1e-6),
+                                                        abs=2 * PLD_INTERVAL)
     assert ledger.sensitivity.startswith("L2: 2C/I = 0.08 ")
     assert "sigma = Delta / eps-bar = 0.1" in ledger.noise_scale
     assert ledger.covered and "Gaussian mechanism" in ledger.note

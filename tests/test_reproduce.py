@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpadmm import engine, privacy
-from dpadmm.reproduce import GridConfig, cell_name, collect, run_grid
-from dpadmm.results import read_metrics
+from dpadmm.iadmm import engine, privacy
+from dpadmm.iadmm.reproduce import GridConfig, cell_name, collect, run_grid
+from dpadmm.runs.results import read_metrics
 
 ROUNDS = 4
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dpadmm import schedules
-from dpadmm.config import RunConfig
+from dpadmm.iadmm import schedules
+from dpadmm.iadmm.config import RunConfig
 
 
 def test_rho_eq_24_presets() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpadmm import engine
-from dpadmm.config import RunConfig
-from dpadmm.results import read_jsonl, read_metrics
+from dpadmm.iadmm import engine
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import flwr_run, toml_value
 
 pytestmark = pytest.mark.slow

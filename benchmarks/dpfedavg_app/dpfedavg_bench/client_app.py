@@ -15,10 +15,10 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from torch import nn
 
-from dpadmm.baselines import agent_blocks, local_sgd, stream_seed
-from dpadmm.config import RunConfig
-from dpadmm.federation import load_for
-from dpadmm.modules import build_model
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import load_for
+from dpadmm.models.modules import build_model
+from dpfedavg_bench.baselines import agent_blocks, local_sgd, stream_seed
 
 app = ClientApp(mods=[fixedclipping_mod])
 

@@ -5,7 +5,7 @@ with Flower's own classes: FedAvg (every client, every round, uniform weights), 
 sends the clipping norm and adds N(0, (z C / n)^2) to the average, and Flower's ``RdpAccountant``
 (add-or-remove-one client, no amplification), whose epsilon each result reports. The global model
 of the last round is evaluated centrally on the two halves of the test set
-(:func:`dpadmm.baselines.evaluation_split`).
+(:func:`dpfedavg_bench.baselines.evaluation_split`).
 
 Flower draws its noise from NumPy's global generator; each job seeds it with its seed, so that a
 job is reproducible (the clients' shuffling is keyed by the same seed).
@@ -32,11 +32,11 @@ from flwr.serverapp import (
 )
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 
-from dpadmm.baselines import DpFedAvgConfig, error_rate, evaluation_split
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
-from dpadmm.federation import load_for
-from dpadmm.modules import build_model, initial_parameters
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import load_for
+from dpadmm.models.modules import build_model, initial_parameters
+from dpfedavg_bench.baselines import DpFedAvgConfig, error_rate, evaluation_split
 
 app = ServerApp()
 

@@ -2,7 +2,7 @@
 
 ``same-work`` calls the very functions ``clients.client_app.train`` calls,
 ``agent_data_for`` and ``clients.dpiadmm.local_update``: the agent's data (cached per worker process), one
-``dpadmm.local.agent_round`` (E local steps with their Laplace noise), and z back with the last
+``dpadmm.iadmm.local.agent_round`` (E local steps with their Laplace noise), and z back with the last
 iterate when E > 1 (two arrays for ObjPM). It skips only the DP-IADMM message checks (partition
 and round ids), which FedAvg has no use for.
 ``echo`` sends as many of the received arrays back untouched: the same bytes on the wire and no
@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 
 from clients.client_app import agent_data_for, calibrated, model_for, num_classes_for
 from clients.dpiadmm import local_update
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig
 
 app = ClientApp()
 

@@ -20,8 +20,8 @@ from flwr.clientapp import ClientApp
 
 from clients.dpiadmm import answer_query, train_reply
 from dpadmm.data import load_dataset
-from dpadmm.federation import DTYPES
-from dpadmm.models import AgentData
+from dpadmm.iadmm.federation import DTYPES
+from dpadmm.models.logistic import AgentData
 from plugin_app.settings import settings
 
 app = ClientApp()

@@ -20,10 +20,10 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from dpadmm import privacy
 from dpadmm.data import load_dataset
-from dpadmm.federation import DTYPES
-from dpadmm.modules import initial_parameters, logits_of
+from dpadmm.iadmm import privacy
+from dpadmm.iadmm.federation import DTYPES
+from dpadmm.models.modules import initial_parameters, logits_of
 from plugin_app.settings import settings
 from strategies import DPIADMM
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dpadmm import privacy
-from dpadmm.config import RunConfig
+from dpadmm.iadmm import privacy
+from dpadmm.iadmm.config import RunConfig
 from plugin_app.model import TinyCNN
 
 

@@ -4,12 +4,12 @@ does (a Flower app bundle carries .py files only).
 Two kernels, each the same mathematics as a torch function that stays the definition and the
 fallback (and that the tests compare them with):
 
-- ``dp_noise``: the keyed Philox-4x32-10 draws of :mod:`dpadmm.noise` (uniform, Laplace, Gaussian),
+- ``dp_noise``: the keyed Philox-4x32-10 draws of :mod:`dpadmm.privacy.noise` (uniform, Laplace, Gaussian),
   the same bits: the 32-bit words come from integer arithmetic, the transforms repeat the torch
   path's float64 operations one by one in the same order. It is compiled with
   ``-ffp-contract=off`` and without fast-math, so that the compiler can neither fuse a multiply
   and an add nor reorder a sum; vectorising the independent elements changes no result.
-- ``dp_logistic_grad``: g = scale X_p^T (clip(H - Y)) + 2 reg z of :func:`dpadmm.models.gradient`
+- ``dp_logistic_grad``: g = scale X_p^T (clip(H - Y)) + 2 reg z of :func:`dpadmm.models.logistic.gradient`
   and the largest ||x_i||_1 ||h_i - y_i||_1 of eq. (9b), in one pass over each agent's rows held
   sparse (CSR): both products, the softmax and the clipping of a row are done while the row
   is in cache, and zero pixels cost nothing. Each agent's result is computed by one thread in
@@ -56,7 +56,7 @@ INLINE void philox(uint32_t c[4], uint32_t k0, uint32_t k1) {
 }
 
 /* ------------------------------------------------------------------ float64 functions */
-/* Each repeats dpadmm.noise's torch function of the same name operation by operation. */
+/* Each repeats dpadmm.privacy.noise's torch function of the same name operation by operation. */
 
 INLINE double bits_to_double(int64_t b) { double d; memcpy(&d, &b, 8); return d; }
 INLINE int64_t double_to_bits(double d) { int64_t b; memcpy(&b, &d, 8); return b; }
@@ -122,7 +122,8 @@ INLINE void sincos_2pi(double u, double *sin_out, double *cos_out) {
 enum { UNIFORM = 0, LAPLACE = 1, GAUSSIAN = 2 };
 #define NOISE_TILE 1024  /* blocks (pairs of elements) per work item */
 
-/* The inverse CDF of dpadmm.noise._laplace_transform on t = 2u: b log(min(t, 2 - t)), sign of t - 1. */
+/* The inverse CDF of dpadmm.privacy.noise._laplace_transform on t = 2u: b log(min(t, 2 - t)), sign of
+   t - 1. */
 INLINE double laplace(double t, double b) {
     double sign = t - 1.0, r = -t;
     r = r + 2.0;
@@ -187,7 +188,7 @@ static void noise_item(void *ctx, int64_t item) {
 }
 
 /* [P, numel] draws of (seed, agents[p], round_, step, stream) into out (float64, or float32 when
-   out_float), as dpadmm.noise.uniform / laplace / gaussian compute them. */
+   out_float), as dpadmm.privacy.noise.uniform / laplace / gaussian compute them. */
 void dp_noise(int kind, uint32_t seed, const int64_t *agents, int64_t num_agents, uint32_t round_,
               uint32_t step, uint32_t stream, int64_t numel, const double *param, void *out, int out_float,
               int threads) {

@@ -7,9 +7,9 @@ from functools import lru_cache
 
 import torch
 
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset, load_dataset
-from dpadmm.models import AgentData
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.logistic import AgentData
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 

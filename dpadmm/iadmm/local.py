@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpadmm import noise, schedules
-from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, gradient
-from dpadmm.modules import Params, numel, tree_map
-from dpadmm.oracles import LogisticOracle, ModuleOracle
+from dpadmm.iadmm import schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.logistic import AgentData, gradient
+from dpadmm.models.modules import Params, numel, tree_map
+from dpadmm.models.oracles import PER_SAMPLE_BUDGET, GradientSpec, LogisticOracle, ModuleOracle
+from dpadmm.privacy import noise
 
 Tree = torch.Tensor | Params  # logistic regression's one tensor, or a module's parameters
 Oracle = LogisticOracle | ModuleOracle
@@ -178,6 +179,30 @@ def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.
     return LocalResult(z_sent=z_new, z_last=z_new, noise_magnitude=magnitude)
 
 
+def gradient_spec(config: RunConfig) -> GradientSpec:
+    """The oracle's view of ``config``: clipping while the clipped calibration is in force, noise 1/eps-bar
+    per unit of sensitivity while the run is private (with no clipping: eq. (9b), data-dependent)."""
+    return GradientSpec(beta=config.beta, num_agents=config.num_agents,
+                        clip=config.clip_norm if config.clipped else None, norm=config.clip_norm_type,
+                        noise=1.0 / config.epsilon if config.private else None,
+                        neighbouring=config.neighbouring,
+                        batch_size=config.batch_size, seed=config.seed, per_sample=config.per_sample)
+
+
+def oracle(config: RunConfig, data: AgentData, module: nn.Module | None = None, *, vectorize: bool = True,
+           budget: int = PER_SAMPLE_BUDGET) -> Oracle:
+    """The oracle of a run: the closed-form logistic one (``module=None``), else ``module``'s."""
+    if module is None:
+        return LogisticOracle(gradient_spec(config), data)
+    if config.model == "logistic":
+        # The configuration's checks (no OutP, clipped sensitivity, minibatch rules) are those of
+        # its model: a module run under model='logistic' would escape them.
+        raise ValueError(f"a module ({type(module).__name__}) was given but model='logistic' (the "
+                         "closed-form fast path); set model='custom' for your own module, or the "
+                         "built-in name")
+    return ModuleOracle(gradient_spec(config), module, data, vectorize=vectorize, budget=budget)
+
+
 def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain: Tree, t: int,
                 seeds: Sequence[int] | None = None, *, module: nn.Module | None = None,
                 vectorize: bool = True) -> LocalResult:
@@ -194,11 +219,11 @@ def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain:
         if seeds is not None:
             raise ValueError(f"seeds={list(seeds)} is not allowed with a module model; "
                              "run one seed at a time")
-        return objective_perturbation_round(config, ModuleOracle(config, module, data, vectorize=vectorize),
+        return objective_perturbation_round(config, oracle(config, data, module, vectorize=vectorize),
                                             w, lam, z_chain, t)
     if z_chain.dim() != (3 if seeds is None else 4) or (seeds is not None and len(seeds) != z_chain.shape[0]):
         raise ValueError(f"z_chain of shape {tuple(z_chain.shape)} does not match seeds={seeds}: "
                          "[P, J, K] without seeds, [S, P, J, K] with S seeds")
     if config.algorithm == "outp":
         return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
-    return objective_perturbation_round(config, LogisticOracle(config, data), w, lam, z_chain, t, seeds)
+    return objective_perturbation_round(config, oracle(config, data), w, lam, z_chain, t, seeds)

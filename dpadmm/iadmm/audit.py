@@ -7,7 +7,7 @@ draws the rates p = P(y in S | D) and p' = P(y in S | D') give the realised priv
 ln(p / p'); Clopper-Pearson intervals turn them into a lower bound that holds with
 confidence 1 - alpha. A correct eps-bar-DP mechanism keeps the bound below eps-bar.
 
-The release is computed by ``dpadmm.local.agent_round`` itself, with each trial as another
+The release is computed by ``dpadmm.iadmm.local.agent_round`` itself, with each trial as another
 agent id, so the draws are the real keyed noise streams and the code under audit is the
 code that trains. Two attacks:
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 from scipy.stats import beta
 
-from dpadmm import schedules
-from dpadmm.config import RunConfig
-from dpadmm.local import agent_round
-from dpadmm.models import AgentData, gradient
+from dpadmm.iadmm import schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.local import agent_round
+from dpadmm.models.logistic import AgentData, gradient
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Any ``torch.nn.Module`` as the model of DP-IADMM: parameters as a dict of tensors.
 
-The papers' model is multiclass logistic regression (``dpadmm.models``, the fast path).
+The papers' model is multiclass logistic regression (``dpadmm.models.logistic``, the fast path).
 Here w, z_p and lambda_p are instead the parameter tensors of a module, a dict
 ``name -> tensor`` (``Params``), and the module is only a *structure*: it is evaluated
 with ``torch.func.functional_call`` on whatever parameters the algorithm holds, so one
@@ -13,7 +13,7 @@ of x z:
     l_i(z) = -sum_k y_ik ln softmax(model(z; x_i))_k,
 
 so that with :class:`LogisticRegression` it is exactly the papers' f_p.
-The gradient and its per-sample clipping live in :mod:`dpadmm.oracles`.
+The gradient and its per-sample clipping live in :mod:`dpadmm.models.oracles`.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def build_model(name: str, num_features: int, num_classes: int) -> nn.Module:
         return MLP(num_features, num_classes)
     if name == "custom":
         raise ValueError("model='custom' names a module given through the Python API "
-                         "(dpadmm.engine.run(config, module=...), clients.dpiadmm.train_reply(..., "
+                         "(dpadmm.iadmm.engine.run(config, module=...), clients.dpiadmm.train_reply(..., "
                          "module=...)); the dpadmm app and CLI build logistic, cnn or mlp")
     raise ValueError(f"model={name!r} is not allowed; choose one of {', '.join(MODELS)}")
 

@@ -24,15 +24,15 @@ What each epsilon covers differs, and the comparison can only be read with it in
   differ in one agent's whole data set (added or removed), a much larger unit; but the noise is
   added by the server, which sees each agent's clipped update in the clear, so the guarantee
   holds only against those who see the released global models, with a trusted server.
-- DP-IADMM (:mod:`dpadmm.engine`): **sample-level, per agent, local**, like DP-SGD (each
-  agent's release is noised by the agent; see :mod:`dpadmm.privacy`).
+- DP-IADMM (:mod:`dpadmm.iadmm.engine`): **sample-level, per agent, local**, like DP-SGD (each
+  agent's release is noised by the agent; see :mod:`dpadmm.iadmm.privacy`).
 
 Accounting is Google's ``dp-accounting``, by default its privacy-loss-distribution (PLD)
-accountant, the one :mod:`dpadmm.privacy` uses for DP-IADMM, so that the three methods are held to
-the same accountant; ``accountant="rdp"`` gives the RDP accountant's (larger) value, which is what
-Opacus's ``rdp`` accountant and Flower's ``RdpAccountant`` report. Both use the add-or-remove-one
-relation, the one under which Poisson subsampling amplifies privacy (and the only one Flower's
-fixed-clipping accountant accepts).
+accountant, the one :mod:`dpadmm.privacy.ledger` composes DP-IADMM's releases with, so that the three
+methods are held to the same accountant; ``accountant="rdp"`` gives the RDP accountant's (larger) value,
+which is what Opacus's ``rdp`` accountant and Flower's ``RdpAccountant`` report. Both use the
+add-or-remove-one relation, the one under which Poisson subsampling amplifies privacy (and the only
+one Flower's fixed-clipping accountant accepts).
 
 Opacus (the ``compare`` extra) is imported only by the DP-SGD functions, so the accounting and the
 DP-FedAvg clients' :func:`local_sgd` work without it.
@@ -51,10 +51,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpadmm import privacy
 from dpadmm.data import Dataset
-from dpadmm.models import error_from_logits
-from dpadmm.modules import Params, build_model, initial_parameters, logits_of
+from dpadmm.models.logistic import error_from_logits
+from dpadmm.models.modules import Params, build_model, initial_parameters, logits_of
+from dpadmm.privacy import ledger
 
 if TYPE_CHECKING:
     from opacus import GradSampleModule
@@ -89,7 +89,7 @@ def _gaussian_event(noise_multiplier: float, sample_rate: float, compositions: i
 def _epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str) -> float:
     if not 0 < delta < 1:
         raise ValueError(f"delta={delta!r} is not allowed; it must be in (0, 1)")
-    tracker = privacy.accountant(accountant)
+    tracker = ledger.accountant(accountant)
     tracker.compose(event)
     return float(tracker.get_epsilon(delta))
 
@@ -135,7 +135,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, *, sample_ra
                              f"[{low:g}, {high:g}]: multiplier {bound:g} gives {eps:.4g} for {compositions} "
                              f"releases at sample rate {sample_rate:g}, delta {delta:g}")
     return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: privacy.accountant(accountant, privacy.CALIBRATION_INTERVAL),
+        lambda: ledger.accountant(accountant, ledger.CALIBRATION_INTERVAL),
         lambda m: _gaussian_event(m, sample_rate, compositions),
         target_epsilon, delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(low, high), tol=1e-4,
@@ -324,7 +324,7 @@ def dpsgd_fedavg(config: DpSgdConfig, dataset: Dataset, num_agents: int, *, mode
                  on_round: Callable[[int, Params], None] | None = None) -> Params:
     """Train with DP-SGD on every agent and FedAvg on the server; return the final global model.
 
-    Starts from :func:`dpadmm.modules.initial_parameters` (zeros for logistic regression, as
+    Starts from :func:`dpadmm.models.modules.initial_parameters` (zeros for logistic regression, as
     DP-IADMM). Each round every agent runs :func:`dpsgd_local` from the global model, and the new
     global model is the average of theirs weighted by I_p / I. ``on_round(t, params)`` is called
     after every round (evaluation, progress).

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dpadmm.modules import Params, tree_map
+from dpadmm.models.modules import Params, tree_map
 
 Tree = torch.Tensor | Params
 

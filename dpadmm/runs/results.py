@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpadmm.config import RunConfig
 from dpadmm.data import Dataset
-from dpadmm.models import error_from_logits, error_rate, loss_from_logits, training_loss
-from dpadmm.modules import Params, logits_of
-from dpadmm.privacy import Ledger
+from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logits, training_loss
+from dpadmm.models.modules import Params, logits_of
+from dpadmm.privacy.ledger import Ledger
 
 
 def fresh_directory(path: str | Path) -> Path:
@@ -66,27 +66,30 @@ def json_value(value: Any) -> Any:
 class RunWriter:
     """Writes one run's folder: config.json at the start, a metrics line per evaluation.
 
-    By default the folder is ``config.out`` (or the default folder), made fresh so that no
-    earlier run is overwritten. A caller that owns its folders (the engine's checkpointed
-    runs, a resumed Flower server) passes ``directory``: it is used as is, its logs restarted,
-    or with ``resume_round`` kept up to that round (the metrics kept are in :attr:`kept`) and
-    appended to. The Flower server also writes ``rounds.jsonl``, one operator report per round.
+    ``settings`` is the run's configuration as a plain mapping (any family's keys), written
+    to config.json with the ``engine`` that ran it. With ``fresh`` the folder is
+    ``directory`` if it holds no metrics yet, else ``directory_1``, ... (:func:`fresh_directory`),
+    so that no earlier run is overwritten. A caller that owns its folders (the engine's
+    checkpointed runs, a resumed Flower server) passes ``fresh=False``: the folder is used as
+    is, its logs restarted, or with ``resume_round`` kept up to that round (the metrics kept
+    are in :attr:`kept`) and appended to. The Flower server also writes ``rounds.jsonl``, one
+    operator report per round.
     """
 
-    def __init__(self, config: RunConfig, *, engine: str, directory: str | Path | None = None,
-                 resume_round: int | None = None) -> None:
-        if resume_round is not None and directory is None:
-            raise ValueError("resume_round needs the directory of the run to resume")
-        if resume_round is not None and config.save_weights:
+    def __init__(self, settings: Mapping[str, Any], *, engine: str, directory: str | Path,
+                 fresh: bool = False, save_weights: bool = False, resume_round: int | None = None) -> None:
+        if resume_round is not None and fresh:
+            raise ValueError("resume_round needs the directory of the run to resume, not a fresh one")
+        if resume_round is not None and save_weights:
             raise ValueError("save-weights cannot be resumed: weights.npz is written when a run ends")
-        if directory is None:
-            self.directory = fresh_directory(config.out or config.default_out())
+        if fresh:
+            self.directory = fresh_directory(directory)
         else:
             self.directory = Path(directory)
             self.directory.mkdir(parents=True, exist_ok=True)
-        self.save_weights = config.save_weights
+        self.save_weights = save_weights
         self._weights: dict[str, np.ndarray] = {}
-        header = {key: json_value(v) for key, v in config.to_mapping().items()}
+        header = {key: json_value(v) for key, v in settings.items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
         self._resume_round = resume_round
@@ -151,3 +154,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def read_metrics(directory: str | Path) -> list[dict[str, Any]]:
     """The metrics.jsonl of a run folder as a list of dicts."""
     return read_jsonl(Path(directory) / "metrics.jsonl")
+
+
+def progress_bar(total: int, enabled: bool, initial: int = 0, unit: str = "round") -> Any:
+    """A tqdm bar over ``total`` rounds (None when disabled): long runs show where they are."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit=unit, desc="dpadmm")

@@ -1,7 +1,7 @@
 """The batched engine: every agent of Algorithm 1 at once on one device.
 
 It runs the identical mathematics as the Flower app (the same functions of
-``dpadmm.local`` and ``dpadmm.consensus``, the same keyed noise) without the framework's
+``dpadmm.iadmm.local`` and ``dpadmm.iadmm.consensus``, the same keyed noise) without the framework's
 per-message overhead, for research sweeps. Only the loop over rounds lives here.
 
 Logistic regression (the papers' model) runs every agent, and a batch of seeds, as one set
@@ -23,16 +23,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpadmm import checkpoint, privacy, schedules
-from dpadmm.config import RunConfig
-from dpadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.data import Dataset
-from dpadmm.federation import agent_data, load_for
-from dpadmm.local import Tree, agent_round
-from dpadmm.models import AgentData
-from dpadmm.modules import build_model, initial_parameters, numel, tree_map
-from dpadmm.privacy import Ledger
-from dpadmm.results import RunWriter, central_metrics
+from dpadmm.iadmm import privacy, schedules
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.iadmm.local import Tree, agent_round
+from dpadmm.models.logistic import AgentData
+from dpadmm.models.modules import build_model, initial_parameters, numel, tree_map
+from dpadmm.privacy.ledger import Ledger
+from dpadmm.runs import checkpoint
+from dpadmm.runs.results import RunWriter, central_metrics, progress_bar
 
 # Elements of a module's per-chunk temporaries (gradients, noise, iterates) in the engine (2**25: 128 MiB
 # in float32 each): the number of agents updated at once is this over the model's size.
@@ -85,7 +86,7 @@ def run(
     (sum_p |w - z_p| / P), ``noise-magnitude`` (mean |noise| over agents, steps and
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
     ``module`` trains that network instead of ``config.model`` (its parameters start from
-    :func:`dpadmm.modules.initial_parameters` with the config's seed); ``vectorize=False``
+    :func:`dpadmm.models.modules.initial_parameters` with the config's seed); ``vectorize=False``
     runs a module's agents in a plain loop instead of under ``vmap`` (same numbers).
     """
     return run_seeds(config, [config.seed], dataset=dataset, write=write, progress=progress,
@@ -108,7 +109,7 @@ def run_seeds(
     """:func:`run` for several seeds of one configuration at once, one result per seed.
 
     The seeds are an extra batch dimension: every step computes all S runs together and
-    reads each agent's data once for all of them (see :func:`dpadmm.models.shared_bmm`).
+    reads each agent's data once for all of them (see :func:`dpadmm.models.logistic.shared_bmm`).
     Run s equals ``run(replace(config, seed=seeds[s]))`` up to floating-point rounding.
 
     ``directories`` names each seed's folder (default: ``config.out`` or the default
@@ -149,12 +150,14 @@ def run_seeds(
     writers: list[RunWriter] = []
     if write:
         for i, c in enumerate(configs):
-            directory = None if directories is None else directories[i]
-            writers.append(RunWriter(c, engine="batched", directory=directory, resume_round=saved))
+            own = directories is not None  # the caller's folders (checkpointed runs), else fresh ones
+            writers.append(RunWriter(c.to_mapping(), engine="batched",
+                                     directory=directories[i] if own else c.out or c.default_out(),
+                                     fresh=not own, save_weights=c.save_weights, resume_round=saved))
             if ledger:
                 writers[-1].write_ledger(ledger)
     records: list[list[dict[str, Any]]] = [list(w.kept) for w in writers] or [[] for _ in seeds]
-    bar = _progress(config.rounds, progress, initial=first - 1)
+    bar = progress_bar(config.rounds, progress, initial=first - 1)
     last_save = time.monotonic()
     try:
         for t in range(first, config.rounds + 1):
@@ -207,7 +210,7 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     run of ``config.seed``. ``active`` ([S, P] bool) marks the agents whose round counts:
     the others keep their z_p, last iterate and lambda_p, as a Flower agent that was not
     sampled or did not reply, while w still averages all P (eq. (4a)). By default it is the
-    sample of :func:`dpadmm.schedules.participants` (everyone when fraction-train is 1).
+    sample of :func:`dpadmm.iadmm.schedules.participants` (everyone when fraction-train is 1).
     With ``module`` the state is that module's parameters (one run) and the agents are
     updated chunk by chunk (:func:`_module_step`).
     Returns each run's mean noise magnitude over its active agents, an [S] tensor on the state's
@@ -270,7 +273,7 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
 
 def _initial_state(config: RunConfig, data: AgentData, runs: int, module: nn.Module | None) -> EngineState:
     """w = z_p = lambda_p = 0 for logistic regression ([S, P, J, K]); for a module w = z_p = its initial
-    parameters (``dpadmm.modules.initial_parameters``) and lambda_p = 0, one run."""
+    parameters (``dpadmm.models.modules.initial_parameters``) and lambda_p = 0, one run."""
     dtype, device = data.x.dtype, data.x.device
     if module is None:
         zeros = torch.zeros((runs, config.num_agents, *data.shape), dtype=dtype, device=device)
@@ -307,11 +310,3 @@ def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int
     if isinstance(state.z, Mapping) and config.steps == 1:
         state.z_chain = state.z  # aliased, as when the run started
     return int(saved["round"])
-
-
-def _progress(total: int, enabled: bool, initial: int = 0) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="round", desc="dpadmm")

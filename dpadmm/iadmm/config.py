@@ -12,14 +12,15 @@ what is allowed (the convention of Opacus and dp-accounting).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpadmm import keys
 from dpadmm.catalog import DATASET_NAMES as DATASETS
 from dpadmm.catalog import DEFAULT_AGENTS, GENERATORS, MODELS
+from dpadmm.keys import allowed, key
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")
@@ -36,11 +37,6 @@ RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
 
 # The papers' number of local updates for ObjPM (003, Section IV).
 OBJPM_DEFAULT_LOCAL_STEPS = 10
-
-
-def _allowed(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -171,20 +167,20 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
-        _allowed("algorithm", self.algorithm, ALGORITHMS)
-        _allowed("dataset", self.dataset, DATASETS)
+        allowed("algorithm", self.algorithm, ALGORITHMS)
+        allowed("dataset", self.dataset, DATASETS)
         if self.num_agents == 0:  # resolved here, so every reader sees the actual P
             object.__setattr__(self, "num_agents", DEFAULT_AGENTS[self.dataset])
-        _allowed("device", self.device, DEVICES)
-        _allowed("dtype", self.dtype, DTYPES)
-        _allowed("rho-preset", self.rho_preset, RHO_PRESETS)
-        _allowed("sensitivity", self.sensitivity, SENSITIVITIES)
-        _allowed("neighbouring", self.neighbouring, NEIGHBOURING)
-        _allowed("mechanism", self.mechanism, MECHANISMS)
-        _allowed("model", self.model, MODELS)
-        _allowed("noise-generator", self.noise_generator, GENERATORS)
-        _allowed("per-sample", self.per_sample, PER_SAMPLE)
-        _allowed("trust-radius", self.trust_radius, TRUST_RADII)
+        allowed("device", self.device, DEVICES)
+        allowed("dtype", self.dtype, DTYPES)
+        allowed("rho-preset", self.rho_preset, RHO_PRESETS)
+        allowed("sensitivity", self.sensitivity, SENSITIVITIES)
+        allowed("neighbouring", self.neighbouring, NEIGHBOURING)
+        allowed("mechanism", self.mechanism, MECHANISMS)
+        allowed("model", self.model, MODELS)
+        allowed("noise-generator", self.noise_generator, GENERATORS)
+        allowed("per-sample", self.per_sample, PER_SAMPLE)
+        allowed("trust-radius", self.trust_radius, TRUST_RADII)
         if self.trust_radius != "paper" and self.algorithm != "objt":
             raise ValueError(f"trust-radius={self.trust_radius!r} is not allowed with algorithm="
                              f"{self.algorithm!r}: the trust radius is objt's; leave it 'paper'")
@@ -202,7 +198,7 @@ class RunConfig:
             raise ValueError(f"epsilon={self.epsilon!r} is not allowed; it must be > 0 (inf = non-private)")
         for name in ("rounds", "num_agents", "eval_every", "rho_tc"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be >= 1")
+                raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be >= 1")
         if self.local_steps < 0:
             raise ValueError(
                 f"local-steps={self.local_steps!r} is not allowed; it must be >= 0 (0 = the default)")
@@ -215,13 +211,13 @@ class RunConfig:
             raise ValueError(f"seed={self.seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
         for name in ("prox_scale", "rho_c1"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
+                raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
         if self.beta < 0 or self.rho_c2 < 0:
             raise ValueError(f"beta={self.beta!r} and rho-c2={self.rho_c2!r} must be >= 0")
         for name in ("node_timeout", "round_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(
-                    f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be > 0 seconds")
+                    f"{key(name)}={getattr(self, name)!r} is not allowed; it must be > 0 seconds")
         if not 0 < self.fraction_train <= 1:
             raise ValueError(f"fraction-train={self.fraction_train!r} is not allowed; it must be in (0, 1]")
         if not 0 < self.outp_delta < 1:
@@ -303,42 +299,7 @@ class RunConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
         """Build from kebab-case keys (a Flower run config); unknown keys are an error."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in fields:
-                known = ", ".join(sorted(_key(n) for n in fields))
-                raise ValueError(f"unknown configuration key {key!r}; known keys: {known}")
-            kwargs[name] = _coerce(key, value, fields[name].type)
-        return cls(**kwargs)
+        return keys.from_mapping(cls, values)
 
     def to_mapping(self) -> dict[str, Any]:
-        return {_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _coerce(key: str, value: Any, type_name: Any) -> Any:
-    """Accept what TOML and the command line give (ints for floats, 'inf' strings)."""
-    kind = type_name if isinstance(type_name, str) else type_name.__name__
-    try:
-        if kind == "float":
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise TypeError
-            return int(value)
-        if kind == "bool":
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                return value.lower() == "true"
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        return str(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r} is not allowed; expected a {kind}") from None
+        return keys.to_mapping(self)

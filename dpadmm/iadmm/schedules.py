@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from dpadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig
 
 RHO_MAX = 1e9  # the upper bound of eq. (24)
 RHO_GROWTH = 1.2  # the base of eq. (24)
@@ -92,7 +92,7 @@ def participants(config: RunConfig, t: int, seed: int | None = None) -> list[int
     """
     import torch  # here, not at the top: the privacy ledger (dpadmm privacy) uses this module without torch
 
-    from dpadmm import noise
+    from dpadmm.privacy import noise
 
     agents = config.num_agents
     count = max(1, math.ceil(config.fraction_train * agents - 1e-9))

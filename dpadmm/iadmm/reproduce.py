@@ -7,13 +7,13 @@ a cell each: objt with 000's radius a/t^2 and with the constant radius of the au
 (``--trust-radii``), and the non-private iadmm with E = 1 and E = 10 (``--iadmm-steps``; 003
 defines it as Algorithm 1 with eps = inf without saying which E). Every cell (data set,
 algorithm and variant, eps-bar) runs its seeds together as one batch of the engine
-(:func:`dpadmm.engine.run_seeds`). A non-private cell runs seed 0 alone: without noise nothing in
+(:func:`dpadmm.iadmm.engine.run_seeds`). A non-private cell runs seed 0 alone: without noise nothing in
 a run depends on the seed (full batches, zero start), so more seeds would repeat the same numbers.
 
 The runs use the papers' calibration, ``sensitivity="data-dependent"`` (eq. (9b) evaluated
 on the agent's own data), because the point is to reproduce their numbers; the privacy
 columns of the report are therefore nominal: Theorem 1 does not cover that calibration
-(see the README's privacy section and :mod:`dpadmm.audit`). ``dpadmm train`` keeps the
+(see the README's privacy section and :mod:`dpadmm.iadmm.audit`). ``dpadmm train`` keeps the
 covered, clipped default.
 
 Layout of ``out``::
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig
+from dpadmm.iadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig
 
 # The engine, the data and numpy are imported where they are used, so that the ``dpadmm`` command can build
 # its parser from GridConfig without them (``dpadmm --help`` in well under a second).
@@ -155,7 +155,7 @@ def cell_name(config: RunConfig) -> str:
 
 def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
     """What must match for a cell on disk to be this cell (data folders may move)."""
-    from dpadmm.results import json_value
+    from dpadmm.runs.results import json_value
 
     mapping = {k: json_value(v) for k, v in config.to_mapping().items() if k not in ("data-dir", "out")}
     return {"config": mapping, "seeds": list(seeds)}
@@ -163,8 +163,8 @@ def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
 
 def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run every cell not yet complete, rebuilding the report after each; returns the folder."""
-    from dpadmm import engine
-    from dpadmm.federation import load_for
+    from dpadmm.iadmm import engine
+    from dpadmm.iadmm.federation import load_for
 
     out = Path(grid.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -260,9 +260,9 @@ def write_report(out: Path, delta: float = 1e-5) -> None:
         writer.writerows(rows)
     (out / "summary.md").write_text(summary(out, rows, delta))
     if rows:
-        from dpadmm import figures
+        from dpadmm.iadmm import figures  # matplotlib, only when there is something to draw
 
-        figures.draw_all(rows, out)
+        figures.draw_all(rows, final_errors(rows), out)
 
 
 def final_errors(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, float], list[float]]:
@@ -294,7 +294,7 @@ def _ledger_cells(folder: Path, seed: int) -> str:
 def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
     import numpy as np
 
-    from dpadmm.federation import load_for
+    from dpadmm.iadmm.federation import load_for
 
     cells = completed_cells(out)
     errors = final_errors(rows)

@@ -26,7 +26,7 @@ COLOURS = {"iadmm": "black", "objp": "tab:blue", "objpm": "tab:green", "objt": "
 
 def _style(label: str) -> dict[str, str]:
     """Colour by algorithm; the non-private line dashed, a variant (``objt-reference``, ``iadmm-E10``: see
-    :func:`dpadmm.reproduce.algorithm_label`) dotted."""
+    :func:`dpadmm.iadmm.reproduce.algorithm_label`) dotted."""
     algorithm, _, variant = label.partition("-")
     return {"color": COLOURS[algorithm], "ls": ":" if variant else "--" if algorithm == "iadmm" else "-"}
 
@@ -96,24 +96,25 @@ def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *,
     plt.close(fig)
 
 
-def draw_all(rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    """Write the four figures into ``out``; returns their paths."""
+# final test errors per (dataset, algorithm label, eps), one value per seed
+Errors = dict[tuple[str, str, float], list[float]]
+
+
+def draw_all(rows: list[dict[str, Any]], errors: Errors, out: Path) -> list[Path]:
+    """Write the four figures into ``out`` from the rows and the final errors; returns their paths."""
     paths = [out / "fig1-test-error.png", out / "fig2-best-error-vs-eps.png", out / "fig3-noise.png",
              out / "fig5-consensus.png"]
     _per_round(rows, "test_error", paths[0], "test error (%)", band=True, log=False, private_only=False)
-    _best_vs_eps(rows, paths[1])
+    _best_vs_eps(rows, errors, paths[1])
     _per_round(rows, "noise_magnitude", paths[2], "mean |noise|", band=False, log=True, private_only=True)
     _per_round(rows, "consensus_violation", paths[3], "consensus violation", band=False, log=True,
                private_only=False)
     return paths
 
 
-def _best_vs_eps(rows: list[dict[str, Any]], path: Path) -> None:
-    from dpadmm.reproduce import final_errors
-
+def _best_vs_eps(rows: list[dict[str, Any]], errors: Errors, path: Path) -> None:
     plt = _pyplot()
     datasets, _ = _panels(rows)
-    errors = final_errors(rows)
     fig, axes = plt.subplots(1, len(datasets), squeeze=False, figsize=(4.2 * len(datasets), 3.2))
     for i, dataset in enumerate(datasets):
         ax = axes[0][i]

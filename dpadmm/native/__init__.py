@@ -3,14 +3,14 @@
 Why: on a CPU torch's elementwise calls cannot fuse. The keyed Philox noise in portable torch
 arithmetic is about 350 calls per chunk, each a pass over memory; the logistic gradient is two
 skinny batched matrix products with a softmax between them, each reading all of X. Here each is
-one pass: :func:`draw` computes the same bits as :mod:`dpadmm.noise`'s torch path, several times
-faster, and :func:`logistic_gradient` computes :func:`dpadmm.models.gradient` (up to
+one pass: :func:`draw` computes the same bits as :mod:`dpadmm.privacy.noise`'s torch path, several times
+faster, and :func:`logistic_gradient` computes :func:`dpadmm.models.logistic.gradient` (up to
 floating-point rounding) reading each agent's nonzero pixels once, while a row's logits and
 residual are in cache. ``docs/benchmarks.md`` has the numbers.
 
-How: the C source (:mod:`dpadmm.native_source`) is compiled once per machine and source
+How: the C source (:mod:`dpadmm.native.source`) is compiled once per machine and source
 into a cache folder (``$DPADMM_CACHE``, else ``~/.cache/dpadmm``), with the constants of the
-noise transforms taken from :mod:`dpadmm.noise`, so there is one definition of each. The
+noise transforms taken from :mod:`dpadmm.privacy.noise`, so there is one definition of each. The
 flags keep IEEE arithmetic exact (``-ffp-contract=off``, no fast-math): the noise is the
 same on every machine and compiler. Where there is no compiler or the build fails, or with
 ``DPADMM_NATIVE=0``, every caller keeps the torch path (a note is logged once): the same
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from dpadmm import native_source, noise
+from dpadmm.native import source as native_source
+from dpadmm.privacy import transforms
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +51,18 @@ def _array(values: tuple[float, ...]) -> str:
 
 
 def source() -> str:
-    """The C source with the transforms' constants of :mod:`dpadmm.noise` (hex floats: exact)."""
+    """The C source with the transforms' constants of :mod:`dpadmm.privacy.noise` (hex floats: exact)."""
     exp_coeffs = [1.0]
     for j in range(1, 14):
         exp_coeffs.append(exp_coeffs[-1] / j)
     defines = {
-        "LN2_HI": float.hex(noise._LN2_HI),
-        "LN2_LO": float.hex(noise._LN2_LO),
-        "SQRT_MAGIC": f"{noise._SQRT_MAGIC}LL",
-        "HALF_PI": float.hex(noise._HALF_PI),
+        "LN2_HI": float.hex(transforms.LN2_HI),
+        "LN2_LO": float.hex(transforms.LN2_LO),
+        "SQRT_MAGIC": f"{transforms.SQRT_MAGIC}LL",
+        "HALF_PI": float.hex(transforms.HALF_PI),
         "ROW_BLOCK": str(ROW_BLOCK),
     }
-    arrays = {"LOG_C": noise._LOG_COEFFS, "SIN_C": noise._SIN_COEFFS, "COS_C": noise._COS_COEFFS,
+    arrays = {"LOG_C": transforms.LOG_COEFFS, "SIN_C": transforms.SIN_COEFFS, "COS_C": transforms.COS_COEFFS,
               "EXP_C": tuple(exp_coeffs)}
     head = [f"#define {k} {v}" for k, v in defines.items()]
     head += [f"static const double {k}[{len(v)}] = {_array(v)};" for k, v in arrays.items()]
@@ -159,7 +160,7 @@ _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 
 def draw(kind: str, seed: int, agents: torch.Tensor, round_: int, step: int, stream: int, numel: int,
          param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """[P, numel] keyed draws as :func:`dpadmm.noise._draw` computes them (arguments already checked), or
+    """[P, numel] keyed draws as :func:`dpadmm.privacy.noise._draw` computes them (arguments checked), or
     None where the kernel cannot run (not on CPU, a dtype other than float32/64, no library)."""
     lib = library()
     if lib is None or agents.device.type != "cpu" or dtype not in _SUFFIX:
@@ -206,9 +207,9 @@ def column_blocks(x: torch.Tensor, max_density: float = 1.0) -> Blocks | None:
 def logistic_gradient(blocks: Blocks, y: torch.Tensor,
                       x_l1: torch.Tensor, x_l2: torch.Tensor, z: torch.Tensor, *, scale: torch.Tensor | float,
                       reg: float, clip: float | None, norm: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, worst) for :func:`dpadmm.models.gradient`'s arguments: ``blocks`` = :func:`column_blocks` of X
-    [P, I, J], y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z, worst [(S,) P] the largest
-    ||x_i||_1 ||h_i - y_i||_1 (eq. (9b) times I). Needs :func:`library`."""
+    """(g, worst) for :func:`dpadmm.models.logistic.gradient`'s arguments: ``blocks`` =
+    :func:`column_blocks` of X [P, I, J], y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z,
+    worst [(S,) P] the largest ||x_i||_1 ||h_i - y_i||_1 (eq. (9b) times I). Needs :func:`library`."""
     lib = library()
     runs = z.shape[0] if z.dim() == 4 else 1
     zs = z if z.dim() == 4 else z.unsqueeze(0)

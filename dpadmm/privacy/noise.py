@@ -73,7 +73,9 @@ import operator
 
 import torch
 
+from dpadmm import native
 from dpadmm.catalog import GENERATORS  # see "A faster generator for large models" above
+from dpadmm.privacy.transforms import COS_COEFFS, HALF_PI, LN2_HI, LN2_LO, LOG_COEFFS, SIN_COEFFS, SQRT_MAGIC
 
 _log = logging.getLogger(__name__)
 
@@ -110,17 +112,6 @@ _SIGN_BIT = -(2**63)  # int64 with only the sign bit set; 0 or 1 times it never 
 # log: t = 2**e * m with m in [sqrt(1/2), sqrt(2)), read off the bit pattern.
 _SQRT_HALF_BITS = 0x3FE6A09E667F3BCD  # bit pattern of float64 sqrt(1/2)
 _MANT_MASK = 2**52 - 1
-# ln 2 = _LN2_HI + _LN2_LO with _LN2_HI of 42 significant bits, so e * _LN2_HI is exact.
-_LN2_HI = float.fromhex("0x1.62e42fefa3800p-1")
-_LN2_LO = float.fromhex("0x1.ef35793c76730p-45")
-# log m = 2 atanh f = 2f + f s (2/3 + 2/5 s + ... + 2/19 s**8), f = (m-1)/(m+1), s = f*f <= 0.0295.
-_LOG_COEFFS = tuple(2.0 / (2 * j + 1) for j in range(1, 10))
-# |x| <= pi/4, z = x*x: sin x = x + x z (-1/3! + z/5! - ... + z**7/17!),
-#                       cos x = 1 + z (-1/2! + z/4! - ... + z**7/16!).
-_SIN_COEFFS = tuple((-1) ** j / math.factorial(2 * j + 1) for j in range(1, 9))
-_COS_COEFFS = tuple((-1) ** j / math.factorial(2 * j) for j in range(1, 9))
-_HALF_PI = math.pi / 2
-_SQRT_MAGIC = 1023 << 51  # (bits(x) >> 1) + this halves the exponent: sqrt(x) to within +6.1%
 _SQRT_NEWTON_STEPS = 4  # relative error 0.061 -> 1.7e-3 -> 1.5e-6 -> 1.1e-12 -> rounding
 
 
@@ -384,16 +375,16 @@ def _log(t: torch.Tensor, pool: list) -> torch.Tensor:
     m += 1.0
     f /= m
     s = torch.mul(f, f, out=m)
-    torch.mul(s, _LOG_COEFFS[-1], out=p)
-    for coeff in reversed(_LOG_COEFFS[:-1]):
+    torch.mul(s, LOG_COEFFS[-1], out=p)
+    for coeff in reversed(LOG_COEFFS[:-1]):
         p += coeff
         p *= s
     p *= f
     f *= 2.0
     p += f
-    torch.mul(e, _LN2_LO, out=f)
+    torch.mul(e, LN2_LO, out=f)
     p += f
-    e *= _LN2_HI
+    e *= LN2_HI
     p += e
     pool.extend((m, e, f))
     return p
@@ -407,7 +398,7 @@ def _sqrt(x: torch.Tensor, pool: list) -> torch.Tensor:
     """
     y, q = _take(pool, x), _take(pool, x)
     torch.bitwise_right_shift(_bits(x), 1, out=_bits(y))
-    _bits(y).add_(_SQRT_MAGIC)
+    _bits(y).add_(SQRT_MAGIC)
     for _ in range(_SQRT_NEWTON_STEPS):
         torch.div(x, y, out=q)
         q += y
@@ -428,16 +419,16 @@ def _sincos_2pi(u: torch.Tensor, pool: list) -> tuple[torch.Tensor, torch.Tensor
     torch.round(u, out=q)
     x = u
     x -= q
-    x *= _HALF_PI
+    x *= HALF_PI
     torch.mul(x, x, out=z)
-    torch.mul(z, _SIN_COEFFS[-1], out=s)
-    for coeff in reversed(_SIN_COEFFS[:-1]):
+    torch.mul(z, SIN_COEFFS[-1], out=s)
+    for coeff in reversed(SIN_COEFFS[:-1]):
         s += coeff
         s *= z
     s *= x
     s += x
-    torch.mul(z, _COS_COEFFS[-1], out=c)
-    for coeff in reversed(_COS_COEFFS[:-1]):
+    torch.mul(z, COS_COEFFS[-1], out=c)
+    for coeff in reversed(COS_COEFFS[:-1]):
         c += coeff
         c *= z
     c += 1.0
@@ -510,8 +501,6 @@ def _draw(seed, agents, round_, step, stream, numel, dtype, transform, param) ->
     """[P, numel] values of the keyed stream under transform, the same bits on every path: the fused C
     kernel on a CPU (:func:`dpadmm.native.draw`), the compiled kernel on a GPU (:func:`_compiled_draw`),
     else the portable torch path chunk by chunk."""
-    from dpadmm import native  # imports this module's constants
-
     fused = native.draw(_NATIVE_KINDS[transform.__name__], seed, agents, round_, step, stream, numel, param,
                         dtype)
     if fused is None and agents.device.type != "cpu" and _compiled_works(agents.device, transform):
@@ -614,7 +603,7 @@ def _compiled_works(device: torch.device, transform) -> bool:
             _compiled_ok[key] = False
             reason = f"{type(error).__name__}: {error}"
         if not _compiled_ok[key]:
-            _log.warning("dpadmm.noise: the compiled %s kernel is not used on %s (%s); the portable "
+            _log.warning("dpadmm.privacy.noise: the compiled %s kernel is not used on %s (%s); the portable "
                          "path gives the same numbers, with more kernel launches", key[1], device.type,
                          reason[:500])
     return _compiled_ok[key]

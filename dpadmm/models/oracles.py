@@ -26,18 +26,44 @@ subsampling is claimed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpadmm import noise
-from dpadmm.config import RunConfig
-from dpadmm.models import AgentData, gradient, gradient_and_sensitivity
-from dpadmm.modules import Params, numel
-from dpadmm.privacy import clipped_sensitivity
+from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity
+from dpadmm.models.modules import Params, numel
+from dpadmm.privacy import noise
+from dpadmm.privacy.ledger import clipped_sensitivity
 
 # Elements of per-sample gradients held at once by ModuleOracle (2**26 float32: 256 MiB).
 PER_SAMPLE_BUDGET = 2**26
+
+
+@dataclass(frozen=True)
+class GradientSpec:
+    """What an oracle needs of a family's configuration (it imports none): the regulariser, the
+    per-sample clipping, the noise's scale per unit sensitivity and the minibatches.
+
+    ``clip=None`` is the plain gradient; with ``noise`` set as well, the logistic oracle gives
+    the papers' data-dependent eq. (9b) as the sensitivity (a module oracle has no such bound
+    and refuses it). ``noise=None`` means no noise is drawn (the scale is None).
+    """
+
+    beta: float  # f_p's regulariser (beta / P) ||z||^2 (eq. (2c) of 003)
+    num_agents: int  # P
+    clip: float | None = None  # C: each per-sample gradient clipped to norm C
+    norm: str = "l1"  # the norm of the clipping and of the sensitivity: l1 (Laplace) or l2 (Gaussian)
+    noise: float | None = None  # noise scale / sensitivity (1 / eps-bar); None = no noise
+    neighbouring: str = "replace-one"  # the relation of the sensitivity (2C/I or C/I)
+    batch_size: int = 0  # samples per step, drawn from the keyed stream of ``seed``; 0 = full batch
+    seed: int = 0
+    per_sample: str = "vmap"  # a module's per-sample clipping: vmap or factorized
+
+    @property
+    def data_dependent(self) -> bool:
+        return self.noise is not None and self.clip is None
 
 
 def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -53,47 +79,44 @@ def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
 class LogisticOracle:
     """g = (1/I) X_p^T (H - Y) + (2 beta/P) z (eq. (63) of 003) and the Laplace scale of eq. (9a)."""
 
-    def __init__(self, config: RunConfig, data: AgentData):
-        self.config = config
+    def __init__(self, spec: GradientSpec, data: AgentData):
+        self.spec = spec
         self.data = data
         self.agents = data.agents
 
     def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(g, noise scale per agent [(S,) P]) at z [(S,) P, J, K]; the scale is None without noise."""
-        config, data = self.config, self.data
-        scale, reg = 1.0 / data.total, config.beta / config.num_agents
-        if config.private and not config.clipped:
+        spec, data = self.spec, self.data
+        scale, reg = 1.0 / data.total, spec.beta / spec.num_agents
+        if spec.data_dependent:
             g, delta = gradient_and_sensitivity(data, z, scale=scale, reg=reg)
-            return g, delta / config.epsilon
-        g = gradient(data, z, scale=scale, reg=reg, clip=config.clip_norm if config.clipped else None,
-                     norm=config.clip_norm_type)
-        if not config.private:
+            return g, delta * spec.noise
+        g = gradient(data, z, scale=scale, reg=reg, clip=spec.clip, norm=spec.norm)
+        if spec.noise is None:
             return g, None
-        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
-        return g, torch.full(z.shape[:-2], delta / config.epsilon, dtype=z.dtype, device=z.device)
+        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring)
+        return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
 
 
 class ModuleOracle:
-    """g = (1/I) sum_i clip(grad l_i(z)) + (2 beta/P) z for any module (``dpadmm.modules``), per agent.
+    """g = (1/I) sum_i clip(grad l_i(z)) + (2 beta/P) z for any module (``dpadmm.models.modules``), per agent.
 
     ``vectorize=False`` computes the agents one after the other (a plain loop, each agent's
     samples still vectorised); the default stacks them under ``vmap``. Both give the same
     numbers up to floating-point rounding.
     """
 
-    def __init__(self, config: RunConfig, module: nn.Module, data: AgentData, *, vectorize: bool = True,
+    def __init__(self, spec: GradientSpec, module: nn.Module, data: AgentData, *, vectorize: bool = True,
                  budget: int = PER_SAMPLE_BUDGET):
-        if config.model == "logistic":
-            # The configuration's checks (no OutP, clipped sensitivity, minibatch rules) are those of
-            # its model: a module run under model='logistic' would escape them.
-            raise ValueError(f"a module ({type(module).__name__}) was given but model='logistic' (the "
-                             "closed-form fast path); set model='custom' for your own module, or the "
-                             "built-in name")
+        if spec.data_dependent:
+            raise ValueError("noise without clipping needs the data-dependent sensitivity of eq. (9b), "
+                             "which is derived for logistic regression only, not "
+                             f"{type(module).__name__}; set a clip")
         if any(True for _ in module.buffers()):
             raise ValueError(f"{type(module).__name__} has buffers (e.g. BatchNorm statistics), which mix "
                              "samples and break per-sample clipping; use a module without buffers "
                              "(GroupNorm instead of BatchNorm)")
-        self.config = config
+        self.spec = spec
         self.module = module
         self.data = data
         self.agents = data.agents
@@ -107,7 +130,7 @@ class ModuleOracle:
             return summed_loss(module, params, x, y)
 
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
-        clip, norm = config.clip_norm, config.clip_norm_type
+        clip, norm = spec.clip, spec.norm
 
         def clipped_sum(params: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
             """sum_i min(1, C / ||g_i||) g_i over one agent's samples x [c, J], y [c, K]."""
@@ -122,28 +145,28 @@ class ModuleOracle:
             factors = (clip / norms).clamp(max=1.0)  # padding rows: gradient 0, norm 0, factor 1
             return {k: torch.tensordot(factors, g, dims=1) for k, g in grads.items()}
 
-        if config.clipped and config.per_sample == "factorized":
+        if clip is not None and spec.per_sample == "factorized":
             layers = factorizable_layers(module)
             self.vectorize = False  # one agent at a time: each call is already batched over its samples
             self._agent_sum = lambda params, x, y: factorized_clipped_sum(module, layers, params, x, y, clip,
                                                                             norm)
         else:
-            self._agent_sum = clipped_sum if config.clipped else grad(batch_loss)
+            self._agent_sum = clipped_sum if clip is not None else grad(batch_loss)
         self._agents_sum = vmap(self._agent_sum, in_dims=(0, 0, 0))
 
     def gradient(self, z: Params, t: int, e: int) -> tuple[Params, torch.Tensor | None]:
         """(g, noise scale per agent [P]) at z (dict of [P, ...] tensors); the scale is None without noise."""
-        config, data = self.config, self.data
+        spec, data = self.spec, self.data
         rows, factor = self._batch(t, e)
         x = data.x if rows is None else torch.take_along_dim(data.x, rows.unsqueeze(-1), dim=1)
         y = data.y if rows is None else torch.take_along_dim(data.y, rows.unsqueeze(-1), dim=1)
         sums = self._sum(z, x, y)
-        reg = 2.0 * config.beta / config.num_agents
+        reg = 2.0 * spec.beta / spec.num_agents
         g = {k: sums[k].mul_(_expand(factor, sums[k])).add_(z[k], alpha=reg) for k in z}
-        if not config.private:
+        if spec.noise is None:
             return g, None
-        delta = clipped_sensitivity(config.clip_norm, data.total, config.neighbouring)
-        return g, factor * (data.total * delta / config.epsilon)
+        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring)
+        return g, factor * (data.total * delta * spec.noise)
 
     def _batch(self, t: int, e: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The rows of step (t, e) per agent ([P, B], None for all) and the factor of the sum per agent.
@@ -151,11 +174,11 @@ class ModuleOracle:
         Full batch: 1/I (eq. (63)). Minibatch: B_p = min(B, I_p) rows drawn without
         replacement from the keyed stream (seed, agent, t, e), factor I_p / (B_p I).
         """
-        data, size = self.data, self.config.batch_size
+        data, size = self.data, self.spec.batch_size
         counts = data.counts
         if not size or size >= data.x.shape[1]:
             return None, torch.full_like(counts, 1.0 / data.total)
-        keys = noise.uniform(self.config.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
+        keys = noise.uniform(self.spec.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
         keys = keys.to(data.x.device)
         padding = torch.arange(data.x.shape[1], device=keys.device).unsqueeze(0) >= counts.unsqueeze(1)
         keys[padding] = 2.0  # real rows (keys < 1) first; an agent with I_p < B also gets zero rows
@@ -165,7 +188,8 @@ class ModuleOracle:
     def _sum(self, z: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
         """The agents' (clipped) per-sample gradients summed over their rows, chunk by chunk."""
         agents, rows = x.shape[0], x.shape[1]
-        materialised = self.config.clipped and self.config.per_sample == "vmap"  # [rows, numel] per agent
+        # vmap clipping materialises [rows, numel] per agent
+        materialised = self.spec.clip is not None and self.spec.per_sample == "vmap"
         per_sample = numel(z, agent_dim=True) if materialised else 1
         per_agent_rows = max(1, self.budget // per_sample)
         sample_chunk = min(rows, per_agent_rows)

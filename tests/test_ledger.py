@@ -1,0 +1,85 @@
+"""dpadmm.privacy.ledger: releases as DP events, against closed forms and dp-accounting called directly."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+from scipy.stats import norm
+
+from dpadmm.privacy.ledger import (
+    PLD_INTERVAL,
+    RELATION,
+    Release,
+    advanced_composition,
+    basic_composition,
+    calibrate_multiplier,
+    ledger,
+    pld_epsilon,
+    single_release,
+)
+
+
+def test_single_laplace_release_is_pure_eps_bar() -> None:
+    laplace = Release("laplace", 20.0)
+    assert single_release(laplace, 0.0) == pytest.approx(0.05)
+    # the PLD accountant agrees (its discretisation is pessimistic by at most the interval)
+    assert pld_epsilon(laplace, 1, 1e-5) == pytest.approx(0.05, abs=PLD_INTERVAL)
+    assert pld_epsilon(laplace, 1, 1e-5) <= 0.05 + 1e-9
+
+
+def test_single_gaussian_release_matches_the_analytic_gaussian_mechanism() -> None:
+    """delta(eps) = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s)) (Balle & Wang 2018), s = sigma/Delta."""
+    s, delta = 3.0, 1e-5
+    eps = single_release(Release("gaussian", s), delta)
+    analytic = norm.cdf(-eps * s + 1 / (2 * s)) - math.exp(eps) * norm.cdf(-eps * s - 1 / (2 * s))
+    assert analytic == pytest.approx(delta, rel=1e-3)
+    assert pld_epsilon(Release("gaussian", s), 1, delta) == pytest.approx(eps, abs=2 * PLD_INTERVAL)
+
+
+def test_basic_and_advanced_composition_closed_forms() -> None:
+    assert basic_composition(0.05, 200_000) == pytest.approx(10_000)
+    k, eps, d = 200_000, 0.05, 1e-5
+    expected = math.sqrt(2 * k * math.log(1 / d)) * eps + k * eps * (math.exp(eps) - 1)
+    assert advanced_composition(eps, k, d) == pytest.approx(expected)
+    assert advanced_composition(0.05, 200_000, 1e-5) == pytest.approx(620.2, abs=0.5)
+
+
+def test_a_sampled_release_is_dp_accountings_poisson_sampled_event() -> None:
+    """The event algebra: sampling wraps the mechanism, a count composes it; amplification lowers epsilon."""
+    sampled = Release("gaussian", 1.1, sampling=0.01)
+    direct = pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=PLD_INTERVAL)
+    direct.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
+    assert pld_epsilon(sampled, 1000, 1e-5) == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    assert pld_epsilon(sampled, 1000, 1e-5) < pld_epsilon(Release("gaussian", 1.1), 1000, 1e-5) / 10
+    assert sampled.event(1) == dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1))
+
+
+@pytest.mark.parametrize(("mechanism", "multiplier", "sampling"),
+                         [("laplace", 0.0, 1.0), ("exponential", 1.0, 1.0), ("gaussian", 1.0, 0.0),
+                          ("gaussian", 1.0, 1.5), ("gaussian", float("nan"), 1.0)])
+def test_a_release_outside_the_algebra_is_an_error_naming_the_value(mechanism: str, multiplier: float,
+                                                                     sampling: float) -> None:
+    with pytest.raises(ValueError, match="not allowed"):
+        Release(mechanism, multiplier, sampling)
+
+
+def test_a_ledger_states_three_scopes_of_the_same_releases() -> None:
+    book = ledger(algorithm="x", release=Release("laplace", 10.0), per_round=3, rounds=7, delta=1e-6,
+                  epsilon_bar=0.1, calibration="clipped", sensitivity="L1: C/n", noise_scale="b = 10 Delta",
+                  covered=True, neighbouring="add-remove", note="a note")
+    assert (book.per_step.releases, book.per_round.releases, book.whole_run.releases) == (1, 3, 21)
+    assert book.whole_run.epsilon_basic == pytest.approx(2.1)
+    assert book.per_step.epsilon_pld <= book.per_round.epsilon_pld <= book.whole_run.epsilon_pld
+    assert "add-remove" in book.summary() and book.to_dict()["steps_per_round"] == 3
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_calibrate_multiplier_meets_its_target(mechanism: str) -> None:
+    multiplier = calibrate_multiplier(mechanism, 50, 4.0, 1e-5)
+    reached = pld_epsilon(Release(mechanism, multiplier), 50, 1e-5)
+    assert reached <= 4.0 + 1e-9 and reached == pytest.approx(4.0, rel=0.02)
+    with pytest.raises(ValueError, match="target-epsilon=1e.06 needs more than 20 per release"):
+        calibrate_multiplier(mechanism, 1, 1e6, 1e-5)
