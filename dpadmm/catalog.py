@@ -19,3 +19,6 @@ MODELS = ("logistic", "cnn", "mlp", "custom")  # what dpadmm.models.modules.buil
 
 # dpadmm.privacy.noise's generators (see its "A faster generator for large models")
 GENERATORS = ("philox", "torch")
+
+# Paper 002's binary data sets (Table I), read by dpadmm.data.libsvm.
+BINARY_DATASET_NAMES = ("a9a", "a8a", "ijcnn1", "bio_train")

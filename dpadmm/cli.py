@@ -4,7 +4,8 @@ prints a configuration's privacy ledger, ``dpadmm reproduce`` reruns the papers'
 ``flwr`` connection, and the ``flower-superlink`` / ``flower-supernode`` commands).
 
 The flags of ``train`` and ``privacy`` are the run-config keys of the Flower app
-(``--local-steps`` is ``local-steps``), generated from ``RunConfig`` so the two cannot
+(``--local-steps`` is ``local-steps``), generated from the configuration class of the family
+that ``--algorithm`` picks (:mod:`dpadmm.families`; DP-IADMM's by default), so the two cannot
 drift apart.
 """
 
@@ -21,15 +22,15 @@ import tomllib
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.families import DEFAULT, Family, family_of
 
 _T = TypeVar("_T")
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(RunConfig):
+def _add_config_flags(parser: argparse.ArgumentParser, family: Family) -> None:
+    for f in dataclasses.fields(family.config):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
         if f.type in ("bool", bool):
@@ -41,31 +42,50 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                 metavar=f.name.upper())
 
 
-def _config_from(args: argparse.Namespace) -> RunConfig:
-    return RunConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)})
+def _config_from(args: argparse.Namespace, family: Family) -> Any:
+    return family.config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(family.config)})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _family_in(argv: Sequence[str]) -> Family:
+    """The family of the ``--algorithm`` in ``argv`` (the default family's without one); an unknown
+    algorithm is left for the family's parser to report with every allowed value."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--algorithm", default=None)
+    algorithm = peek.parse_known_args(list(argv))[0].algorithm
+    try:
+        return DEFAULT if algorithm is None else family_of(algorithm)
+    except ValueError:
+        return DEFAULT
+
+
+_FAMILY_NOTE = ("The flags are the run-config keys of the family that --algorithm picks ({algorithms}); "
+                "this list is {family}'s: add --algorithm to see another's.")
+
+
+def build_parser(family: Family = DEFAULT) -> argparse.ArgumentParser:
+    from dpadmm.families import ALGORITHMS
+
     parser = argparse.ArgumentParser(
         prog="dpadmm",
-        description="Differentially private federated learning via inexact ADMM (Ryu & Kim).",
+        description="Differentially private federated learning via ADMM, on Flower.",
     )
+    note = _FAMILY_NOTE.format(algorithms=", ".join(ALGORITHMS), family=family.papers)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
         help="run an algorithm with every agent batched on one device",
-        description="Run DP-IADMM (or the OutP baseline) with every agent batched on one device; "
-                    "writes <out>/config.json and <out>/metrics.jsonl.",
+        description="Run an algorithm with every agent (or every run) batched on one device; writes "
+                    "<out>/config.json, <out>/privacy.json and <out>/metrics.jsonl. " + note,
     )
-    _add_config_flags(train)
+    _add_config_flags(train, family)
     train.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     ledger = commands.add_parser(
         "privacy",
         help="print the privacy ledger of a configuration without training",
         description="Print what a configuration guarantees per local step, per round and for the whole "
-                    "run (PLD, RDP, basic and advanced composition), without training.",
+                    "run (PLD, RDP, basic and advanced composition), without training. " + note,
     )
-    _add_config_flags(ledger)
+    _add_config_flags(ledger, family)
     ledger.add_argument("--json", action="store_true", help="print the ledger as one JSON object")
     _add_reproduce(commands)
     _add_deploy(commands)
@@ -315,16 +335,21 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    family = _family_in(argv)
+    parser = build_parser(family)
     args = parser.parse_args(argv)
     if args.command == "reproduce":
         return _reproduce(args)
     if args.command == "deploy":
         return _deploy(args)
     try:
-        config = _config_from(args)
+        family_of(args.algorithm)  # an unknown algorithm: the error names every family's
+        config = _config_from(args, family)
     except ValueError as err:
         parser.error(str(err))
+    if family.name == "linadmm":
+        return _linadmm(args, config)
     if args.command == "privacy":
         from dpadmm.data import train_size
         from dpadmm.iadmm import privacy  # and no torch: the ledger needs the sample count, not the data
@@ -355,6 +380,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
         print(f"metrics: {(result.directory / 'metrics.jsonl').resolve()}")
+    return 0
+
+
+def _linadmm(args: argparse.Namespace, config: Any) -> int:
+    """``train`` and ``privacy`` for DP-ADMM / DP-AccADMM (002)."""
+    try:
+        if args.command == "privacy":
+            from dpadmm.data.libsvm import BINARY_SETS
+            from dpadmm.linadmm import privacy
+
+            ledger = privacy.ledger(config, BINARY_SETS[config.dataset].rows[0])
+            print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
+            return 0
+        from dpadmm.linadmm import engine
+
+        result = engine.run(config, progress=not args.no_progress)
+    except (ValueError, OSError) as err:  # OSError: missing or unreadable files
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        return 2
+    last = result.records[0][-1]
+    eps = f"eps={config.target_epsilon:g} for the run" if config.private else "non-private"
+    print(f"{config.algorithm} ({eps}, {config.dataset}, T={config.rounds}): objective "
+          f"{last['objective']:.6g} (averaged iterate {last['objective-avg']:.6g}), test accuracy "
+          f"{last['test-accuracy']:.4f}")
+    print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
+    print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")
     return 0
 
 

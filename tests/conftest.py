@@ -36,6 +36,14 @@ def femnist_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def binary_dir() -> Path:
+    """../shared/data, which holds paper 002's binary data sets one per folder (skip when absent)."""
+    if not (SHARED_DATA / "a9a" / "a9a.gz").exists():
+        pytest.skip(f"the LIBSVM data sets were not found in {SHARED_DATA}")
+    return SHARED_DATA
+
+
 def _pids_with_env(name: str, value: str) -> list[int]:
     """Processes whose environment has name=value (Linux /proc)."""
     needle = f"{name}={value}".encode()

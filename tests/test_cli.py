@@ -1,4 +1,4 @@
-"""`dpadmm train`: the installed console script, its output files and its errors."""
+"""`dpadmm train | privacy`: the installed console script, its output files and its errors, per family."""
 
 from __future__ import annotations
 
@@ -86,3 +86,26 @@ def test_help_imports_nothing_heavy_and_privacy_no_torch() -> None:
     assert _imported_by("from dpadmm import cli\ncli.build_parser().format_help()") == []
     ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'objpm', '--epsilon', '0.5'])"
     assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)
+
+
+def test_train_and_privacy_run_the_family_that_algorithm_picks(tmp_path: Path, binary_dir: Path) -> None:
+    """--algorithm dp-admm / dp-accadmm takes paper 002's keys; the files are the same kind."""
+    done = _dpadmm("train", "--algorithm", "dp-accadmm", "--restart", "goldstein", "--dataset", "ijcnn1",
+                   "--data-dir", str(binary_dir / "ijcnn1"), "--rounds", "6", "--eval-every", "3",
+                   "--target-epsilon", "0.1", "--out", "r", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in lines] == [3, 6] and 0.5 < lines[-1]["test-accuracy"] <= 1
+    assert json.loads((tmp_path / "r" / "privacy.json").read_text())["calibration"] == "Theorem 1 (002)"
+    assert "dp-accadmm (eps=0.1 for the run, ijcnn1, T=6)" in done.stdout
+    done = _dpadmm("privacy", "--algorithm", "dp-admm", "--dataset", "a9a", "--target-epsilon", "0.1",
+                   "--rounds", "100", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "sigma = 0.0114565 on the mean gradient" in done.stdout and "n = 32561" in done.stdout
+    help_text = _dpadmm("train", "--algorithm", "dp-admm", "--help", cwd=tmp_path).stdout
+    assert "--target-epsilon" in help_text and "--local-steps" not in help_text
+    done = _dpadmm("train", "--algorithm", "dp-admm", "--local-steps", "3", cwd=tmp_path)
+    assert done.returncode == 2 and "unrecognized arguments: --local-steps" in done.stderr
+    done = _dpadmm("train", "--algorithm", "admm", cwd=tmp_path)
+    allowed = "choose one of iadmm, objp, objpm, objt, outp, dp-admm, dp-accadmm"
+    assert done.returncode == 2 and allowed in done.stderr

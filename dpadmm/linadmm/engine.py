@@ -1,0 +1,204 @@
+"""The batched engine of DP-ADMM / DP-AccADMM: seeds as a batch dimension, metrics a person can open.
+
+One iteration of Algorithm 2 (or 3) for S runs at once is a few matrix products with the data
+and with A; the Flower strategy calls :func:`iterate` with the gradient its clients summed, so
+both paths run the same function. The noise of run s at iteration t is the keyed Gaussian stream
+(seed_s, agent 0, t, :data:`~dpadmm.privacy.noise.STREAM_GRADIENT`): a run is a function of its
+configuration and seed, on any device and in any batch.
+
+Metrics per evaluated iteration (``metrics.jsonl``): ``round``, ``objective`` (F(x_t) of eq.
+(11)), ``objective-avg`` (F at the average x~ = (1/t) sum x_k, the iterate of Theorem 2),
+``test-accuracy`` and ``test-accuracy-avg``, ``primal-residual`` (||A x_t - y_t||), ``seconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpadmm.linadmm import privacy, updates
+from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.linadmm.problem import Problem, load
+from dpadmm.models import binary
+from dpadmm.privacy import noise
+from dpadmm.privacy.ledger import Ledger
+from dpadmm.runs.results import RunWriter, progress_bar
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+# Goldstein et al.'s eta of Algorithm 8: the combined residual must fall by this factor, else restart.
+RESTART_DECAY = 0.999
+
+
+@dataclass
+class State:
+    """The iterates of S runs: x [S, d], u [S, m] and, for AccADMM, the extrapolated ones, theta_t [S] and
+    the last combined residual [S] (for the restart)."""
+
+    x: torch.Tensor
+    u: torch.Tensor
+    x_hat: torch.Tensor
+    u_hat: torch.Tensor
+    theta: torch.Tensor
+    residual: torch.Tensor
+    x_sum: torch.Tensor  # sum of x_1..x_t, for the averaged iterate
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The constants of an iteration, resolved from the configuration and the problem."""
+
+    rho: float
+    eta: float
+    gamma: float
+    l1: float
+    accelerated: bool
+    restart: bool
+
+
+def settings(config: LinAdmmConfig, problem: Problem) -> Settings:
+    """gamma = 0 resolves to the theory's gamma_min for this A."""
+    gamma = config.gamma or updates.gamma_min(problem.a, config.eta, config.rho)
+    return Settings(rho=config.rho, eta=config.eta, gamma=gamma, l1=config.l1, accelerated=config.accelerated,
+                    restart=config.restart == "goldstein")
+
+
+def initial_state(config: LinAdmmConfig, problem: Problem, runs: int) -> State:
+    """x_0 = 0 (the paper leaves x_0 open); u_0 = 0, or the paper's -(1/rho) pinv(A^T) grad f(x_0)."""
+    d, m = problem.num_features, problem.a.shape[0]
+    x = torch.zeros((runs, d), dtype=problem.a.dtype, device=problem.a.device)
+    u = torch.zeros((runs, m), dtype=x.dtype, device=x.device)
+    if config.dual_init == "paper":
+        total = binary.clipped_gradient_sum(problem.features, problem.labels, x, None)
+        u = updates.paper_dual_start(problem.a, total / problem.num_samples, config.rho)
+    ones = torch.ones(runs, dtype=x.dtype, device=x.device)
+    return State(x=x, u=u, x_hat=x.clone(), u_hat=u.clone(), theta=ones, residual=ones * torch.inf,
+                 x_sum=torch.zeros_like(x))
+
+
+def gradient_noise(seeds: Sequence[int], t: int, num_features: int, std: float, like: torch.Tensor
+                   ) -> torch.Tensor:
+    """P_t ~ N(0, sigma^2 I_d) per run [S, d], from each seed's keyed stream (agent 0, iteration t)."""
+    agent = torch.zeros(1, dtype=torch.int64, device=like.device)
+    scale = torch.full((1,), std, dtype=torch.float64, device=like.device)
+    return torch.cat([noise.gaussian(s, agent, t, 0, (num_features,), scale, dtype=like.dtype,
+                                     stream=noise.STREAM_GRADIENT) for s in seeds])
+
+
+def iterate(problem_a: torch.Tensor, state: State, noisy_gradient: torch.Tensor, constants: Settings,
+            ) -> tuple[State, torch.Tensor]:
+    """One iteration of Algorithm 2 (or 3) given the noisy mean gradient at the point it was asked for
+    (:func:`query_point`); returns the new state and y_t."""
+    a, c = problem_a, constants
+    x_base, u_base = (state.x_hat, state.u_hat) if c.accelerated else (state.x, state.u)
+    y = updates.y_step(a, x_base, u_base, c.l1, c.rho)
+    x = updates.x_step(a, x_base, y, u_base, noisy_gradient, c.rho, c.eta, c.gamma)
+    u = updates.dual_step(a, x, y, u_base)
+    theta, x_hat, u_hat, residual = state.theta, x, u, state.residual
+    if c.accelerated:
+        theta = updates.next_theta(state.theta)
+        x_hat = updates.extrapolate(x, state.x, state.theta, theta)
+        u_hat = updates.extrapolate(u, state.u, state.theta, theta)
+        if c.restart:  # where the combined residual did not fall enough: momentum off, from x_{t-1}, u_{t-1}
+            residual = updates.combined_residual(a, x, x_base, u, u_base, c.rho)
+            keep = residual < RESTART_DECAY * state.residual
+            theta = torch.where(keep, theta, torch.ones_like(theta))
+            x_hat = torch.where(keep.unsqueeze(-1), x_hat, state.x)
+            u_hat = torch.where(keep.unsqueeze(-1), u_hat, state.u)
+            residual = torch.where(keep, residual, state.residual / RESTART_DECAY)
+    return State(x=x, u=u, x_hat=x_hat, u_hat=u_hat, theta=theta, residual=residual, x_sum=state.x_sum + x), y
+
+
+def query_point(state: State, accelerated: bool) -> torch.Tensor:
+    """Where iteration t takes its (one) gradient: x_{t-1}, or x-hat_{t-1} for AccADMM."""
+    return state.x_hat if accelerated else state.x
+
+
+@dataclass(frozen=True)
+class Result:
+    """The evaluated iterations of each run, where each was written, and the privacy ledger (None if
+    non-private)."""
+
+    records: list[list[dict[str, Any]]]
+    state: State
+    directories: list[Path | None]
+    ledger: Ledger | None
+    problem: Problem
+
+
+def evaluate(problem: Problem, state: State, y: torch.Tensor, t: int, l1: float) -> list[dict[str, float]]:
+    """The metrics of every run after iteration t."""
+    a = problem.a
+    average = state.x_sum / t
+    objective = updates.objective(binary.loss(problem.features, problem.labels, state.x), a, state.x, l1)
+    objective_avg = updates.objective(binary.loss(problem.features, problem.labels, average), a, average, l1)
+    accuracy = binary.accuracy(problem.test_features, problem.test_labels, state.x)
+    accuracy_avg = binary.accuracy(problem.test_features, problem.test_labels, average)
+    residual = torch.linalg.vector_norm(state.x @ a.T - y, dim=1)
+    return [{"round": t, "objective": float(objective[s]), "objective-avg": float(objective_avg[s]),
+             "test-accuracy": float(accuracy[s]), "test-accuracy-avg": float(accuracy_avg[s]),
+             "primal-residual": float(residual[s])} for s in range(state.x.shape[0])]
+
+
+def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: Problem | None = None,
+        write: bool = True, directories: Sequence[str | Path] | None = None, progress: bool = True) -> Result:
+    """Run ``config`` for each of ``seeds`` (default: its own seed) as one batch; write each run's folder
+    (``directories``, else fresh ones named after the configuration)."""
+    seeds = [config.seed] if seeds is None else list(seeds)
+    if problem is None:
+        problem = load(config.dataset, config.data_dir, config.graph_alpha, DTYPES[config.dtype],
+                       config.device)
+    n, d = problem.num_samples, problem.num_features
+    ledger = privacy.ledger(config, n) if config.private else None
+    sigma = privacy.noise_std(config, n)
+    constants = settings(config, problem)
+    writers: list[RunWriter] = []
+    if write:
+        for i, seed in enumerate(seeds):
+            own = directories is not None
+            own_config = dataclasses.replace(config, seed=seed)
+            if own:
+                folder = Path(directories[i])
+            elif config.out:  # the configured folder; one sub-folder per seed when there are several
+                folder = Path(config.out) / f"seed-{seed}" if len(seeds) > 1 else Path(config.out)
+            else:
+                folder = Path(own_config.default_out())
+            writer = RunWriter(own_config.to_mapping(), engine="batched", directory=folder, fresh=not own)
+            if ledger:
+                writer.write_ledger(ledger)
+            writers.append(writer)
+    state = initial_state(config, problem, len(seeds))
+    records: list[list[dict[str, Any]]] = [[] for _ in seeds]
+    bar = progress_bar(config.rounds, progress, unit="iteration")
+    try:
+        for t in range(1, config.rounds + 1):
+            started = time.perf_counter()
+            point = query_point(state, constants.accelerated)
+            total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound)
+            gradient = total / n
+            if sigma:
+                gradient = gradient + gradient_noise(seeds, t, d, sigma, gradient)
+            state, y = iterate(problem.a, state, gradient, constants)
+            seconds = time.perf_counter() - started
+            if t % config.eval_every == 0 or t == config.rounds:
+                for i, metrics in enumerate(evaluate(problem, state, y, t, config.l1)):
+                    metrics["seconds"] = seconds
+                    records[i].append(metrics)
+                    if writers:
+                        writers[i].record(metrics)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        for writer in writers:
+            writer.close()
+    folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
+    return Result(records=records, state=state, directories=folders, ledger=ledger, problem=problem)

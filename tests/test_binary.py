@@ -1,0 +1,44 @@
+"""dpadmm.models.binary: the batched logistic loss, accuracy and clipped gradient sums against autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpadmm.models import binary
+
+F64 = torch.float64
+
+
+def _data(n: int = 30, d: int = 4, runs: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    features = torch.randn(n, d, generator=gen, dtype=F64)
+    features[3] = 0.0  # a zero row: gradient 0, clipping factor 1
+    labels = torch.where(torch.rand(n, generator=gen) > 0.4, 1.0, -1.0).to(F64)
+    return features, labels, 2 * torch.randn(runs, d, generator=gen, dtype=F64)
+
+
+def test_loss_and_accuracy_are_their_definitions() -> None:
+    features, labels, x = _data()
+    for s in range(x.shape[0]):
+        scores = features @ x[s]
+        expected = torch.log1p(torch.exp(-labels * scores)).mean()
+        assert float(binary.loss(features, labels, x)[s]) == pytest.approx(float(expected), rel=1e-12)
+        assert float(binary.accuracy(features, labels, x)[s]) == float(((scores * labels) > 0).to(F64).mean())
+
+
+@pytest.mark.parametrize("clip", [None, 0.5, 100.0])
+def test_the_clipped_gradient_sum_is_the_sum_of_clipped_autograd_gradients(clip: float | None) -> None:
+    features, labels, x = _data()
+    expected = torch.zeros_like(x)
+    for s in range(x.shape[0]):
+        for i in range(features.shape[0]):
+            point = x[s].clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(torch.log1p(torch.exp(-labels[i] * features[i] @ point)), point)
+            if clip is not None and g.norm() > clip:
+                g = g * (clip / g.norm())
+            expected[s] += g
+    torch.testing.assert_close(binary.clipped_gradient_sum(features, labels, x, clip), expected)
+    if clip == 0.5:  # each term has norm <= C, so one sample moves the sum by at most C
+        alone = binary.clipped_gradient_sum(features[:1], labels[:1], x, clip)
+        assert float(torch.linalg.vector_norm(alone, dim=1).max()) <= 0.5 + 1e-12

@@ -1,0 +1,48 @@
+"""dpadmm.linadmm.config: every key validated with an error naming the value; the kebab-case mapping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpadmm.linadmm.config import LinAdmmConfig
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"algorithm": "admm"}, "algorithm='admm' is not allowed; choose one of dp-admm, dp-accadmm"),
+    ({"dataset": "gisette"}, "dataset='gisette' is not allowed; choose one of a9a, a8a, ijcnn1, bio_train"),
+    ({"target_epsilon": 0.0}, "target-epsilon=0.0 is not allowed; it must be > 0 (inf = non-private)"),
+    ({"target_epsilon": math.nan}, "target-epsilon=nan is not allowed"),
+    ({"delta": 1.0}, "delta=1.0 is not allowed; it must be in (0, 1)"),
+    ({"rdp_mu": 1.0}, "rdp-mu=1.0 is not allowed; it must be in (0, 1)"),
+    ({"eta": 0.0}, "eta=0.0 is not allowed; it must be > 0"),
+    ({"grad_bound": -1.0}, "grad-bound=-1.0 is not allowed; it must be > 0"),
+    ({"gamma": -1.0}, "gamma=-1.0 and l1=1e-05 must be >= 0"),
+    ({"rounds": 0}, "rounds=0 is not allowed; it must be >= 1"),
+    ({"neighbouring": "replace"}, "neighbouring='replace' is not allowed; choose one of add-remove, "
+                                  "replace-one"),
+    ({"dual_init": "pinv"}, "dual-init='pinv' is not allowed; choose one of zero, paper"),
+    ({"restart": "goldstein"}, "restart='goldstein' is not allowed with algorithm='dp-admm'"),
+    ({"seed": 2**32}, "seed=4294967296 is not allowed"),
+])
+def test_a_bad_value_is_named_with_what_is_allowed(values: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LinAdmmConfig(**values)
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [key for key in LinAdmmConfig().to_mapping() if f"| `{key}` |" not in readme]
+    assert not missing, f"README.md does not document {missing}"
+
+
+def test_the_mapping_round_trips_and_unknown_keys_are_named() -> None:
+    config = LinAdmmConfig.from_mapping({"algorithm": "dp-accadmm", "restart": "goldstein",
+                                         "target-epsilon": "inf", "rounds": 50, "l1": 1e-4})
+    assert not config.private and config.accelerated and config.rounds == 50
+    assert LinAdmmConfig.from_mapping(config.to_mapping()) == config
+    assert config.default_out() == "runs/dp-accadmm-a9a-epsinf-seed0"
+    with pytest.raises(ValueError, match="unknown configuration key 'local-steps'; known keys: algorithm"):
+        LinAdmmConfig.from_mapping({"local-steps": 3})
