@@ -86,6 +86,8 @@ def test_help_imports_nothing_heavy_and_privacy_no_torch() -> None:
     assert _imported_by("from dpadmm import cli\ncli.build_parser().format_help()") == []
     ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'objpm', '--epsilon', '0.5'])"
     assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)
+    ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'dp-admm'])"  # paper 002's family
+    assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)
 
 
 def test_train_and_privacy_run_the_family_that_algorithm_picks(tmp_path: Path, binary_dir: Path) -> None:

@@ -10,6 +10,29 @@ from dpadmm.linadmm import privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.privacy.ledger import Release, rdp_epsilon
 
+# NOTES-002 section 3, "Worked values for tests" (c = 1, delta = 1e-3, mu = 0.5): eps, alpha, n, T, sigma.
+WORKED = [
+    (0.01, 1382.551056, 32561, 100, 1.141939e-01),
+    (0.02, 691.775528, 32561, 100, 5.711759e-02),
+    (0.05, 277.310211, 32561, 100, 2.287179e-02),
+    (0.1, 139.155106, 32561, 100, 1.145650e-02),
+    (0.1, 139.155106, 22696, 100, 1.643616e-02),
+    (0.1, 139.155106, 49990, 100, 7.462192e-03),
+    (0.1, 139.155106, 72876, 100, 5.118763e-03),
+    (1.0, 14.815511, 32561, 100, 1.182117e-03),
+    (0.01, 1382.551056, 32561, 1000, 3.611128e-01),
+]
+
+
+@pytest.mark.parametrize(("eps", "alpha", "n", "rounds", "sigma"), WORKED)
+def test_eq_8_gives_the_worked_sigma_and_its_rdp_conversion_returns_epsilon(
+        eps: float, alpha: float, n: int, rounds: int, sigma: float) -> None:
+    assert privacy.rdp_order(eps, 1e-3, 0.5) == pytest.approx(alpha, abs=1e-6)  # printed to 6 decimals
+    got = privacy.theorem_1_std(eps, 1e-3, 0.5, rounds, 1.0 / n)
+    assert got == pytest.approx(sigma, rel=1e-6)
+    # the round trip: T Gaussian releases of multiplier sigma / Delta at the order alpha give eps exactly
+    assert privacy.single_order_epsilon(got * n, rounds, 1e-3, alpha) == pytest.approx(eps, rel=1e-8)
+
 
 def test_sigma_is_the_worked_value_and_replace_one_doubles_it() -> None:
     """NOTES-002's worked value: eps 0.1, delta 1e-3, mu 0.5, T 100, n 32,561 (a9a), c 1: sigma

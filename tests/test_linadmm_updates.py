@@ -1,5 +1,4 @@
-"""dpadmm.linadmm.updates: paper 002's equations against their definitions (argmins, the theta table,
-eq. (8))."""
+"""dpadmm.linadmm.updates: paper 002's steps against their definitions (argmins, the theta table)."""
 
 from __future__ import annotations
 
@@ -13,30 +12,6 @@ from scipy.optimize import minimize, minimize_scalar
 from dpadmm.linadmm import updates
 
 F64 = torch.float64
-
-# NOTES-002 section 3, "Worked values for tests" (c = 1, delta = 1e-3, mu = 0.5): eps, alpha, n, T, sigma.
-WORKED = [
-    (0.01, 1382.551056, 32561, 100, 1.141939e-01),
-    (0.02, 691.775528, 32561, 100, 5.711759e-02),
-    (0.05, 277.310211, 32561, 100, 2.287179e-02),
-    (0.1, 139.155106, 32561, 100, 1.145650e-02),
-    (0.1, 139.155106, 22696, 100, 1.643616e-02),
-    (0.1, 139.155106, 49990, 100, 7.462192e-03),
-    (0.1, 139.155106, 72876, 100, 5.118763e-03),
-    (1.0, 14.815511, 32561, 100, 1.182117e-03),
-    (0.01, 1382.551056, 32561, 1000, 3.611128e-01),
-]
-
-
-@pytest.mark.parametrize(("eps", "alpha", "n", "rounds", "sigma"), WORKED)
-def test_eq_8_gives_the_worked_sigma_and_its_rdp_conversion_returns_epsilon(
-        eps: float, alpha: float, n: int, rounds: int, sigma: float) -> None:
-    assert updates.rdp_order(eps, 1e-3, 0.5) == pytest.approx(alpha, abs=1e-6)  # printed to 6 decimals
-    got = updates.noise_std(eps, 1e-3, 0.5, rounds, 1.0 / n)
-    assert got == pytest.approx(sigma, rel=1e-6)
-    # the round trip: T Gaussian releases of multiplier sigma / Delta at the order alpha give eps exactly
-    assert updates.single_order_epsilon(got * n, rounds, 1e-3, alpha) == pytest.approx(eps, rel=1e-8)
-
 
 def test_the_theta_sequence_and_its_coefficients_match_the_table() -> None:
     """NOTES-002 section 2.3: theta_1..theta_6 and (theta_t - 1) / theta_{t+1}."""

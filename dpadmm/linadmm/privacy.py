@@ -16,10 +16,33 @@ un-noised gradient.
 
 from __future__ import annotations
 
-from dpadmm.linadmm import updates
+import math
+
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.privacy.ledger import Ledger, Release, clipped_sensitivity
 from dpadmm.privacy.ledger import ledger as account
+
+
+def rdp_order(epsilon: float, delta: float, mu: float) -> float:
+    """alpha = log(1/delta) / ((1 - mu) epsilon) + 1 (eq. (8) of 002): the RDP order at which the conversion
+    term log(1/delta) / (alpha - 1) is the share (1 - mu) epsilon."""
+    return math.log(1.0 / delta) / ((1.0 - mu) * epsilon) + 1.0
+
+
+def theorem_1_std(epsilon: float, delta: float, mu: float, rounds: int, sensitivity: float) -> float:
+    """sigma with sigma^2 = Delta^2 alpha T / (2 epsilon mu) (Theorem 1, eq. (8) of 002, where Delta = c / n).
+
+    Each of the T Gaussian releases is then (alpha, mu epsilon / T)-RDP, the run
+    (alpha, mu epsilon)-RDP, and the conversion adds (1 - mu) epsilon: (epsilon, delta)-DP.
+    """
+    alpha = rdp_order(epsilon, delta, mu)
+    return math.sqrt(sensitivity**2 * alpha * rounds / (2.0 * epsilon * mu))
+
+
+def single_order_epsilon(noise_multiplier: float, rounds: int, delta: float, alpha: float) -> float:
+    """The paper's conversion at one order: T alpha / (2 s^2) + log(1/delta) / (alpha - 1), s = sigma / Delta
+    (Mironov 2017, Prop. 3; 002's Lemma 2 and the proof of Theorem 1)."""
+    return rounds * alpha / (2.0 * noise_multiplier**2) + math.log(1.0 / delta) / (alpha - 1.0)
 
 
 def sensitivity(config: LinAdmmConfig, num_samples: int) -> float:
@@ -31,8 +54,8 @@ def noise_std(config: LinAdmmConfig, num_samples: int) -> float:
     """sigma of Theorem 1 (eq. (8)) for the configured budget; 0 for a non-private run."""
     if not config.private:
         return 0.0
-    return updates.noise_std(config.target_epsilon, config.delta, config.rdp_mu, config.rounds,
-                             sensitivity(config, num_samples))
+    return theorem_1_std(config.target_epsilon, config.delta, config.rdp_mu, config.rounds,
+                         sensitivity(config, num_samples))
 
 
 def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
@@ -42,8 +65,8 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
                          "differentially private")
     delta_2 = sensitivity(config, num_samples)
     sigma = noise_std(config, num_samples)
-    alpha = updates.rdp_order(config.target_epsilon, config.delta, config.rdp_mu)
-    paper = updates.single_order_epsilon(sigma / delta_2, config.rounds, config.delta, alpha)
+    alpha = rdp_order(config.target_epsilon, config.delta, config.rdp_mu)
+    paper = single_order_epsilon(sigma / delta_2, config.rounds, config.delta, alpha)
     form = "c/n" if config.neighbouring == "add-remove" else "2c/n"
     uncovered = ["the graph W (computed from the training features, not privatised)"]
     if config.dual_init == "paper":

@@ -8,12 +8,11 @@ first dimension: x [S, d], y and u [S, m], A [m, d].
 Algorithm 2 (DP-ADMM), iteration t:  y-step (eq. (3)), the linearised x-step with the noisy
 gradient (eq. (7), closed form), the dual step (step 3). Algorithm 3 (DP-AccADMM) takes the
 same steps from the extrapolated x-hat and u-hat and then extrapolates x and u (not y) with
-Nesterov's theta sequence (steps 5-7). Theorem 1 (eq. (8)) gives the noise.
+Nesterov's theta sequence (steps 5-7). Theorem 1 (eq. (8)), the noise, is in
+:mod:`dpadmm.linadmm.privacy`.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -80,28 +79,6 @@ def paper_dual_start(a: torch.Tensor, gradient: torch.Tensor, rho: float) -> tor
     is the un-noised one of the private data: this start is not covered by Theorem 1.
     """
     return -(gradient @ torch.linalg.pinv(a.T).T) / rho
-
-
-def rdp_order(epsilon: float, delta: float, mu: float) -> float:
-    """alpha = log(1/delta) / ((1 - mu) epsilon) + 1 (eq. (8) of 002): the RDP order at which the conversion
-    term log(1/delta) / (alpha - 1) is the share (1 - mu) epsilon."""
-    return math.log(1.0 / delta) / ((1.0 - mu) * epsilon) + 1.0
-
-
-def noise_std(epsilon: float, delta: float, mu: float, rounds: int, sensitivity: float) -> float:
-    """sigma with sigma^2 = Delta^2 alpha T / (2 epsilon mu) (Theorem 1, eq. (8) of 002, where Delta = c / n).
-
-    Each of the T Gaussian releases is then (alpha, mu epsilon / T)-RDP, the run
-    (alpha, mu epsilon)-RDP, and the conversion adds (1 - mu) epsilon: (epsilon, delta)-DP.
-    """
-    alpha = rdp_order(epsilon, delta, mu)
-    return math.sqrt(sensitivity**2 * alpha * rounds / (2.0 * epsilon * mu))
-
-
-def single_order_epsilon(noise_multiplier: float, rounds: int, delta: float, alpha: float) -> float:
-    """The paper's conversion at one order: T alpha / (2 s^2) + log(1/delta) / (alpha - 1), s = sigma / Delta
-    (Mironov 2017, Prop. 3; 002's Lemma 2 and the proof of Theorem 1)."""
-    return rounds * alpha / (2.0 * noise_multiplier**2) + math.log(1.0 / delta) / (alpha - 1.0)
 
 
 def objective(loss: torch.Tensor, a: torch.Tensor, x: torch.Tensor, l1: float) -> torch.Tensor:

@@ -113,7 +113,7 @@ class Ledger:
     algorithm: str
     mechanism: str  # "laplace" or "gaussian"
     noise_multiplier: float  # noise scale / sensitivity of one release
-    epsilon_bar: float  # the configured per-release parameter
+    epsilon_bar: float  # the configured privacy parameter: 003's eps-bar per release, 002's whole-run target
     calibration: str  # how the noise was set ("clipped", "data-dependent", a theorem's name)
     sensitivity: str  # the bound Delta of one release, with its value where it is one number
     noise_scale: str  # the noise's scale (Laplace b) or standard deviation (Gaussian)
