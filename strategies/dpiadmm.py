@@ -33,6 +33,7 @@ from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_upda
 from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
 from dpadmm.runs import checkpoint
+from strategies.nodes import Roster, claimed_partition
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -114,14 +115,13 @@ class DPIADMM(Strategy):
         self.lam: Params = {name: torch.zeros_like(p) for name, p in self.z.items()}
         self.round = 0
         self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
-        self.nodes: dict[int, int] = {}  # node id -> partition id
+        self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout)
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.on_round = on_round
         self.last_train_metrics: MetricRecord | None = None
         self.last_report: RoundReport | None = None
         self._sent: list[tuple[Message, int, int]] = []  # this round's (message, node id, partition)
         self._started = time.perf_counter()
-        self._waited = False
         self._resume()
 
     # ----- Strategy API -----
@@ -186,7 +186,7 @@ class DPIADMM(Strategy):
         self.last_report = RoundReport(round=server_round, sampled=sampled)
         if self.config.algorithm != "outp":
             self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round))
-        holders = self._bind_nodes(grid, needed=len(sampled))
+        holders = self.roster.bind(grid, needed=len(sampled))
         self._sent = []
         for p in sampled:
             node = holders.get(p)
@@ -215,7 +215,7 @@ class DPIADMM(Strategy):
             node, p = asked.pop(reply.metadata.reply_to_message_id, (reply.metadata.src_node_id, None))
             outcome = self._check(reply, node, p, server_round)
             if isinstance(outcome, str):
-                partition = p if p is not None else _claimed_partition(reply)
+                partition = p if p is not None else claimed_partition(reply)
                 report.rejected.append({"node": node, "partition": partition, "reason": outcome})
                 log(WARNING, "round %d: rejected the reply of node %s (partition %s): %s", server_round, node,
                     partition, outcome)
@@ -267,7 +267,7 @@ class DPIADMM(Strategy):
             "w": self.w, "z": self.z, "z_chain": self.z_chain, "lam": self.lam,
             "rho": schedules.rho_at(self.config, max(self.round, 1)),
             "taken": list(self.taken), "privacy_spent": privacy.spent(self.config, max(self.taken)),
-            "nodes": [[n, p] for n, p in self.nodes.items()],
+            "nodes": [[n, p] for n, p in self.roster.nodes.items()],
             "seed": self.config.seed,  # the key of every noise and participation stream
         })
 
@@ -281,7 +281,7 @@ class DPIADMM(Strategy):
         self.z_chain = self._chain({name: v.to(self.dtype) for name, v in saved["z_chain"].items()})
         self.round = int(saved["round"])
         self.taken = [int(k) for k in saved["taken"]]
-        self.nodes = {int(n): int(p) for n, p in saved["nodes"]}
+        self.roster.nodes = {int(n): int(p) for n, p in saved["nodes"]}
         log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
 
     def _chain(self, saved: Params | None = None) -> Params:
@@ -300,60 +300,6 @@ class DPIADMM(Strategy):
         return {k: v for k, v in self.config.to_mapping().items() if k not in OPERATIONAL_KEYS}
 
     # ----- helpers -----
-
-    def _bind_nodes(self, grid: Grid, needed: int) -> dict[int, int]:
-        """partition -> connected node, after asking new nodes which partition they hold.
-
-        The first call waits up to ``node-timeout`` for every agent's node (at least
-        ``needed`` of them, or a TimeoutError); later calls take who is connected.
-        """
-        deadline = time.monotonic() + self.config.node_timeout
-        while True:
-            connected = set(grid.get_node_ids())
-            unknown = sorted(connected - set(self.nodes))
-            if unknown:
-                self._query(grid, unknown, connected)
-            holders = {p: n for n, p in self.nodes.items() if n in connected}
-            if self._waited or len(holders) == self.config.num_agents:
-                break
-            if time.monotonic() > deadline:
-                if len(holders) < needed:
-                    raise TimeoutError(
-                        f"only {len(holders)} of num-agents={self.config.num_agents} nodes connected within "
-                        f"node-timeout={self.config.node_timeout:g} s ({len(connected)} nodes in all). In "
-                        "simulation, size the federation to match: flwr run . --federation-config "
-                        f"'num-supernodes={self.config.num_agents}'")
-                missing = sorted(set(range(self.config.num_agents)) - set(holders))
-                log(WARNING, "starting without partitions %s: no node holds them after node-timeout", missing)
-                break
-            log(INFO, "Waiting for nodes: %d of %d agents connected", len(holders), self.config.num_agents)
-            time.sleep(1.0)
-        self._waited = True
-        return holders
-
-    def _query(self, grid: Grid, nodes: list[int], connected: set[int]) -> None:
-        """Ask new nodes for their partition id and bind the valid, unclaimed ones."""
-        question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
-        replies = grid.send_and_receive(
-            [Message(content=question, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
-            timeout=self.config.round_timeout)
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            claimed = _claimed_partition(reply)
-            holder = {p: n for n, p in self.nodes.items() if n in connected}.get(claimed)
-            if reply.has_error():
-                log(WARNING, "node %s did not say its partition: %s", node, reply.error.reason)
-            elif claimed is None or not 0 <= claimed < self.config.num_agents:
-                log(WARNING, "node %s claims partition %s, outside 0..%d; not bound", node, claimed,
-                    self.config.num_agents - 1)
-            elif holder is not None:
-                log(WARNING, "node %s claims partition %d, which connected node %s holds; not bound", node,
-                    claimed, holder)
-            else:
-                for old in [n for n, p in self.nodes.items() if p == claimed]:
-                    log(INFO, "partition %d moves from node %s (gone) to node %s", claimed, old, node)
-                    del self.nodes[old]
-                self.nodes[node] = claimed
 
     def _check(self, reply: Message, node: int, p: int | None,
                server_round: int) -> tuple[Params, Params] | str:
@@ -399,14 +345,6 @@ class DPIADMM(Strategy):
             "(largest over agents, PLD at delta=%g): %s", report.round, len(report.replied),
             len(report.sampled), report.no_reply or "none",
             [(r["partition"], r["reason"]) for r in report.rejected] or "none", self.config.delta, spent)
-
-
-def _claimed_partition(reply: Message) -> int | None:
-    """The partition id a reply states, or None when it carries none that is readable."""
-    try:
-        return int(reply.content["metrics"]["partition-id"])
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
 
 
 def _agent(params: Params, p: int) -> Params:

@@ -35,14 +35,14 @@ def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
     for name in ("w", "z", "z_chain", "lam"):
         setattr(strategy, name, {k: torch.randn(v.shape, generator=generator, dtype=torch.float64)
                                  for k, v in getattr(strategy, name).items()})
-    strategy.round, strategy.taken, strategy.nodes = 2, [2, 1, 2], {11: 0, 12: 1, 13: 2}
+    strategy.round, strategy.taken, strategy.roster.nodes = 2, [2, 1, 2], {11: 0, 12: 1, 13: 2}
     strategy.save()
     assert not path.with_name("checkpoint.pt.tmp").exists()  # written to a temporary file, then renamed
 
     # Waiting times may change on a restart; nothing else may.
     resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), model,
                       checkpoint_path=path)
-    assert resumed.round == 2 and resumed.taken == [2, 1, 2] and resumed.nodes == strategy.nodes
+    assert resumed.round == 2 and resumed.taken == [2, 1, 2] and resumed.roster.nodes == strategy.roster.nodes
     for name in ("w", "z", "z_chain", "lam"):
         for key, value in getattr(strategy, name).items():
             assert torch.equal(getattr(resumed, name)[key], value)

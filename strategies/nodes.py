@@ -1,0 +1,89 @@
+"""Which connected node holds which agent: the roster every strategy of the app keeps.
+
+Node ids are random and change when a device reconnects; an agent is its partition id, which
+each node states once when asked (a query message, answered by ``clients.dpiadmm.answer_query``).
+The roster keeps node -> partition, refuses a second node claiming a partition that a connected
+node holds, and moves a partition to a new node when its old node is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+
+class Roster:
+    """node id -> partition id of the connected agents, for ``num_agents`` agents."""
+
+    def __init__(self, num_agents: int, node_timeout: float, round_timeout: float) -> None:
+        self.num_agents = num_agents
+        self.node_timeout = node_timeout
+        self.round_timeout = round_timeout
+        self.nodes: dict[int, int] = {}
+        self.waited = False
+
+    def bind(self, grid: Grid, needed: int) -> dict[int, int]:
+        """partition -> connected node, after asking new nodes which partition they hold.
+
+        The first call waits up to ``node-timeout`` for every agent's node (at least
+        ``needed`` of them, or a TimeoutError); later calls take who is connected.
+        """
+        deadline = time.monotonic() + self.node_timeout
+        while True:
+            connected = set(grid.get_node_ids())
+            unknown = sorted(connected - set(self.nodes))
+            if unknown:
+                self._query(grid, unknown, connected)
+            holders = {p: n for n, p in self.nodes.items() if n in connected}
+            if self.waited or len(holders) == self.num_agents:
+                break
+            if time.monotonic() > deadline:
+                if len(holders) < needed:
+                    raise TimeoutError(
+                        f"only {len(holders)} of num-agents={self.num_agents} nodes connected within "
+                        f"node-timeout={self.node_timeout:g} s ({len(connected)} nodes in all). In "
+                        "simulation, size the federation to match: flwr run . --federation-config "
+                        f"'num-supernodes={self.num_agents}'")
+                missing = sorted(set(range(self.num_agents)) - set(holders))
+                log(WARNING, "starting without partitions %s: no node holds them after node-timeout", missing)
+                break
+            log(INFO, "Waiting for nodes: %d of %d agents connected", len(holders), self.num_agents)
+            time.sleep(1.0)
+        self.waited = True
+        return holders
+
+    def _query(self, grid: Grid, nodes: list[int], connected: set[int]) -> None:
+        """Ask new nodes for their partition id and bind the valid, unclaimed ones."""
+        question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
+        replies = grid.send_and_receive(
+            [Message(content=question, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
+            timeout=self.round_timeout)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            claimed = claimed_partition(reply)
+            holder = {p: n for n, p in self.nodes.items() if n in connected}.get(claimed)
+            if reply.has_error():
+                log(WARNING, "node %s did not say its partition: %s", node, reply.error.reason)
+            elif claimed is None or not 0 <= claimed < self.num_agents:
+                log(WARNING, "node %s claims partition %s, outside 0..%d; not bound", node, claimed,
+                    self.num_agents - 1)
+            elif holder is not None:
+                log(WARNING, "node %s claims partition %d, which connected node %s holds; not bound", node,
+                    claimed, holder)
+            else:
+                for old in [n for n, p in self.nodes.items() if p == claimed]:
+                    log(INFO, "partition %d moves from node %s (gone) to node %s", claimed, old, node)
+                    del self.nodes[old]
+                self.nodes[node] = claimed
+
+
+def claimed_partition(reply: Message) -> int | None:
+    """The partition id a reply states, or None when it carries none that is readable."""
+    try:
+        return int(reply.content["metrics"]["partition-id"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
