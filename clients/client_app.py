@@ -1,4 +1,7 @@
-"""The DP-IADMM ClientApp: one agent's lines 15-22 of 003 Algorithm 1.
+"""The ClientApp of every family; for DP-IADMM one agent's lines 15-22 of 003 Algorithm 1.
+
+``algorithm`` picks the family (:mod:`dpadmm.families`). A DP-ADMM / DP-AccADMM (002) client
+answers with its rows' clipped gradient sum (:mod:`clients.linadmm`). For DP-IADMM:
 
 The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1, called through
 ``clients.dpiadmm`` (the protocol helpers any user's ClientApp can call too); this module only
@@ -25,16 +28,23 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
 from clients.dpiadmm import answer_query, train_reply
+from clients.linadmm import gradient_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES
+from dpadmm.data.libsvm import load_binary, normalise_rows
 from dpadmm.data.node import load_node_data
+from dpadmm.data.partition import partition_contiguous
+from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import DTYPES, agent_data, load_for, resolve_device
+from dpadmm.linadmm import engine as linadmm_engine
+from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
 
@@ -105,10 +115,30 @@ def query(msg: Message, context: Context) -> Message:
     return answer_query(msg, int(context.node_config["partition-id"]))
 
 
+@lru_cache(maxsize=8)
+def linadmm_rows(config: LinAdmmConfig, partition_id: int,
+                 num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features with unit-norm rows, labels +-1) of this client's contiguous block of the training rows."""
+    if num_partitions != config.num_agents:
+        raise ValueError(f"the federation has {num_partitions} partitions but num-agents="
+                         f"{config.num_agents}; set both to the same value")
+    dataset = load_binary(config.dataset, config.data_dir)
+    block = partition_contiguous(dataset.num_train, config.num_agents)[partition_id]
+    dtype = linadmm_engine.DTYPES[config.dtype]
+    features = normalise_rows(dataset.x_train[block]).to(dtype)
+    return features, (2 * dataset.y_train[block] - 1).to(dtype)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Receive w, lambda_p and the last iterate; run E local updates; send z_p^{t+1}."""
-    config = calibrated(RunConfig.from_mapping(context.run_config))
+    """DP-IADMM: receive w, lambda_p and the last iterate, run E local updates, send z_p^{t+1}.
+    DP-ADMM / DP-AccADMM: receive the point, send the clipped gradient sum of this client's rows."""
+    chosen = from_run_config(context.run_config)
+    partition_id = int(context.node_config["partition-id"])
+    if isinstance(chosen, LinAdmmConfig):
+        features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
+        return gradient_reply(msg, chosen, features, labels, partition_id)
+    config = calibrated(chosen)
     arrays = msg.content["arrays"]
     data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
-    return train_reply(msg, config, data, int(context.node_config["partition-id"]), model_for(config))
+    return train_reply(msg, config, data, partition_id, model_for(config))

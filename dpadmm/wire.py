@@ -18,6 +18,10 @@ T = TypeVar("T")
 DOWN = ("w", "lambda", "z")  # server -> agent: the model, the agent's dual, its last local iterate
 UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local iterate
 
+# DP-ADMM / DP-AccADMM (002): one vector each way, so plain keys.
+POINT_KEY = "x"  # server -> client: where the iteration takes its gradient, [d]
+GRADIENT_KEY = "gradient-sum"  # client -> server: sum_i clip_c(g_i) over the client's rows, [d]
+
 
 def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:
     """{role: {name: array}} -> {"role.name": array}."""

@@ -1,4 +1,8 @@
-"""The DP-IADMM ServerApp: run config -> strategy -> central evaluation -> results.
+"""The ServerApp of every family: run config -> the family's strategy -> central evaluation -> results.
+
+``algorithm`` picks the family (:mod:`dpadmm.families`): DP-IADMM's keys are the run config's
+top-level ones, another family's are in its own table (``linadmm.<key>`` for DP-ADMM /
+DP-AccADMM, paper 002).
 
 Writes the same ``config.json`` / ``privacy.json`` / ``metrics.jsonl`` (and ``weights.npz``
 with ``save-weights``) as ``dpadmm train``, plus ``rounds.jsonl`` (the operator's report of
@@ -17,12 +21,18 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import DTYPES, load_for
+from dpadmm.linadmm import engine as linadmm_engine
+from dpadmm.linadmm import privacy as linadmm_privacy
+from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.runs.results import RunWriter, central_metrics
 from strategies import DPIADMM
+from strategies.linadmm import DPLinADMM
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -31,7 +41,41 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    config = privacy.calibrate(RunConfig.from_mapping(context.run_config))
+    config = from_run_config(context.run_config)
+    if isinstance(config, LinAdmmConfig):
+        linadmm_main(grid, config)
+    else:
+        iadmm_main(grid, privacy.calibrate(config))
+
+
+def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
+    """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP)."""
+    problem = load(config.dataset, config.data_dir, config.graph_alpha, linadmm_engine.DTYPES[config.dtype])
+    ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
+    writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
+                       fresh=True)
+    log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
+    if ledger:
+        writer.write_ledger(ledger)
+    strategy = DPLinADMM(config, problem.a, problem.num_samples)
+
+    def evaluate(t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
+        if t % config.eval_every and t != config.rounds:
+            return
+        record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1)[0], "seconds": strategy.seconds}
+        writer.record(record)
+        log(INFO, "dpadmm round %d/%d: objective %.6g, test accuracy %.4f, primal residual %.4g", t,
+            config.rounds, record["objective"], record["test-accuracy"], record["primal-residual"])
+
+    try:
+        strategy.start(grid=grid, evaluate_fn=evaluate)
+    finally:
+        writer.close()
+    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+
+
+def iadmm_main(grid: Grid, config: RunConfig) -> None:
+    """DP-IADMM (003, 000) and OutP: the strategy keeps every agent's state; agents keep none."""
     dataset = load_for(config)
     module = build_model(config.model, dataset.num_features, dataset.num_classes)
     parameters = initial_parameters(module, config.seed, dtype=DTYPES[config.dtype])

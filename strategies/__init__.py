@@ -1,4 +1,10 @@
-"""Flower strategies (server side) of the DP-IADMM family, usable as plug-ins by any Flower app.
+"""Flower strategies (server side), one module per family, usable as plug-ins by any Flower app.
+
+``DPLinADMM`` (``strategies/linadmm.py``) is paper 002's DP-ADMM / DP-AccADMM: each iteration it
+sends every client the point x (``arrays["x"]``), each replies ``arrays["gradient-sum"]`` (its
+rows' clipped gradient sum, :mod:`clients.linadmm`) with ``metrics`` ``count``,
+``partition-id`` and ``server-round``, and the server adds the Gaussian noise once.
+``strategies/nodes.py`` keeps which node holds which partition, for both.
 
 ``DPIADMM`` is a ``flwr.serverapp.strategy.Strategy`` (Message API). It performs line 5
 (the global model w, eq. (4a)) and line 8 (the duals lambda_p, eq. (4c)) of Algorithm 1
@@ -17,5 +23,6 @@ Protocol (what a ClientApp must speak; ``clients.dpiadmm`` implements it for any
 """
 
 from strategies.dpiadmm import DPIADMM
+from strategies.linadmm import DPLinADMM
 
-__all__ = ["DPIADMM"]
+__all__ = ["DPIADMM", "DPLinADMM"]

@@ -14,6 +14,7 @@ from tests.conftest import ROOT
 
 def test_pyproject_run_config_equals_the_dataclass_defaults() -> None:
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    app_config = {k: v for k, v in app_config.items() if not isinstance(v, dict)}  # others' tables apart
     assert app_config == RunConfig().to_mapping()
     assert RunConfig.from_mapping(app_config) == RunConfig()
 

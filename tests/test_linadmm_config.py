@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tomllib
 
 import pytest
 
@@ -30,6 +31,12 @@ from tests.conftest import ROOT
 def test_a_bad_value_is_named_with_what_is_allowed(values: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LinAdmmConfig(**values)
+
+
+def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
+    """[tool.flwr.app.config.linadmm] is every key but `algorithm`, which is the app's top-level one."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]["linadmm"]
+    assert table == {k: v for k, v in LinAdmmConfig().to_mapping().items() if k != "algorithm"}
 
 
 def test_readme_documents_every_key() -> None:

@@ -97,9 +97,9 @@ def test_the_noise_is_keyed_by_seed_and_iteration_and_has_the_stated_variance() 
 def test_the_papers_dual_start_is_used_and_a_run_writes_its_files(tmp_path: Path) -> None:
     problem = _problem()
     config = LinAdmmConfig(target_epsilon=0.2, rounds=4, gamma=0.0, dual_init="paper")
-    state = engine.initial_state(config, problem, 1)
-    total = binary.clipped_gradient_sum(problem.features, problem.labels, state.x, None)
-    gradient = total / problem.num_samples
+    zero = torch.zeros((1, problem.num_features), dtype=F64)
+    gradient = binary.clipped_gradient_sum(problem.features, problem.labels, zero, None) / problem.num_samples
+    state = engine.initial_state(config, problem.a, 1, gradient[0])
     torch.testing.assert_close(state.u @ problem.a, -gradient / config.rho)
     result = engine.run(config, problem=problem, directories=[tmp_path / "run"], progress=False)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

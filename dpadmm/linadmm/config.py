@@ -105,6 +105,16 @@ class LinAdmmConfig:
         metadata={"help": "output folder for metrics.jsonl; empty = "
                           "runs/<algorithm>-<dataset>-eps<eps>-seed<seed>"},
     )
+    node_timeout: float = field(
+        default=60.0,
+        metadata={"help": "seconds the Flower server waits at its start for every client's node to connect "
+                          "(Flower app only)"},
+    )
+    round_timeout: float = field(
+        default=600.0,
+        metadata={"help": "seconds the Flower server waits for the gradients of an iteration (Flower app "
+                          "only)"},
+    )
 
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)
@@ -124,7 +134,7 @@ class LinAdmmConfig:
             raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
         if not 0 < self.rdp_mu < 1:
             raise ValueError(f"rdp-mu={self.rdp_mu!r} is not allowed; it must be in (0, 1)")
-        for name in ("eta", "rho", "graph_alpha", "grad_bound"):
+        for name in ("eta", "rho", "graph_alpha", "grad_bound", "node_timeout", "round_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
         if not self.gamma >= 0 or not self.l1 >= 0:

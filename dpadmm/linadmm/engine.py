@@ -63,21 +63,24 @@ class Settings:
     restart: bool
 
 
-def settings(config: LinAdmmConfig, problem: Problem) -> Settings:
+def settings(config: LinAdmmConfig, a: torch.Tensor) -> Settings:
     """gamma = 0 resolves to the theory's gamma_min for this A."""
-    gamma = config.gamma or updates.gamma_min(problem.a, config.eta, config.rho)
+    gamma = config.gamma or updates.gamma_min(a, config.eta, config.rho)
     return Settings(rho=config.rho, eta=config.eta, gamma=gamma, l1=config.l1, accelerated=config.accelerated,
                     restart=config.restart == "goldstein")
 
 
-def initial_state(config: LinAdmmConfig, problem: Problem, runs: int) -> State:
-    """x_0 = 0 (the paper leaves x_0 open); u_0 = 0, or the paper's -(1/rho) pinv(A^T) grad f(x_0)."""
-    d, m = problem.num_features, problem.a.shape[0]
-    x = torch.zeros((runs, d), dtype=problem.a.dtype, device=problem.a.device)
+def initial_state(config: LinAdmmConfig, a: torch.Tensor, runs: int,
+                  start_gradient: torch.Tensor | None = None) -> State:
+    """x_0 = 0 (the paper leaves x_0 open); u_0 = 0, or with dual-init = paper -(1/rho) pinv(A^T) grad f(x_0),
+    for which ``start_gradient`` is the exact mean gradient at x_0 = 0, [d]."""
+    d, m = a.shape[1], a.shape[0]
+    x = torch.zeros((runs, d), dtype=a.dtype, device=a.device)
     u = torch.zeros((runs, m), dtype=x.dtype, device=x.device)
     if config.dual_init == "paper":
-        total = binary.clipped_gradient_sum(problem.features, problem.labels, x, None)
-        u = updates.paper_dual_start(problem.a, total / problem.num_samples, config.rho)
+        if start_gradient is None:
+            raise ValueError("dual-init='paper' needs the exact gradient at x_0 (start_gradient)")
+        u = updates.paper_dual_start(a, start_gradient.expand(runs, d), config.rho)
     ones = torch.ones(runs, dtype=x.dtype, device=x.device)
     return State(x=x, u=u, x_hat=x.clone(), u_hat=u.clone(), theta=ones, residual=ones * torch.inf,
                  x_sum=torch.zeros_like(x))
@@ -158,7 +161,7 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
     n, d = problem.num_samples, problem.num_features
     ledger = privacy.ledger(config, n) if config.private else None
     sigma = privacy.noise_std(config, n)
-    constants = settings(config, problem)
+    constants = settings(config, problem.a)
     writers: list[RunWriter] = []
     if write:
         for i, seed in enumerate(seeds):
@@ -174,7 +177,11 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
             if ledger:
                 writer.write_ledger(ledger)
             writers.append(writer)
-    state = initial_state(config, problem, len(seeds))
+    start = None
+    if config.dual_init == "paper":  # the exact gradient at x_0 = 0
+        zero = torch.zeros((1, d), dtype=problem.a.dtype, device=problem.a.device)
+        start = binary.clipped_gradient_sum(problem.features, problem.labels, zero, None)[0] / n
+    state = initial_state(config, problem.a, len(seeds), start)
     records: list[list[dict[str, Any]]] = [[] for _ in seeds]
     bar = progress_bar(config.rounds, progress, unit="iteration")
     try:
