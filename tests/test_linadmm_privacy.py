@@ -62,7 +62,7 @@ def test_the_accountants_confirm_theorem_1s_budget(eps: float) -> None:
 def test_the_ledger_names_the_relation_who_is_trusted_and_what_is_not_covered() -> None:
     ledger = privacy.ledger(LinAdmmConfig(neighbouring="replace-one"), 1000)
     text = ledger.summary()
-    assert "neighbouring: replace-one" in text and "2c/n = 0.002" in text
+    assert "neighbouring: replace-one; for the whole training set" in text and "2c/n = 0.002" in text
     assert "the server, central DP" in text and "the graph W" in text and ledger.covered
     paper = privacy.ledger(LinAdmmConfig(dual_init="paper"), 1000)
     assert not paper.covered and "dual-init = paper" in paper.note

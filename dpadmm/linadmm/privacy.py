@@ -82,4 +82,5 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
         sensitivity=f"L2: {form} = {delta_2:.6g} (c = {config.grad_bound:g}, n = {num_samples})",
         noise_scale=f"sigma = {sigma:.6g} on the mean gradient", covered=config.dual_init == "zero",
         neighbouring=config.neighbouring, note=note,
+        holder="for the whole training set (every client's rows)",
     )

@@ -125,6 +125,7 @@ class Ledger:
     per_round: Guarantee
     whole_run: Guarantee
     note: str
+    holder: str = "per agent"  # whose records the guarantee is about: each agent's, or all of them
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -133,7 +134,7 @@ class Ledger:
         """A few lines a person reads at the end of a run."""
         lines = [
             f"privacy ({self.algorithm}, {self.mechanism} noise, {self.calibration} sensitivity, "
-            f"neighbouring: {self.neighbouring}; per agent, at delta={self.whole_run.delta:g}):",
+            f"neighbouring: {self.neighbouring}; {self.holder}, at delta={self.whole_run.delta:g}):",
         ]
         for g in (self.per_step, self.per_round, self.whole_run):
             lines.append(f"  per {g.scope:<10} ({g.releases} release{'s' if g.releases > 1 else ''}): "
@@ -206,8 +207,9 @@ def guarantee(scope: str, release: Release, count: int, delta: float) -> Guarant
 
 def ledger(*, algorithm: str, release: Release, per_round: int, rounds: int, delta: float, epsilon_bar: float,
            calibration: str, sensitivity: str, noise_scale: str, covered: bool, neighbouring: str,
-           note: str) -> Ledger:
-    """The ledger of an agent that makes ``per_round`` releases a round for ``rounds`` rounds."""
+           note: str, holder: str = "per agent") -> Ledger:
+    """The ledger of an agent (``holder`` says whose records) that makes ``per_round`` releases a round
+    for ``rounds`` rounds."""
     return Ledger(
         algorithm=algorithm, mechanism=release.mechanism, noise_multiplier=release.noise_multiplier,
         epsilon_bar=epsilon_bar, calibration=calibration, sensitivity=sensitivity, noise_scale=noise_scale,
@@ -215,7 +217,7 @@ def ledger(*, algorithm: str, release: Release, per_round: int, rounds: int, del
         per_step=guarantee("step", release, 1, delta),
         per_round=guarantee("round", release, per_round, delta),
         whole_run=guarantee("run", release, per_round * rounds, delta),
-        note=note,
+        note=note, holder=holder,
     )
 
 
