@@ -1,0 +1,95 @@
+"""Time per iteration of the DP-ADMM / DP-AccADMM engine (paper 002) against this machine's floors.
+
+One iteration of a batch of S runs reads the data matrix X [n, d] twice (the margins X x and
+the gradient X^T c), does 4 n d S dense flops there, and touches A ([E + d, d], small) a few
+times. Its floors here:
+
+- **read X twice**: two reductions over X (``torch.sum``), the memory floor of any method that
+  forms the full-batch gradient from the dense data;
+- **dense FLOPs**: 4 n d S flops at the rate of a 2048^3 matrix product on this machine.
+
+Usage: ``python -m benchmarks.speed_linadmm --data-root ../shared/data [--runs 1,5] [--threads 1]``;
+prints a Markdown table (the medians of ``--repeats`` timings of ``--iterations`` iterations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dpadmm.catalog import BINARY_DATASET_NAMES
+from dpadmm.linadmm import engine
+from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.linadmm.problem import load
+from dpadmm.models import binary
+
+
+def _median_seconds(work, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def gemm_rate(repeats: int = 3) -> float:
+    """Flops per second of a float64 2048^3 matrix product here."""
+    a = torch.randn(2048, 2048, dtype=torch.float64)
+    a @ a  # warm-up
+    return 2 * 2048**3 / _median_seconds(lambda: a @ a, repeats)
+
+
+def measure(name: str, data_root: str, runs: int, iterations: int, repeats: int,
+            rate: float) -> dict[str, float]:
+    """Milliseconds per iteration of S = ``runs`` private DP-AccADMM runs, and the floors."""
+    problem = load(name, f"{data_root}/{name}", 0.3)
+    config = LinAdmmConfig(algorithm="dp-accadmm", target_epsilon=0.05, rounds=iterations, dataset=name)
+    constants = engine.settings(config, problem.a)
+    seeds = list(range(runs))
+    n, d = problem.num_samples, problem.num_features
+    sigma = 0.01
+
+    def run() -> None:
+        state = engine.initial_state(config, problem.a, runs)
+        for t in range(1, iterations + 1):
+            point = engine.query_point(state, constants.accelerated)
+            gradient = binary.clipped_gradient_sum(problem.features, problem.labels, point, 1.0) / n
+            gradient = gradient + engine.gradient_noise(seeds, t, d, sigma, gradient)
+            state, _ = engine.iterate(problem.a, state, gradient, constants)
+
+    run()  # warm-up (the graph is cached, the allocator warm)
+    per_iteration = _median_seconds(run, repeats) / iterations
+    read = _median_seconds(lambda: problem.features.sum(), max(repeats, 5))
+    return {"ms": 1e3 * per_iteration, "read": 1e3 * 2 * read, "flops": 1e3 * 4 * n * d * runs / rate,
+            "n": n, "d": d, "edges": len(problem.edges)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", required=True, help="folder with a9a/, a8a/, ijcnn1/, bio_train/")
+    parser.add_argument("--datasets", default=",".join(BINARY_DATASET_NAMES))
+    parser.add_argument("--runs", default="1,5", help="comma-separated batch sizes S (seeds)")
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rate = gemm_rate()
+    print(f"float64 GEMM: {rate / 1e9:.1f} GFLOP/s on {args.threads} thread(s)\n")
+    print("| data | n x d | edges | S | ms/iteration | floor: read X twice | floor: dense FLOPs | "
+          "iteration / read floor |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in args.datasets.split(","):
+        for runs in (int(s) for s in args.runs.split(",")):
+            m = measure(name, args.data_root, runs, args.iterations, args.repeats, rate)
+            floor = max(m["read"], m["flops"])
+            print(f"| {name} | {m['n']} x {m['d']} | {m['edges']} | {runs} | {m['ms']:.2f} | "
+                  f"{m['read']:.2f} | {m['flops']:.2f} | {m['ms'] / floor:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
