@@ -45,6 +45,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import DTYPES, agent_data, load_for, resolve_device
 from dpadmm.linadmm import engine as linadmm_engine
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.models import binary
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
 
@@ -125,7 +126,7 @@ def linadmm_rows(config: LinAdmmConfig, partition_id: int,
     dataset = load_binary(config.dataset, config.data_dir)
     block = partition_contiguous(dataset.num_train, config.num_agents)[partition_id]
     dtype = linadmm_engine.DTYPES[config.dtype]
-    features = normalise_rows(dataset.x_train[block]).to(dtype)
+    features = binary.column_major(normalise_rows(dataset.x_train[block]).to(dtype))
     return features, (2 * dataset.y_train[block] - 1).to(dtype)
 
 

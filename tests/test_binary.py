@@ -42,3 +42,12 @@ def test_the_clipped_gradient_sum_is_the_sum_of_clipped_autograd_gradients(clip:
     if clip == 0.5:  # each term has norm <= C, so one sample moves the sum by at most C
         alone = binary.clipped_gradient_sum(features[:1], labels[:1], x, clip)
         assert float(torch.linalg.vector_norm(alone, dim=1).max()) <= 0.5 + 1e-12
+
+
+def test_kept_row_norms_and_the_column_major_layout_change_no_value() -> None:
+    features, labels, x = _data()
+    column = binary.column_major(features)
+    assert torch.equal(column, features) and column.stride() == (1, features.shape[0])
+    norms = torch.linalg.vector_norm(features, dim=1)
+    torch.testing.assert_close(binary.clipped_gradient_sum(column, labels, x, 0.5, norms),
+                               binary.clipped_gradient_sum(features, labels, x, 0.5), rtol=1e-12, atol=1e-12)

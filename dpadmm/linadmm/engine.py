@@ -188,7 +188,8 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
         for t in range(1, config.rounds + 1):
             started = time.perf_counter()
             point = query_point(state, constants.accelerated)
-            total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound)
+            total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
+                                                problem.row_norms)
             gradient = total / n
             if sigma:
                 gradient = gradient + gradient_noise(seeds, t, d, sigma, gradient)

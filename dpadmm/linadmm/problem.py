@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ import torch
 
 from dpadmm.data import Dataset
 from dpadmm.data.libsvm import load_binary, normalise_rows
+from dpadmm.models import binary
+
+log = logging.getLogger(__name__)
 
 EDGE_THRESHOLD = 1e-8
 GRAPH_MAX_ITER = 1000
@@ -47,6 +51,7 @@ class Problem:
     edges: np.ndarray  # [E, 2], i < j
     a: torch.Tensor  # [E + d, d]
     graph_converged: bool
+    row_norms: torch.Tensor | None = None  # ||l_i|| of the training rows (1, or 0 for an empty row)
 
     @property
     def num_samples(self) -> int:
@@ -107,15 +112,20 @@ def build(dataset: Dataset, graph_alpha: float, dtype: torch.dtype = torch.float
     """The problem of eq. (11) on ``dataset`` (labels 0/1 become +-1, rows unit norm, the graph's A)."""
     features = normalise_rows(dataset.x_train)
     edges, converged = sparse_graph(features, graph_alpha, cache)
+    if not converged:
+        log.warning("GraphicalLasso did not converge in %d iterations on %s (graph-alpha=%g); W is its "
+                    "last estimate", GRAPH_MAX_ITER, dataset.name, graph_alpha)
+    features = binary.column_major(features.to(dtype=dtype, device=device))
     return Problem(
         name=dataset.name,
-        features=features.to(dtype=dtype, device=device),
+        features=features,
         labels=(2 * dataset.y_train - 1).to(dtype=dtype, device=device),
-        test_features=normalise_rows(dataset.x_test).to(dtype=dtype, device=device),
+        test_features=binary.column_major(normalise_rows(dataset.x_test).to(dtype=dtype, device=device)),
         test_labels=(2 * dataset.y_test - 1).to(dtype=dtype, device=device),
         edges=edges,
         a=constraint_matrix(edges, dataset.num_features, dtype, device),
         graph_converged=converged,
+        row_norms=torch.linalg.vector_norm(features, dim=1),
     )
 
 
