@@ -57,10 +57,9 @@ def measure(name: str, data_root: str, runs: int, iterations: int, repeats: int,
         state = engine.initial_state(config, problem.a, runs)
         for t in range(1, iterations + 1):
             point = engine.query_point(state, constants.accelerated)
-            gradient = binary.clipped_gradient_sum(problem.features, problem.labels, point, 1.0,
-                                                   problem.row_norms) / n
-            gradient = gradient + engine.gradient_noise(seeds, t, d, sigma, gradient)
-            state, _ = engine.iterate(problem.a, state, gradient, constants)
+            total = binary.clipped_gradient_sum(problem.features, problem.labels, point, 1.0,
+                                                problem.row_norms)
+            state, _ = engine.iterate(problem.a, state, engine.release(total, n, seeds, t, sigma), constants)
 
     run()  # warm-up (the graph is cached, the allocator warm)
     per_iteration = _median_seconds(run, repeats) / iterations

@@ -146,10 +146,8 @@ class DPLinADMM(Strategy):
             raise RuntimeError(f"round {server_round}: the clients hold {count} samples, but the run is "
                                f"configured for n = {self.num_samples} (the public count of the sensitivity "
                                "c/n)")
-        gradient = (total / self.num_samples).unsqueeze(0)
-        if self.sigma:
-            noise = engine.gradient_noise([self.config.seed], server_round, d, self.sigma, gradient)
-            gradient = gradient + noise
+        gradient = engine.release(total.unsqueeze(0), self.num_samples, [self.config.seed], server_round,
+                                  self.sigma)
         self.state, self.last_y = engine.iterate(self.a, self.state, gradient, self.constants)
         self.round = server_round
         self.seconds = time.perf_counter() - self._started

@@ -95,6 +95,15 @@ def gradient_noise(seeds: Sequence[int], t: int, num_features: int, std: float, 
                                      stream=noise.STREAM_GRADIENT) for s in seeds])
 
 
+def release(total: torch.Tensor, num_samples: int, seeds: Sequence[int], t: int, std: float) -> torch.Tensor:
+    """The mechanism of iteration t: the mean of the clipped gradient sums plus P_t ~ N(0, sigma^2 I)
+    (step 2 of Algorithms 2 and 3), [S, d] from sums [S, d] over all n samples; no noise when std = 0."""
+    gradient = total / num_samples
+    if std:
+        gradient = gradient + gradient_noise(seeds, t, total.shape[1], std, gradient)
+    return gradient
+
+
 def iterate(problem_a: torch.Tensor, state: State, noisy_gradient: torch.Tensor, constants: Settings,
             ) -> tuple[State, torch.Tensor]:
     """One iteration of Algorithm 2 (or 3) given the noisy mean gradient at the point it was asked for
@@ -190,10 +199,7 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
             point = query_point(state, constants.accelerated)
             total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
                                                 problem.row_norms)
-            gradient = total / n
-            if sigma:
-                gradient = gradient + gradient_noise(seeds, t, d, sigma, gradient)
-            state, y = iterate(problem.a, state, gradient, constants)
+            state, y = iterate(problem.a, state, release(total, n, seeds, t, sigma), constants)
             seconds = time.perf_counter() - started
             if t % config.eval_every == 0 or t == config.rounds:
                 for i, metrics in enumerate(evaluate(problem, state, y, t, config.l1)):
