@@ -36,7 +36,7 @@ from torch import nn
 from clients.dpiadmm import answer_query, train_reply
 from clients.linadmm import gradient_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES
-from dpadmm.data.libsvm import load_binary, normalise_rows
+from dpadmm.data.libsvm import load_binary
 from dpadmm.data.node import load_node_data
 from dpadmm.data.partition import partition_contiguous
 from dpadmm.families import from_run_config
@@ -45,7 +45,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import DTYPES, agent_data, load_for, resolve_device
 from dpadmm.linadmm import engine as linadmm_engine
 from dpadmm.linadmm.config import LinAdmmConfig
-from dpadmm.models import binary
+from dpadmm.linadmm.problem import rows as problem_rows
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
 
@@ -125,9 +125,7 @@ def linadmm_rows(config: LinAdmmConfig, partition_id: int,
                          f"{config.num_agents}; set both to the same value")
     dataset = load_binary(config.dataset, config.data_dir)
     block = partition_contiguous(dataset.num_train, config.num_agents)[partition_id]
-    dtype = linadmm_engine.DTYPES[config.dtype]
-    features = binary.column_major(normalise_rows(dataset.x_train[block]).to(dtype))
-    return features, (2 * dataset.y_train[block] - 1).to(dtype)
+    return problem_rows(dataset.x_train[block], dataset.y_train[block], linadmm_engine.DTYPES[config.dtype])
 
 
 @app.train()

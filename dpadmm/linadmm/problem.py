@@ -107,21 +107,30 @@ def constraint_matrix(edges: np.ndarray, num_features: int, dtype: torch.dtype =
     return torch.cat([w, torch.eye(num_features, dtype=dtype, device=device)])
 
 
+def rows(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64,
+         device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, labels) as the problem uses them: rows of unit norm stored column-major
+    (:func:`dpadmm.models.binary.column_major`), labels 0/1 as -1/+1. The engine applies it to the
+    whole training set, a Flower client to its own block: per row, so both give the same rows."""
+    features = binary.column_major(normalise_rows(x).to(dtype=dtype, device=device))
+    return features, (2 * y - 1).to(dtype=dtype, device=device)
+
+
 def build(dataset: Dataset, graph_alpha: float, dtype: torch.dtype = torch.float64,
           device: str | torch.device = "cpu", cache: bool = True) -> Problem:
     """The problem of eq. (11) on ``dataset`` (labels 0/1 become +-1, rows unit norm, the graph's A)."""
-    features = normalise_rows(dataset.x_train)
-    edges, converged = sparse_graph(features, graph_alpha, cache)
+    edges, converged = sparse_graph(normalise_rows(dataset.x_train), graph_alpha, cache)
     if not converged:
         log.warning("GraphicalLasso did not converge in %d iterations on %s (graph-alpha=%g); W is its "
                     "last estimate", GRAPH_MAX_ITER, dataset.name, graph_alpha)
-    features = binary.column_major(features.to(dtype=dtype, device=device))
+    features, labels = rows(dataset.x_train, dataset.y_train, dtype, device)
+    test_features, test_labels = rows(dataset.x_test, dataset.y_test, dtype, device)
     return Problem(
         name=dataset.name,
         features=features,
-        labels=(2 * dataset.y_train - 1).to(dtype=dtype, device=device),
-        test_features=binary.column_major(normalise_rows(dataset.x_test).to(dtype=dtype, device=device)),
-        test_labels=(2 * dataset.y_test - 1).to(dtype=dtype, device=device),
+        labels=labels,
+        test_features=test_features,
+        test_labels=test_labels,
         edges=edges,
         a=constraint_matrix(edges, dataset.num_features, dtype, device),
         graph_converged=converged,
