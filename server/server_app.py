@@ -51,18 +51,21 @@ def main(grid: Grid, context: Context) -> None:
 def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
     """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP)."""
     problem = load(config.dataset, config.data_dir, config.graph_alpha, linadmm_engine.DTYPES[config.dtype])
+    strategy = DPLinADMM(config, problem.a, problem.num_samples)  # first: it refuses what it cannot run
     ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
-    strategy = DPLinADMM(config, problem.a, problem.num_samples)
+    clock = {"elapsed": 0.0}  # the seconds of iterations 1..t, as the engine's ``elapsed``
 
     def evaluate(t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
+        clock["elapsed"] += strategy.seconds
         if t % config.eval_every and t != config.rounds:
             return
-        record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1)[0], "seconds": strategy.seconds}
+        record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1)[0], "seconds": strategy.seconds,
+                  "elapsed": clock["elapsed"]}
         writer.record(record)
         log(INFO, "dpadmm round %d/%d: objective %.6g, test accuracy %.4f, primal residual %.4g", t,
             config.rounds, record["objective"], record["test-accuracy"], record["primal-residual"])

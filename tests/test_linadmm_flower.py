@@ -42,3 +42,17 @@ def test_flower_run_equals_the_engine_round_by_round(algorithm: str, flwr_env: d
     ledger = json.loads((out / "privacy.json").read_text())
     assert ledger["calibration"] == "Theorem 1 (002)" and ledger["whole_run"]["releases"] == 4
     assert json.loads((out / "config.json").read_text())["engine"] == "flower"
+
+
+def test_the_server_refuses_the_papers_dual_start_before_it_writes_anything(tmp_path: Path,
+                                                                           binary_dir: Path) -> None:
+    """dual-init = paper needs an un-noised full gradient that the Flower clients do not send: the
+    strategy refuses it, and no run folder is left behind that looks like a run."""
+    from server.server_app import linadmm_main
+
+    out = tmp_path / "refused"
+    config = LinAdmmConfig(dataset="ijcnn1", data_dir=str(binary_dir / "ijcnn1"), dual_init="paper",
+                           out=str(out))
+    with pytest.raises(ValueError, match="dual-init='paper' is not allowed on Flower"):
+        linadmm_main(None, config)  # type: ignore[arg-type]  # refused before the grid is used
+    assert not out.exists()
