@@ -62,7 +62,7 @@ _FAMILY_NOTE = ("The flags are the run-config keys of the family that --algorith
                 "this list is {family}'s: add --algorithm to see another's.")
 
 
-def build_parser(family: Family = DEFAULT) -> argparse.ArgumentParser:
+def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.ArgumentParser:
     from dpadmm.families import ALGORITHMS
 
     parser = argparse.ArgumentParser(
@@ -87,22 +87,45 @@ def build_parser(family: Family = DEFAULT) -> argparse.ArgumentParser:
     )
     _add_config_flags(ledger, family)
     ledger.add_argument("--json", action="store_true", help="print the ledger as one JSON object")
-    _add_reproduce(commands)
+    _add_reproduce(commands, paper)
     _add_deploy(commands)
     return parser
 
 
-def _add_reproduce(commands: argparse._SubParsersAction) -> None:
-    from dpadmm.iadmm.reproduce import GridConfig
+PAPERS = ("003", "002")  # dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s figures
 
-    d = GridConfig()
+
+def _paper_in(argv: Sequence[str]) -> str:
+    """The ``--paper`` in ``argv`` (003 without one); an unknown value is left for the parser to report."""
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--paper", default=PAPERS[0])
+    paper = peek.parse_known_args(list(argv))[0].paper
+    return paper if paper in PAPERS else PAPERS[0]
+
+
+def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
     rep = commands.add_parser(
         "reproduce",
         help="rerun the papers' experiments and report them next to the papers' numbers",
-        description="Run Ryu & Kim's grid (algorithms x eps-bar x data sets x seeds) with the papers' "
-                    "data-dependent sensitivity, resuming where an earlier call stopped, and write "
-                    "results.csv, summary.md and the figures into --out.",
+        description="Rerun a paper's experiments, resuming where an earlier call stopped, and write the "
+                    "results, summary.md and the figures into --out. --paper 003 (the default): Ryu & "
+                    "Kim's grid (algorithms x eps-bar x data sets x seeds) with the papers' data-dependent "
+                    "sensitivity. --paper 002: Xu et al.'s Fig. 1 and Fig. 2 (ADMM, AccADMM, DP-ADMM, "
+                    "DP-AccADMM on four LIBSVM sets). The flags below are this paper's; add --paper to see "
+                    "another's.",
     )
+    rep.add_argument("--paper", choices=PAPERS, default=PAPERS[0],
+                     help="003 (Ryu & Kim, DP-IADMM; default) or 002 (Xu et al., DP-ADMM / DP-AccADMM)")
+    (_add_reproduce_002 if paper == "002" else _add_reproduce_003)(rep)
+    rep.add_argument("--report-only", action="store_true",
+                     help="only rebuild the report from the completed cells")
+    rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+
+
+def _add_reproduce_003(rep: argparse.ArgumentParser) -> None:
+    from dpadmm.iadmm.reproduce import GridConfig
+
+    d = GridConfig()
     rep.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
     rep.add_argument("--datasets", default=",".join(d.datasets), help="comma-separated: mnist,femnist")
     rep.add_argument("--algorithms", default=",".join(d.algorithms),
@@ -127,24 +150,56 @@ def _add_reproduce(commands: argparse._SubParsersAction) -> None:
     rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
     rep.add_argument("--delta", type=float, default=d.delta,
                      help=f"delta of the privacy columns (default: {d.delta:g})")
-    rep.add_argument("--report-only", action="store_true",
-                     help="only rebuild the report from the completed cells")
-    rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+
+
+def _add_reproduce_002(rep: argparse.ArgumentParser) -> None:
+    from dpadmm.linadmm.reproduce import Grid
+
+    d = Grid()
+    rep.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
+    rep.add_argument("--data-dir", default=d.data_dir,
+                     help="folder with one sub-folder per data set, e.g. ../shared/data (a9a/a9a.gz, ...)")
+    rep.add_argument("--datasets", default=",".join(d.datasets),
+                     help=f"comma-separated (default: {','.join(d.datasets)})")
+    rep.add_argument("--eps", default=",".join(f"{e:g}" for e in d.eps),
+                     help="comma-separated whole-run eps of Fig. 2 (default: 0.01,...,0.1)")
+    rep.add_argument("--fig1-eps", type=float, default=d.fig1_eps,
+                     help=f"eps of the private runs of Fig. 1 (default: {d.fig1_eps:g})")
+    rep.add_argument("--rounds", default=",".join(map(str, d.rounds)),
+                     help="comma-separated iteration counts T, every eps at each; Fig. 1 runs the largest "
+                          f"(default: {','.join(map(str, d.rounds))})")
+    rep.add_argument("--seeds", type=int, default=d.seeds,
+                     help=f"seeds per private cell (default: {d.seeds})")
+    rep.add_argument("--eta", type=float, default=d.eta,
+                     help="step size of every run; 0 = 1/L_f per data set, Lemma 5's largest (default: 0)")
+    rep.add_argument("--optimum-rounds", type=int, default=d.optimum_rounds,
+                     help="iterations of the long non-private runs that check the SLSQP optimum "
+                          f"(default: {d.optimum_rounds})")
+    rep.add_argument("--dtype", default=d.dtype, help=f"float64 or float32 (default: {d.dtype})")
+    rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from dpadmm.iadmm import reproduce
+    if args.paper == "002":
+        from dpadmm.linadmm import reproduce
+    else:
+        from dpadmm.iadmm import reproduce
 
+    options = {k: v for k, v in vars(args).items()
+               if k not in ("command", "paper", "report_only", "no_progress")}
     try:
         if args.report_only:
             out = Path(args.out)
-            if not (out / "runs").is_dir():
-                raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
-            reproduce.write_report(out, args.delta)
+            if not out.is_dir() or not any(out.iterdir()):
+                raise FileNotFoundError(f"{out} holds no reproduce runs")
+            if args.paper == "002":
+                reproduce.write_report(out)
+            else:
+                if not (out / "runs").is_dir():
+                    raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
+                reproduce.write_report(out, args.delta)
         else:
-            grid = reproduce.grid_from_args(**{k: v for k, v in vars(args).items()
-                                               if k not in ("command", "report_only", "no_progress")})
-            out = reproduce.run_grid(grid, progress=not args.no_progress)
+            out = reproduce.run_grid(reproduce.grid_from_args(**options), progress=not args.no_progress)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
@@ -337,7 +392,7 @@ def _deploy(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     family = _family_in(argv)
-    parser = build_parser(family)
+    parser = build_parser(family, _paper_in(argv))
     args = parser.parse_args(argv)
     if args.command == "reproduce":
         return _reproduce(args)

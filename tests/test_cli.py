@@ -111,3 +111,17 @@ def test_train_and_privacy_run_the_family_that_algorithm_picks(tmp_path: Path, b
     done = _dpadmm("train", "--algorithm", "admm", cwd=tmp_path)
     allowed = "choose one of iadmm, objp, objpm, objt, outp, dp-admm, dp-accadmm"
     assert done.returncode == 2 and allowed in done.stderr
+
+
+def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) -> None:
+    shown = _dpadmm("reproduce", "--paper", "002", "--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "--fig1-eps" in shown.stdout and "--femnist-dir" not in shown.stdout
+    assert "--femnist-dir" in _dpadmm("reproduce", "--help", cwd=tmp_path).stdout  # 003 stays the default
+    done = _dpadmm("reproduce", "--paper", "002", cwd=tmp_path)
+    assert done.returncode == 2 and "--data-dir is needed" in done.stderr
+    done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--rounds", "10,x", cwd=tmp_path)
+    assert done.returncode == 2 and "rounds='10,x'" in done.stderr
+    done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--datasets", "mnist", cwd=tmp_path)
+    assert done.returncode == 2 and "datasets='mnist' is not allowed" in done.stderr
+    done = _dpadmm("reproduce", "--paper", "001", cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice: '001'" in done.stderr

@@ -138,6 +138,51 @@ def build(dataset: Dataset, graph_alpha: float, dtype: torch.dtype = torch.float
     )
 
 
+def smoothness(features: torch.Tensor) -> float:
+    """L_f = ||F||_2^2 / (4 n), the Lipschitz constant of the gradient of the mean logistic loss (002
+    Assumption 1; each sample's loss has curvature at most 1/4 along its row). Lemma 5 needs eta <= 1/L_f."""
+    spectral = torch.linalg.matrix_norm(features.to(torch.float64), ord=2)
+    return float(spectral**2 / (4 * features.shape[0]))
+
+
+SMOOTHING = (1e-2, 1e-4, 1e-6, 1e-8, 1e-10)  # mu of the reference solver's continuation
+
+
+def reference_optimum(problem: Problem, l1: float) -> tuple[float, np.ndarray]:
+    """(F(x*), x*) of eq. (11) by an independent solver: L-BFGS on the smoothed objective
+    f(x) + lambda sum_j sqrt((A x)_j^2 + mu^2), with mu = 1e-2 down to 1e-10, each solve started
+    where the previous one stopped.
+
+    The smoothed objective lies between F and F + lambda m mu, so its minimiser is within
+    lambda m 1e-10 of eq. (11)'s minimum; the value returned is F itself at that point. It shares
+    nothing with the ADMM updates (scipy's L-BFGS-B, float64 numpy), so an ADMM run that reaches it
+    has found eq. (11)'s optimum, not its own fixed point. (SLSQP on the constrained form
+    -s <= A x <= s gives the same value on small problems but takes minutes on a9a.)"""
+    from scipy.optimize import minimize
+
+    a = problem.a.detach().cpu().numpy().astype(np.float64)
+    f = problem.features.detach().cpu().numpy().astype(np.float64)
+    m = problem.labels.detach().cpu().numpy().astype(np.float64)
+    n = len(m)
+
+    def exact(x: np.ndarray) -> float:
+        return float(np.logaddexp(0, -m * (f @ x)).mean() + l1 * np.abs(a @ x).sum())
+
+    x = np.zeros(a.shape[1])
+    for mu in SMOOTHING:
+        def smoothed(x: np.ndarray, mu: float = mu) -> tuple[float, np.ndarray]:
+            margin, v = -m * (f @ x), a @ x
+            root = np.sqrt(v * v + mu * mu)
+            weight = -m * np.exp(-np.logaddexp(0, -margin))  # -m_i sigmoid(margin_i)
+            return (float(np.logaddexp(0, margin).mean() + l1 * root.sum()),
+                    f.T @ weight / n + l1 * a.T @ (v / root))
+
+        best = minimize(smoothed, x, jac=True, method="L-BFGS-B",
+                        options={"maxiter": 20000, "maxcor": 50, "ftol": 1e-16, "gtol": 1e-13})
+        x = best.x
+    return exact(x), x
+
+
 def load(name: str, data_dir: str, graph_alpha: float, dtype: torch.dtype = torch.float64,
          device: str | torch.device = "cpu") -> Problem:
     """:func:`build` on the data set ``name`` read from ``data_dir``."""
