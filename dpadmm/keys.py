@@ -11,9 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 _C = TypeVar("_C")
+
+
+class Keyed:
+    """Mixin of a family's configuration dataclass: built from and written to its kebab-case mapping."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Self:
+        """Build from kebab-case keys (a Flower run config); unknown keys are an error."""
+        return from_mapping(cls, values)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return to_mapping(self)
 
 
 def key(name: str) -> str:
@@ -67,3 +79,42 @@ def coerce(name: str, value: Any, type_name: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}={value!r} is not allowed; expected a {kind}") from None
+
+
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 1": lambda v: v >= 1,
+    "in (0, 1)": lambda v: 0 < v < 1,
+}
+
+
+def require(config: Any, rule: str, *names: str) -> None:
+    """A ValueError naming the first of ``names`` whose value breaks ``rule`` (a key of :data:`RULES`);
+    NaN breaks every rule."""
+    for name in names:
+        value = getattr(config, name)
+        if not RULES[rule](value):
+            raise ValueError(f"{key(name)}={value!r} is not allowed; it must be {rule}")
+
+
+def require_seed(seed: int) -> None:
+    """Seeds key 32-bit noise streams."""
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed={seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
+
+
+def run_fields(eval_unit: str) -> dict[str, Any]:
+    """The fields every family's run has, with one help text each: seed, device, dtype, eval-every, out.
+    Spread into a configuration with ``seed: int = FIELDS["seed"]`` and so on (dataclass fields cannot
+    be inherited in the middle of a class)."""
+    def one(default: Any, help_text: str) -> Any:
+        return dataclasses.field(default=default, metadata={"help": help_text})
+
+    return {
+        "seed": one(0, "seed of the noise streams, 0 <= seed < 2**32"),
+        "device": one("cpu", "compute device: cpu or cuda"),
+        "dtype": one("float64", "float64 or float32"),
+        "eval_every": one(1, f"evaluate every this many {eval_unit}"),
+        "out": one("", "output folder for metrics.jsonl; empty = "
+                       "runs/<algorithm>-<dataset>-eps<eps>-seed<seed>"),
+    }

@@ -13,9 +13,7 @@ what is allowed (the convention of Opacus and dp-accounting).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from dpadmm import keys
 from dpadmm.catalog import DATASET_NAMES as DATASETS
@@ -40,7 +38,7 @@ OBJPM_DEFAULT_LOCAL_STEPS = 10
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(keys.Keyed):
     """Every hyper-parameter of a DP-IADMM run (003 Algorithm 1 and the baseline OutP)."""
 
     algorithm: str = field(
@@ -293,13 +291,3 @@ class RunConfig:
     def default_out(self) -> str:
         eps = "inf" if not self.private else f"{self.epsilon:g}"
         return f"runs/{self.algorithm}-eps{eps}-E{self.steps}-seed{self.seed}"
-
-    # ----- the kebab-case mapping shared by Flower and the CLI -----
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Build from kebab-case keys (a Flower run config); unknown keys are an error."""
-        return keys.from_mapping(cls, values)
-
-    def to_mapping(self) -> dict[str, Any]:
-        return keys.to_mapping(self)

@@ -10,13 +10,11 @@ the graph), the default is the project's choice, documented in the field's help 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from dpadmm import keys
 from dpadmm.catalog import BINARY_DATASET_NAMES
-from dpadmm.keys import allowed, key
+from dpadmm.keys import allowed
 
 ALGORITHMS = ("dp-admm", "dp-accadmm")
 NEIGHBOURING = ("add-remove", "replace-one")
@@ -24,10 +22,11 @@ DUAL_INITS = ("zero", "paper")
 RESTARTS = ("none", "goldstein")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
+_RUN = keys.run_fields("iterations")
 
 
 @dataclass(frozen=True)
-class LinAdmmConfig:
+class LinAdmmConfig(keys.Keyed):
     """A run of 002's linearised ADMM on the graph-guided fused lasso with logistic loss (eq. (11))."""
 
     algorithm: str = field(
@@ -96,15 +95,11 @@ class LinAdmmConfig:
         metadata={"help": "clients holding contiguous blocks of the training rows (Flower); the mathematics "
                           "does not depend on it: the server sums their gradients"},
     )
-    seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
-    device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})
-    dtype: str = field(default="float64", metadata={"help": "float64 or float32"})
-    eval_every: int = field(default=1, metadata={"help": "evaluate every this many iterations"})
-    out: str = field(
-        default="",
-        metadata={"help": "output folder for metrics.jsonl; empty = "
-                          "runs/<algorithm>-<dataset>-eps<eps>-seed<seed>"},
-    )
+    seed: int = _RUN["seed"]
+    device: str = _RUN["device"]
+    dtype: str = _RUN["dtype"]
+    eval_every: int = _RUN["eval_every"]
+    out: str = _RUN["out"]
     node_timeout: float = field(
         default=60.0,
         metadata={"help": "seconds the Flower server waits at its start for every client's node to connect "
@@ -130,20 +125,12 @@ class LinAdmmConfig:
         if math.isnan(self.target_epsilon) or self.target_epsilon <= 0:
             raise ValueError(f"target-epsilon={self.target_epsilon!r} is not allowed; it must be > 0 "
                              "(inf = non-private)")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
-        if not 0 < self.rdp_mu < 1:
-            raise ValueError(f"rdp-mu={self.rdp_mu!r} is not allowed; it must be in (0, 1)")
-        for name in ("eta", "rho", "graph_alpha", "grad_bound", "node_timeout", "round_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")
+        keys.require(self, "in (0, 1)", "delta", "rdp_mu")
+        keys.require(self, "> 0", "eta", "rho", "graph_alpha", "grad_bound", "node_timeout", "round_timeout")
         if not self.gamma >= 0 or not self.l1 >= 0:
             raise ValueError(f"gamma={self.gamma!r} and l1={self.l1!r} must be >= 0 (gamma 0 = gamma_min)")
-        for name in ("rounds", "num_agents", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be >= 1")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed={self.seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
+        keys.require(self, ">= 1", "rounds", "num_agents", "eval_every")
+        keys.require_seed(self.seed)
 
     @property
     def private(self) -> bool:
@@ -156,11 +143,3 @@ class LinAdmmConfig:
     def default_out(self) -> str:
         eps = f"{self.target_epsilon:g}" if self.private else "inf"
         return f"runs/{self.algorithm}-{self.dataset}-eps{eps}-seed{self.seed}"
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> LinAdmmConfig:
-        """Build from kebab-case keys (a Flower run config); unknown keys are an error."""
-        return keys.from_mapping(cls, values)
-
-    def to_mapping(self) -> dict[str, Any]:
-        return keys.to_mapping(self)

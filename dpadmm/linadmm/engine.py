@@ -14,8 +14,6 @@ iteration t) and ``elapsed`` (of iterations 1..t, evaluations excluded: the cloc
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,7 @@ from dpadmm.linadmm.problem import Problem, load
 from dpadmm.models import binary
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import Ledger
-from dpadmm.runs.results import RunWriter, progress_bar
+from dpadmm.runs.loop import seed_writers, timed_rounds
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -172,53 +170,23 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
     ledger = privacy.ledger(config, n) if config.private else None
     sigma = privacy.noise_std(config, n)
     constants = settings(config, problem.a)
-    writers: list[RunWriter] = []
-    if write:
-        for i, seed in enumerate(seeds):
-            own = directories is not None
-            own_config = dataclasses.replace(config, seed=seed)
-            if own:
-                folder = Path(directories[i])
-            elif config.out:  # the configured folder; one sub-folder per seed when there are several
-                folder = Path(config.out) / f"seed-{seed}" if len(seeds) > 1 else Path(config.out)
-            else:
-                folder = Path(own_config.default_out())
-            writer = RunWriter(own_config.to_mapping(), engine="batched", directory=folder, fresh=not own)
-            if ledger:
-                writer.write_ledger(ledger)
-            writers.append(writer)
+    writers = seed_writers(config, seeds, ledger, directories) if write else []
     start = None
     if config.dual_init == "paper":  # the exact gradient at x_0 = 0
         zero = torch.zeros((1, d), dtype=problem.a.dtype, device=problem.a.device)
         start = binary.clipped_gradient_sum(problem.features, problem.labels, zero, None)[0] / n
     state = initial_state(config, problem.a, len(seeds), start)
-    records: list[list[dict[str, Any]]] = [[] for _ in seeds]
-    bar = progress_bar(config.rounds, progress, unit="iteration")
-    elapsed = 0.0
-    try:
-        for t in range(1, config.rounds + 1):
-            started = time.perf_counter()
-            point = query_point(state, constants.accelerated)
-            total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
-                                                problem.row_norms)
-            state, y = iterate(problem.a, state, release(total, n, seeds, t, sigma), constants)
-            if problem.a.is_cuda:  # the clock must see the kernels finish
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
-            elapsed += seconds
-            if t % config.eval_every == 0 or t == config.rounds:
-                for i, metrics in enumerate(evaluate(problem, state, y, t, config.l1)):
-                    metrics["seconds"] = seconds
-                    metrics["elapsed"] = elapsed
-                    records[i].append(metrics)
-                    if writers:
-                        writers[i].record(metrics)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        for writer in writers:
-            writer.close()
+    y = torch.zeros(0)
+
+    def step(t: int) -> None:
+        nonlocal state, y
+        point = query_point(state, constants.accelerated)
+        total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
+                                            problem.row_norms)
+        state, y = iterate(problem.a, state, release(total, n, seeds, t, sigma), constants)
+
+    records = timed_rounds(config.rounds, step, lambda t: evaluate(problem, state, y, t, config.l1),
+                           eval_every=config.eval_every, writers=writers, runs=len(seeds), progress=progress,
+                           unit="iteration", cuda=problem.a.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
     return Result(records=records, state=state, directories=folders, ledger=ledger, problem=problem)
