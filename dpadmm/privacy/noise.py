@@ -84,9 +84,11 @@ STREAM_OUTPUT: int = 1  # Gaussian noise of the output-perturbation baseline (Ou
 STREAM_PARTICIPATION: int = 2  # which agents a round samples (partial participation)
 STREAM_BATCH: int = 3  # which samples a local step of a minibatched agent uses
 STREAM_GRADIENT: int = 4  # Gaussian noise on the full-batch gradient of paper 002's DP-ADMM
+STREAM_MESSAGE: int = 5  # Gaussian noise of a party's message in paper 001's ADMM sharing
 
 __all__ = [
-    "STREAM_BATCH", "STREAM_GRADIENT", "STREAM_OBJECTIVE", "STREAM_OUTPUT", "STREAM_PARTICIPATION",
+    "STREAM_BATCH", "STREAM_GRADIENT", "STREAM_MESSAGE", "STREAM_OBJECTIVE", "STREAM_OUTPUT",
+    "STREAM_PARTICIPATION",
     "GENERATORS", "gaussian", "laplace", "philox4x32", "uniform",
 ]
 

@@ -1,0 +1,84 @@
+"""The privacy of ADMM sharing (001 eq. (16), Theorem 3, Corollary 1): a Gaussian release per party and round.
+
+Each round party m sends the N-vector D_m x_m of its scores. With ``noise = message`` it adds
+N(0, sigma^2 I_N) to that vector: the Gaussian mechanism (Dwork & Roth, Thm. A.1) with
+sigma = sqrt(2 ln(1.25/delta)) C / epsilon, which is (epsilon, delta)-DP for epsilon <= 1 (Theorem 3).
+
+The sensitivity C. The paper's Lemma 1 bounds it by (3 / (d_1 rho)) [lambda c_1 + (1 + M rho) b_1]
+with a d_1 it does not define and bounds b_1 it does not enforce. Here the bound is enforced
+instead: every x_m lies in the ball ||x_m|| <= b (``x-bound``) and every row of D_m has unit norm,
+so each entry of D_m x_m lies in [-b, b] and two messages differ by at most C = 2 b sqrt(N) in L2,
+for any change of party m's features (neighbouring: party m's block replaced by any other block of
+unit rows; a fortiori one sample's features). It is data-independent, and large: the guarantee is
+honest, the noise it needs is heavy.
+
+``noise = paper`` draws xi_m ~ N(0, sigma^2 (D_m^T D_m)^-1) on x_m (eq. (16)): the message noise
+D_m xi_m then lies in the column space of D_m, while the change of a message need not, so the
+Gaussian mechanism's guarantee does not follow (NOTES-001 section 6, item 6). It is run as the
+paper does and labelled not covered.
+
+Composition: a run is T releases per party; Corollary 1 (advanced composition, eq. (17)) gives
+(eps', T delta + delta'), and the ledger states dp-accounting's PLD value for the same releases.
+Each party's guarantee covers its own features only. Not covered: the labels (the server holds
+them and computes z and y from them), and the test-time scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpadmm.privacy.ledger import Ledger, Release, advanced_composition
+from dpadmm.privacy.ledger import ledger as account
+from dpadmm.sharing.config import SharingConfig
+
+
+def theorem_3_std(epsilon: float, delta: float, sensitivity: float) -> float:
+    """sigma = sqrt(2 ln(1.25/delta)) C / epsilon (001 Theorem 3), for 0 < epsilon <= 1."""
+    if not 0 < epsilon <= 1:
+        raise ValueError(f"epsilon={epsilon!r} is not allowed; Theorem 3 of 001 needs 0 < epsilon <= 1")
+    return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
+
+
+def corollary_1(epsilon: float, rounds: int, delta: float, delta_prime: float) -> tuple[float, float]:
+    """(eps', T delta + delta') of T rounds (001 Corollary 1, eq. (17)):
+    eps' = sqrt(2 T ln(1/delta')) eps + T eps (e^eps - 1)."""
+    return advanced_composition(epsilon, rounds, delta_prime), rounds * delta + delta_prime
+
+
+def message_sensitivity(num_samples: int, bound: float) -> float:
+    """C = 2 b sqrt(N): each entry of D_m x_m lies in [-b, b] (unit rows, ||x_m|| <= b)."""
+    return 2 * bound * math.sqrt(num_samples)
+
+
+def noise_std(config: SharingConfig, num_samples: int) -> float:
+    """sigma of Theorem 3 for the configured epsilon; 0 for a non-private run."""
+    if not config.private:
+        return 0.0
+    return theorem_3_std(config.epsilon, config.delta, message_sensitivity(num_samples, config.x_bound))
+
+
+def ledger(config: SharingConfig, num_samples: int) -> Ledger:
+    """The ledger of one party's T releases (every party makes the same ones); a ValueError for a non-private
+    configuration."""
+    if not config.private:
+        raise ValueError(f"algorithm={config.algorithm!r} with epsilon=inf adds no noise: it is not "
+                         "differentially private")
+    c = message_sensitivity(num_samples, config.x_bound)
+    sigma = noise_std(config, num_samples)
+    total, total_delta = corollary_1(config.epsilon, config.rounds, config.delta, config.delta_prime)
+    covered = config.noise == "message"
+    where = ("N(0, sigma^2 I_N) on the message D_m x_m" if covered else
+             "N(0, sigma^2 (D_m^T D_m)^-1) on x_m (eq. (16)): message noise only in col(D_m), NOT covered")
+    note = (f"Theorem 3 of 001: each round is ({config.epsilon:g}, {config.delta:g})-DP for each party's "
+            f"features; Corollary 1 (eq. (17)): the run is ({total:.6g}, {total_delta:.3g})-DP. "
+            f"Noise: {where}. "
+            "Trusted: nobody with the features (each party adds its own noise); the server holds the labels. "
+            "NOT covered: the labels, the test-time scores.")
+    return account(
+        algorithm=config.algorithm, release=Release("gaussian", sigma / c), per_round=1, rounds=config.rounds,
+        delta=config.delta, epsilon_bar=config.epsilon, calibration="Theorem 3 (001)",
+        sensitivity=f"L2: 2 b sqrt(N) = {c:.6g} (b = x-bound = {config.x_bound:g}, N = {num_samples}, "
+                    "rows of unit norm)",
+        noise_scale=f"sigma = {sigma:.6g} per message entry", covered=covered,
+        neighbouring="replace party's block", note=note, holder="for each party's own features",
+    )

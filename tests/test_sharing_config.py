@@ -1,0 +1,33 @@
+"""dpadmm.sharing.config: every key validated with a message that names the value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpadmm.sharing.config import SharingConfig, parse_parties
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"parties": "66,x"}, "parties='66,x' is not allowed"),
+    ({"parties": "66,0"}, "parties='66,0' is not allowed"),
+    ({"noise": "laplace"}, "noise='laplace' is not allowed; choose one of message, paper"),
+    ({"epsilon": 0.0}, "epsilon=0.0 is not allowed"),
+    ({"epsilon": math.nan}, "epsilon=nan is not allowed"),
+    ({"delta": 1.0}, "delta=1.0 is not allowed"),
+    ({"x_bound": 0.0}, "x-bound=0.0 is not allowed"),
+    ({"rounds": 0}, "rounds=0 is not allowed"),
+])
+def test_a_bad_value_is_named(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SharingConfig(**changes)
+
+
+def test_the_mapping_round_trips_and_the_split_parses() -> None:
+    config = SharingConfig(epsilon=0.5, parties="2,3,4")
+    assert SharingConfig.from_mapping(config.to_mapping()) == config
+    assert parse_parties("66,57") == (66, 57) and config.widths == (2, 3, 4)
+    assert not SharingConfig(epsilon=math.inf).private and config.private
+    with pytest.raises(ValueError, match="unknown configuration key 'party'"):
+        SharingConfig.from_mapping({"party": "1"})

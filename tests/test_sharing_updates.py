@@ -1,0 +1,91 @@
+"""dpadmm.sharing.updates: 001's equations against numerical minimisers and their invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+
+from dpadmm.data.vertical import pad_blocks
+from dpadmm.sharing import updates
+
+F64 = torch.float64
+
+
+def _blocks(seed: int = 0, n: int = 40, widths: tuple[int, ...] = (3, 5)) -> tuple[torch.Tensor, list]:
+    gen = torch.Generator().manual_seed(seed)
+    raw = [torch.randn(n, w, generator=gen, dtype=F64) for w in widths]
+    raw = [b / torch.linalg.vector_norm(b, dim=1, keepdim=True) for b in raw]
+    return pad_blocks(raw)[0], raw
+
+
+@pytest.mark.parametrize("bound", [1e6, 0.5])
+def test_the_x_step_is_the_minimiser_of_eq_6_on_the_ball(bound: float) -> None:
+    blocks, raw = _blocks()
+    gen = torch.Generator().manual_seed(1)
+    target = torch.randn(1, 2, 40, generator=gen, dtype=F64) * 3
+    y = torch.randn(1, 40, generator=gen, dtype=F64) * 0.1
+    rho, l2 = 0.7, 0.05
+    x = updates.x_step(blocks, updates.geometry(blocks), target, y, rho, l2, bound)
+    for m, d in enumerate(raw):
+        dm, r, yy = d.numpy(), target[0, m].numpy(), y[0].numpy()
+
+        def eq_6(v: np.ndarray, dm: np.ndarray = dm, r: np.ndarray = r, yy: np.ndarray = yy) -> float:
+            return float(l2 * v @ v / 2 + yy @ (dm @ v) + rho / 2 * np.sum((dm @ v - r) ** 2))
+
+        ball = [{"type": "ineq", "fun": lambda v: bound**2 - v @ v}]
+        best = minimize(eq_6, np.zeros(d.shape[1]), method="SLSQP", constraints=ball,
+                        options={"ftol": 1e-15, "maxiter": 1000})
+        ours = x[0, m, :d.shape[1]].numpy()
+        assert eq_6(ours) <= best.fun + 1e-10
+        np.testing.assert_allclose(ours, best.x, atol=1e-6)
+        assert np.linalg.norm(ours) <= bound * (1 + 1e-9)
+        assert not x[0, m, d.shape[1]:].abs().any()  # padded coordinates stay 0
+    if bound < 1:
+        assert torch.linalg.vector_norm(x, dim=-1).max() == pytest.approx(bound, rel=1e-9)
+
+
+def test_the_z_step_solves_eq_7_and_the_dual_step_gives_lemma_2() -> None:
+    gen = torch.Generator().manual_seed(2)
+    n, rho = 50, 0.01
+    s, y = torch.randn(1, n, generator=gen, dtype=F64), torch.randn(1, n, generator=gen, dtype=F64) / n
+    labels = torch.where(torch.rand(n, generator=gen) > 0.5, 1.0, -1.0).to(F64)
+    z = updates.z_step(s, y, labels, rho)
+    lab, ss, yy = labels.numpy(), s[0].numpy(), y[0].numpy()
+    for i in range(n):  # each entry is the scalar minimiser
+        def eq_7(v: np.ndarray, i: int = i) -> float:
+            return float(np.logaddexp(0, -lab[i] * v[0]) / n - yy[i] * v[0] + rho / 2 * (ss[i] - v[0]) ** 2)
+
+        best = minimize(eq_7, np.zeros(1), method="BFGS", options={"gtol": 1e-14})
+        assert float(z[0, i]) == pytest.approx(best.x[0], abs=1e-6)
+    y_next = updates.dual_step(y, s, z, rho)
+    torch.testing.assert_close(updates.loss_gradient(z, labels), y_next, rtol=0, atol=1e-15)
+
+
+def test_the_subtraction_trick_equals_the_direct_sum() -> None:
+    gen = torch.Generator().manual_seed(3)
+    messages = torch.randn(2, 3, 30, generator=gen, dtype=F64)
+    z = torch.randn(2, 30, generator=gen, dtype=F64)
+    pulled = messages.sum(dim=1) - z
+    ours = updates.party_target(pulled, messages)
+    for m in range(3):
+        others = sum(messages[:, k] for k in range(3) if k != m)
+        torch.testing.assert_close(ours[:, m], z - others, rtol=0, atol=1e-13)
+
+
+def test_the_papers_noise_has_the_covariance_of_eq_16() -> None:
+    blocks, raw = _blocks(n=30, widths=(4, 2))
+    geo = updates.geometry(blocks)
+    ridge = torch.tensor([1e-3, 1e-3], dtype=F64)
+    gen = torch.Generator().manual_seed(4)
+    standard = torch.randn(40000, 2, 4, generator=gen, dtype=F64)
+    xi = updates.paper_noise(geo, standard, 0.5, ridge)
+    for m, d in enumerate(raw):
+        w = d.shape[1]
+        expected = 0.25 * torch.linalg.inv(d.T @ d + 1e-3 * torch.eye(w, dtype=F64))
+        empirical = torch.cov(xi[:, m, :w].T)
+        scale = float(expected.diagonal().max())
+        torch.testing.assert_close(empirical, expected, rtol=0.05, atol=0.05 * scale)
+        messages = xi[:, m, :w] @ d.T  # D_m xi: trace of its covariance is about sigma^2 d_m
+        assert float(torch.cov(messages.T).trace()) == pytest.approx(0.25 * w, rel=0.05)
