@@ -405,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     if family.name == "linadmm":
         return _linadmm(args, config)
+    if family.name == "sharing":
+        return _sharing(args, config)
     if args.command == "privacy":
         from dpadmm.data import train_size
         from dpadmm.iadmm import privacy  # and no torch: the ledger needs the sample count, not the data
@@ -459,6 +461,32 @@ def _linadmm(args: argparse.Namespace, config: Any) -> int:
     print(f"{config.algorithm} ({eps}, {config.dataset}, T={config.rounds}): objective "
           f"{last['objective']:.6g} (averaged iterate {last['objective-avg']:.6g}), test accuracy "
           f"{last['test-accuracy']:.4f}")
+    print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
+    print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")
+    return 0
+
+
+def _sharing(args: argparse.Namespace, config: Any) -> int:
+    """``train`` and ``privacy`` for ADMM sharing (001)."""
+    try:
+        if args.command == "privacy":
+            from dpadmm.data.vertical import VERTICAL_TRAIN
+            from dpadmm.sharing import privacy
+
+            ledger = privacy.ledger(config, VERTICAL_TRAIN[config.dataset])
+            print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
+            return 0
+        from dpadmm.sharing import engine
+
+        result = engine.run(config, progress=not args.no_progress)
+    except (ValueError, OSError) as err:  # OSError: missing or unreadable files
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        return 2
+    last = result.records[0][-1]
+    eps = f"eps={config.epsilon:g} per round" if config.private else "non-private"
+    print(f"{config.algorithm} ({eps}, {config.dataset}, parties {config.parties}, T={config.rounds}): "
+          f"training objective {last['train-objective']:.6g}, test log loss {last['test-log-loss']:.6g}, "
+          f"test error {last['test-error']:.4f}")
     print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
     print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")
     return 0

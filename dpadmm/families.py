@@ -23,6 +23,8 @@ from dpadmm.iadmm.config import ALGORITHMS as IADMM_ALGORITHMS
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.linadmm.config import ALGORITHMS as LINADMM_ALGORITHMS
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.sharing.config import ALGORITHMS as SHARING_ALGORITHMS
+from dpadmm.sharing.config import SharingConfig
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Family:
 FAMILIES = (
     Family("iadmm", "Ryu & Kim, DP-IADMM (003, 000)", RunConfig, IADMM_ALGORITHMS),
     Family("linadmm", "Xu et al., DP-ADMM / DP-AccADMM (002)", LinAdmmConfig, LINADMM_ALGORITHMS),
+    Family("sharing", "Hu et al., ADMM sharing over distributed features (001)", SharingConfig,
+           SHARING_ALGORITHMS),
 )
 ALGORITHMS = tuple(a for f in FAMILIES for a in f.algorithms)
 DEFAULT = FAMILIES[0]  # the default job's family: `flwr run .` and `dpadmm train` without --algorithm

@@ -31,6 +31,7 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.runs.results import RunWriter, central_metrics
+from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
 from strategies.linadmm import DPLinADMM
 
@@ -42,6 +43,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = from_run_config(context.run_config)
+    if isinstance(config, SharingConfig):
+        raise ValueError(f"algorithm={config.algorithm!r} runs in the engine only for now (`dpadmm train "
+                         "--algorithm admm-sharing`); its Flower app is not built yet")
     if isinstance(config, LinAdmmConfig):
         linadmm_main(grid, config)
     else:

@@ -125,3 +125,21 @@ def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) ->
     assert done.returncode == 2 and "datasets='mnist' is not allowed" in done.stderr
     done = _dpadmm("reproduce", "--paper", "001", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice: '001'" in done.stderr
+
+
+def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path) -> None:
+    data = binary_dir / "a9a"
+    done = _dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir", str(data),
+                   "--parties", "66,57", "--epsilon", "inf", "--rounds", "20", "--out", "r", "--no-progress",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "admm-sharing (non-private, a9a, parties 66,57, T=20)" in done.stdout
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 20 and lines[-1]["test-error"] < 0.2
+    ledger = _dpadmm("privacy", "--algorithm", "admm-sharing", "--epsilon", "0.5", "--rounds", "20", "--json",
+                     cwd=tmp_path)
+    assert ledger.returncode == 0, ledger.stderr
+    assert json.loads(ledger.stdout)["calibration"] == "Theorem 3 (001)"
+    bad = _dpadmm("train", "--algorithm", "admm-sharing", "--parties", "60,60", "--data-dir", str(data),
+                  cwd=tmp_path)
+    assert bad.returncode == 2 and "cover 120 columns but the data set has 123" in bad.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,9 @@ def test_the_mapping_round_trips_and_the_split_parses() -> None:
     assert not SharingConfig(epsilon=math.inf).private and config.private
     with pytest.raises(ValueError, match="unknown configuration key 'party'"):
         SharingConfig.from_mapping({"party": "1"})
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [key for key in SharingConfig().to_mapping() if f"| `{key}` |" not in readme]
+    assert not missing, f"README.md does not document {missing}"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpadmm.data.vertical import check_aligned, load_mnist_4v9, pad_blocks, split_columns
+from dpadmm.data.vertical import MNIST_4V9_TRAIN, check_aligned, load_mnist_4v9, pad_blocks, split_columns
 
 
 def test_blocks_are_contiguous_and_padding_adds_zero_columns() -> None:
@@ -25,6 +25,7 @@ def test_mnist_4v9_holds_the_4s_and_9s_in_file_order(mnist_dir: Path) -> None:
     data = load_mnist_4v9(mnist_dir)
     assert data.x_train.shape == (11791, 784) and data.x_test.shape == (1991, 784)  # 5842 + 5949, 982 + 1009
     assert int(data.y_train.sum()) == 5949 and int(data.y_test.sum()) == 1009
+    assert len(data.y_train) == MNIST_4V9_TRAIN  # the count `dpadmm privacy` uses without reading the files
 
 
 def test_misaligned_parties_are_named() -> None:

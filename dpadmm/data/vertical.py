@@ -20,6 +20,8 @@ import torch
 from dpadmm.data import Dataset
 
 MNIST_4V9_DIGITS = (4, 9)
+MNIST_4V9_TRAIN = 11791  # 5,842 fours and 5,949 nines in MNIST's training file (a public count)
+VERTICAL_TRAIN = {"a9a": 32561, "mnist-4v9": MNIST_4V9_TRAIN}  # N of the vertical data sets
 
 
 def split_columns(x: torch.Tensor, widths: Sequence[int]) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ from dpadmm.keys import allowed
 
 ALGORITHMS = ("admm-sharing",)
 NOISE_MODES = ("message", "paper")
+DATASETS = ("a9a", "mnist-4v9")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
 _RUN = keys.run_fields("rounds")
@@ -67,9 +68,10 @@ class SharingConfig(keys.Keyed):
     )
     rounds: int = field(default=50, metadata={"help": "rounds T (one x-, z- and y-update each)"})
     rho: float = field(
-        default=1e-5,
-        metadata={"help": "penalty rho of the augmented Lagrangian, eq. (5); the mean loss has curvature at "
-                          "most 1/(4N) per entry, and rho near it converges in few rounds (a9a: 1e-5)"},
+        default=0.0,
+        metadata={"help": "penalty rho of the augmented Lagrangian, eq. (5); 0 = 1/(2N), twice the "
+                          "Lipschitz constant 1/(4N) of the mean loss's gradient (001's Assumption 1.2 needs "
+                          "rho >= it)"},
     )
     l2: float = field(default=1e-4, metadata={"help": "lambda of the regulariser lambda sum_m ||x_m||^2 / 2"})
     dataset: str = field(default="a9a", metadata={"help": "a9a or mnist-4v9 (MNIST digits 4 against 9, "
@@ -89,6 +91,7 @@ class SharingConfig(keys.Keyed):
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("noise", self.noise, NOISE_MODES)
+        allowed("dataset", self.dataset, DATASETS)
         allowed("device", self.device, DEVICES)
         allowed("dtype", self.dtype, DTYPES)
         parse_parties(self.parties)
@@ -96,7 +99,9 @@ class SharingConfig(keys.Keyed):
             raise ValueError(f"epsilon={self.epsilon!r} is not allowed; Theorem 3 of 001 needs "
                              "0 < epsilon <= 1 per round (inf = non-private)")
         keys.require(self, "in (0, 1)", "delta", "delta_prime")
-        keys.require(self, "> 0", "x_bound", "rho", "l2")
+        keys.require(self, "> 0", "x_bound", "l2")
+        if not self.rho >= 0:
+            raise ValueError(f"rho={self.rho!r} is not allowed; it must be >= 0 (0 = 1/(2N))")
         keys.require(self, ">= 1", "rounds", "eval_every")
         keys.require_seed(self.seed)
 
@@ -107,6 +112,10 @@ class SharingConfig(keys.Keyed):
     @property
     def widths(self) -> tuple[int, ...]:
         return parse_parties(self.parties)
+
+    def penalty(self, num_samples: int) -> float:
+        """rho, with 0 resolved to 1/(2N)."""
+        return self.rho or 1 / (2 * num_samples)
 
     def default_out(self) -> str:
         eps = f"{self.epsilon:g}" if self.private else "inf"

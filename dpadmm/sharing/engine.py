@@ -129,12 +129,12 @@ def iterate(problem: Problem, state: State, config: SharingConfig, seeds: Sequen
     the server's z and y."""
     pulled = state.messages.sum(dim=1) - state.z  # what the server broadcasts: s^t - z^t
     target = updates.party_target(pulled, state.messages)
-    x = updates.x_step(problem.blocks, problem.geometry, target, state.y, config.rho, config.l2,
-                       config.x_bound)
+    rho = config.penalty(problem.num_samples)
+    x = updates.x_step(problem.blocks, problem.geometry, target, state.y, rho, config.l2, config.x_bound)
     x, messages = release(problem, x, seeds, t, std, config.noise)
     s = messages.sum(dim=1)
-    z = updates.z_step(s, state.y, problem.labels, config.rho)
-    return State(x=x, messages=messages, z=z, y=updates.dual_step(state.y, s, z, config.rho))
+    z = updates.z_step(s, state.y, problem.labels, rho)
+    return State(x=x, messages=messages, z=z, y=updates.dual_step(state.y, s, z, rho))
 
 
 def evaluate(problem: Problem, state: State, t: int, l2: float) -> list[dict[str, float]]:
