@@ -38,7 +38,8 @@ def test_non_private_sharing_reaches_scikit_learns_optimum() -> None:
     config = _config()
     problem = engine.build(_dataset(), config.widths)
     result = engine.run(config, problem=problem, write=False, progress=False)
-    features = torch.cat([problem.blocks[m, :, :w] for m, w in enumerate(config.widths)], dim=1).numpy()
+    blocks = problem.parties.blocks
+    features = torch.cat([blocks[m, :, :w] for m, w in enumerate(config.widths)], dim=1).numpy()
     labels = problem.labels.numpy()
     n = len(labels)
     model = LogisticRegression(C=1 / (n * config.l2), fit_intercept=False, tol=1e-12, max_iter=10000)
@@ -79,7 +80,7 @@ def test_the_message_noise_has_the_calibrated_variance() -> None:
     std = privacy.noise_std(config, problem.num_samples)
     assert std == pytest.approx(privacy.theorem_3_std(1.0, 1e-5, 2 * 0.01 * math.sqrt(2000)))
     x = torch.zeros((1, 1, 9), dtype=F64)
-    _, messages = engine.release(problem, x, [0], 1, std, "message")
+    _, messages = engine.release(problem.parties, x, [0], 1, std, "message")
     assert float(messages.std()) == pytest.approx(std, rel=0.05) and abs(float(messages.mean())) < 0.1 * std
 
 
@@ -99,6 +100,25 @@ def test_a9a_splits_as_the_paper_and_learns(binary_dir: Path) -> None:
     config = SharingConfig(epsilon=math.inf, data_dir=str(binary_dir / "a9a"), rounds=30, eval_every=30)
     result = engine.run(config, write=False, progress=False)
     assert result.problem.widths == (66, 57) and result.problem.num_samples == 32561
-    norms = torch.linalg.vector_norm(result.problem.blocks, dim=-1)
+    norms = torch.linalg.vector_norm(result.problem.parties.blocks, dim=-1)
     assert bool(((norms - 1).abs() < 1e-12).logical_or(norms == 0).all())  # each block's rows: unit norm
     assert result.records[0][-1]["test-error"] < 0.16
+
+
+def test_one_party_alone_computes_its_row_of_the_batch() -> None:
+    """What a Flower client will do: a party holding only its own block, with its own id, sends the message
+    the batched engine computes for it (the same x-step and the same keyed noise)."""
+    dataset, widths = _dataset(), (3, 4, 2)
+    config = _config(epsilon=1.0, rounds=3, x_bound=1.0)
+    problem = engine.build(dataset, widths)
+    state = engine.run(config, problem=problem, write=False, progress=False).state
+    std = privacy.noise_std(config, problem.num_samples)
+    rho = config.penalty(problem.num_samples)
+    pulled = state.messages.sum(dim=1) - state.z
+    both = engine.party_step(problem.parties, pulled, state.messages, state.y, config, rho, [0], 4, std)
+    for m in range(3):
+        alone = engine.parties_of(dataset, widths, [m])
+        own = state.messages[:, m:m + 1]
+        x, message = engine.party_step(alone, pulled, own, state.y, config, rho, [0], 4, std)
+        torch.testing.assert_close(message[:, 0], both[1][:, m], rtol=1e-12, atol=1e-9)
+        torch.testing.assert_close(x[:, 0, :widths[m]], both[0][:, m, :widths[m]], rtol=1e-12, atol=1e-12)

@@ -35,51 +35,71 @@ RIDGE = 1e-6  # tau_m = RIDGE trace(D_m^T D_m) / d_m: the paper's noise where D_
 
 
 @dataclass(frozen=True)
-class Problem:
-    """A vertical split: every party's training and test block (rows of unit norm within the block,
-    zero-padded to the widest), labels +-1, and the blocks' geometry."""
+class Parties:
+    """What parties hold: each one's training and test block (rows of unit norm within the block, zero-padded
+    to the widest), the blocks' geometry and ridge, and their numbers ``ids``, which key their noise streams.
+    The engine holds all parties; a Flower client, its own (one)."""
 
-    name: str
-    widths: tuple[int, ...]
+    ids: torch.Tensor  # [M], int64
     blocks: torch.Tensor  # [M, N, d]
     test_blocks: torch.Tensor  # [M, N_test, d]
     mask: torch.Tensor  # [M, d], the real columns
-    labels: torch.Tensor  # [N]
-    test_labels: torch.Tensor
     geometry: updates.Geometry
     ridge: torch.Tensor  # [M]
 
+
+@dataclass(frozen=True)
+class Problem:
+    """A vertical split: the parties and the labels +-1 (which the server holds)."""
+
+    name: str
+    widths: tuple[int, ...]
+    parties: Parties
+    labels: torch.Tensor  # [N]
+    test_labels: torch.Tensor
+
     @property
     def num_samples(self) -> int:
-        return int(self.blocks.shape[1])
+        return int(self.labels.shape[0])
+
+
+def parties_of(dataset: Dataset, widths: Sequence[int], ids: Sequence[int] | None = None,
+               dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> Parties:
+    """The parties ``ids`` (default: all) of ``dataset`` split into column blocks of ``widths``; each block's
+    rows are scaled to unit norm (001 Assumption 2.3), which the sensitivity needs."""
+    ids = list(range(len(widths))) if ids is None else list(ids)
+
+    def blocks_of(x: torch.Tensor) -> list[torch.Tensor]:
+        split = split_columns(x, widths)
+        return [normalise_rows(split[m]).to(dtype=dtype, device=device) for m in ids]
+
+    blocks, mask = pad_blocks(blocks_of(dataset.x_train))
+    geo = updates.geometry(blocks)
+    width = torch.tensor([widths[m] for m in ids], dtype=dtype, device=device)
+    return Parties(ids=torch.tensor(ids, dtype=torch.int64, device=device), blocks=blocks,
+                   test_blocks=pad_blocks(blocks_of(dataset.x_test))[0], mask=mask, geometry=geo,
+                   ridge=RIDGE * geo.eigenvalues.sum(dim=-1) / width)
 
 
 def build(dataset: Dataset, widths: Sequence[int], dtype: torch.dtype = torch.float64,
           device: str | torch.device = "cpu") -> Problem:
-    """The problem of ``dataset`` split into column blocks of ``widths``; each block's rows are scaled to unit
-    norm (001 Assumption 2.3), which the sensitivity needs."""
-    def blocks_of(x: torch.Tensor) -> list[torch.Tensor]:
-        return [normalise_rows(b).to(dtype=dtype, device=device) for b in split_columns(x, widths)]
+    """The problem of ``dataset`` split into column blocks of ``widths`` (labels 0/1 become +-1)."""
+    parties = parties_of(dataset, widths, None, dtype, device)
+    return Problem(name=dataset.name, widths=tuple(widths), parties=parties,
+                   labels=(2 * dataset.y_train - 1).to(dtype=dtype, device=device),
+                   test_labels=(2 * dataset.y_test - 1).to(dtype=dtype, device=device))
 
-    blocks, mask = pad_blocks(blocks_of(dataset.x_train))
-    test_blocks, _ = pad_blocks(blocks_of(dataset.x_test))
-    geo = updates.geometry(blocks)
-    width = torch.tensor(widths, dtype=dtype, device=device)
-    return Problem(
-        name=dataset.name, widths=tuple(widths), blocks=blocks, test_blocks=test_blocks, mask=mask,
-        labels=(2 * dataset.y_train - 1).to(dtype=dtype, device=device),
-        test_labels=(2 * dataset.y_test - 1).to(dtype=dtype, device=device),
-        geometry=geo, ridge=RIDGE * geo.eigenvalues.sum(dim=-1) / width,
-    )
+
+def dataset_of(config: SharingConfig) -> Dataset:
+    """The configured data set, unsplit."""
+    if config.dataset == "mnist-4v9":
+        return load_mnist_4v9(config.data_dir)
+    return load_binary(config.dataset, config.data_dir)
 
 
 def load(config: SharingConfig) -> Problem:
     """:func:`build` on the configured data set and split."""
-    if config.dataset == "mnist-4v9":
-        dataset = load_mnist_4v9(config.data_dir)
-    else:
-        dataset = load_binary(config.dataset, config.data_dir)
-    return build(dataset, config.widths, DTYPES[config.dtype], config.device)
+    return build(dataset_of(config), config.widths, DTYPES[config.dtype], config.device)
 
 
 @dataclass
@@ -95,52 +115,67 @@ class State:
 
 def initial_state(problem: Problem, runs: int) -> State:
     """x = 0, z = 0, y = 0 (the paper's start)."""
-    m, n, d = problem.blocks.shape
-    zeros = problem.blocks.new_zeros
+    m, n, d = problem.parties.blocks.shape
+    zeros = problem.labels.new_zeros
     return State(x=zeros((runs, m, d)), messages=zeros((runs, m, n)), z=zeros((runs, n)), y=zeros((runs, n)))
 
 
-def draws(seeds: Sequence[int], parties: int, t: int, size: int, like: torch.Tensor) -> torch.Tensor:
-    """Standard normal draws [S, M, size] of round t, one keyed stream per (seed, party)."""
-    agents = torch.arange(parties, dtype=torch.int64, device=like.device)
-    ones = torch.ones(parties, dtype=torch.float64, device=like.device)
-    return torch.stack([noise.gaussian(s, agents, t, 0, (size,), ones, dtype=like.dtype,
+def draws(seeds: Sequence[int], ids: torch.Tensor, t: int, size: int, like: torch.Tensor) -> torch.Tensor:
+    """Standard normal draws [S, M, size] of round t, one keyed stream per (seed, party id)."""
+    ones = torch.ones(len(ids), dtype=torch.float64, device=like.device)
+    return torch.stack([noise.gaussian(s, ids, t, 0, (size,), ones, dtype=like.dtype,
                                        stream=noise.STREAM_MESSAGE) for s in seeds])
 
 
-def release(problem: Problem, x: torch.Tensor, seeds: Sequence[int], t: int, std: float, mode: str
+def release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std: float, mode: str
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x~, the messages D_m x~_m [S, M, N]) of round t: with ``message`` noise x~ = x and the message gets
     N(0, sigma^2 I_N); with ``paper`` noise x~ = x + xi, xi ~ N(0, sigma^2 (D_m^T D_m + tau I)^-1) (eq. (16)).
     No noise when std = 0."""
-    m, n, d = problem.blocks.shape
+    _, n, d = parties.blocks.shape
     if std and mode == "paper":
-        standard = draws(seeds, m, t, d, x)
-        x = x + problem.mask * updates.paper_noise(problem.geometry, standard, std, problem.ridge)
-    messages = torch.einsum("mnd,smd->smn", problem.blocks, x)
+        standard = draws(seeds, parties.ids, t, d, x)
+        x = x + parties.mask * updates.paper_noise(parties.geometry, standard, std, parties.ridge)
+    messages = torch.einsum("mnd,smd->smn", parties.blocks, x)
     if std and mode == "message":
-        messages = messages + std * draws(seeds, m, t, n, x)
+        messages = messages + std * draws(seeds, parties.ids, t, n, x)
     return x, messages
+
+
+def party_step(parties: Parties, pulled: torch.Tensor, own: torch.Tensor, y: torch.Tensor,
+               config: SharingConfig, rho: float, seeds: Sequence[int], t: int, std: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parties' side of round t (Algorithm 1, party steps 2-4): from the pulled s - z [S, N], their
+    own last messages [S, M, N] and y [S, N], the x-step of eq. (6) and the noisy message; returns
+    (x~, messages)."""
+    target = updates.party_target(pulled, own)
+    x = updates.x_step(parties.blocks, parties.geometry, target, y, rho, config.l2, config.x_bound)
+    return release(parties, x, seeds, t, std, config.noise)
+
+
+def server_step(messages: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, rho: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's side of round t (Algorithm 1, central steps 1-3): s = sum of the messages, z of eq. (7),
+    y of eq. (8); returns (z, y)."""
+    s = messages.sum(dim=1)
+    z = updates.z_step(s, y, labels, rho)
+    return z, updates.dual_step(y, s, z, rho)
 
 
 def iterate(problem: Problem, state: State, config: SharingConfig, seeds: Sequence[int], t: int, std: float
             ) -> State:
-    """Round t of Algorithm 1: the parties' x-steps from the server's broadcast s - z and y, their messages,
-    the server's z and y."""
-    pulled = state.messages.sum(dim=1) - state.z  # what the server broadcasts: s^t - z^t
-    target = updates.party_target(pulled, state.messages)
+    """Round t of Algorithm 1: the server's broadcast s - z and y, every party's step, the server's step."""
     rho = config.penalty(problem.num_samples)
-    x = updates.x_step(problem.blocks, problem.geometry, target, state.y, rho, config.l2, config.x_bound)
-    x, messages = release(problem, x, seeds, t, std, config.noise)
-    s = messages.sum(dim=1)
-    z = updates.z_step(s, state.y, problem.labels, rho)
-    return State(x=x, messages=messages, z=z, y=updates.dual_step(state.y, s, z, rho))
+    pulled = state.messages.sum(dim=1) - state.z
+    x, messages = party_step(problem.parties, pulled, state.messages, state.y, config, rho, seeds, t, std)
+    z, y = server_step(messages, state.y, problem.labels, rho)
+    return State(x=x, messages=messages, z=z, y=y)
 
 
 def evaluate(problem: Problem, state: State, t: int, l2: float) -> list[dict[str, float]]:
     """The metrics of every run after round t."""
-    scores = torch.einsum("mnd,smd->sn", problem.blocks, state.x)
-    test_scores = torch.einsum("mnd,smd->sn", problem.test_blocks, state.x)
+    scores = torch.einsum("mnd,smd->sn", problem.parties.blocks, state.x)
+    test_scores = torch.einsum("mnd,smd->sn", problem.parties.test_blocks, state.x)
     train = updates.objective(scores, problem.labels, state.x, l2)
     test = updates.loss(test_scores, problem.test_labels)
     error = (test_scores * problem.test_labels <= 0).to(scores.dtype).mean(dim=-1)
@@ -177,6 +212,6 @@ def run(config: SharingConfig, seeds: Sequence[int] | None = None, *, problem: P
 
     records = timed_rounds(config.rounds, step, lambda t: evaluate(problem, state, t, config.l2),
                            eval_every=config.eval_every, writers=writers, runs=len(seeds), progress=progress,
-                           cuda=problem.blocks.is_cuda)
+                           cuda=problem.labels.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
     return Result(records=records, state=state, directories=folders, ledger=ledger, problem=problem)
