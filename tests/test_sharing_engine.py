@@ -105,11 +105,12 @@ def test_a9a_splits_as_the_paper_and_learns(binary_dir: Path) -> None:
     assert result.records[0][-1]["test-error"] < 0.16
 
 
-def test_one_party_alone_computes_its_row_of_the_batch() -> None:
+@pytest.mark.parametrize("mode", ["message", "paper"])
+def test_one_party_alone_computes_its_row_of_the_batch(mode: str) -> None:
     """What a Flower client will do: a party holding only its own block, with its own id, sends the message
     the batched engine computes for it (the same x-step and the same keyed noise)."""
     dataset, widths = _dataset(), (3, 4, 2)
-    config = _config(epsilon=1.0, rounds=3, x_bound=1.0)
+    config = _config(epsilon=1.0, rounds=3, x_bound=1.0, noise=mode)
     problem = engine.build(dataset, widths)
     state = engine.run(config, problem=problem, write=False, progress=False).state
     std = privacy.noise_std(config, problem.num_samples)

@@ -105,8 +105,11 @@ def dual_step(y: torch.Tensor, s: torch.Tensor, z: torch.Tensor, rho: float) -> 
 
 
 def paper_noise(geo: Geometry, standard: torch.Tensor, std: float, ridge: torch.Tensor) -> torch.Tensor:
-    """xi_m ~ N(0, sigma^2 (D_m^T D_m + tau_m I)^-1) of eq. (16) from standard normal draws [S, M, d]:
-    Q diag((lam + tau)^-1/2) g. The ridge tau_m > 0 makes the inverse exist where D_m is rank-deficient (a9a's
-    one-hot columns); padded columns get draws of 0."""
+    """xi_m ~ N(0, sigma^2 (D_m^T D_m + tau_m I)^-1) of eq. (16) from standard normal draws g [S, M, d]:
+    sigma (D_m^T D_m + tau_m I)^-1/2 g, the symmetric root Q diag((lam + tau)^-1/2) Q^T. Being a function of
+    the Gram matrix, it does not depend on how eigh orders or rotates equal eigenvalues, so a party's real
+    coordinates get the same xi whether its block is padded in a batch or alone. The ridge tau_m > 0 makes
+    the inverse exist where D_m is rank-deficient (a9a's one-hot columns)."""
     root = (geo.eigenvalues + ridge.unsqueeze(-1)).rsqrt()
-    return std * torch.einsum("mde,sme->smd", geo.eigenvectors, root * standard)
+    rotated = torch.einsum("mde,smd->sme", geo.eigenvectors, standard)
+    return std * torch.einsum("mde,sme->smd", geo.eigenvectors, root * rotated)
