@@ -173,7 +173,7 @@ def _add_reproduce_002(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--eta", type=float, default=d.eta,
                      help="step size of every run; 0 = 1/L_f per data set, Lemma 5's largest (default: 0)")
     rep.add_argument("--optimum-rounds", type=int, default=d.optimum_rounds,
-                     help="iterations of the long non-private runs that check the SLSQP optimum "
+                     help="iterations of the long non-private runs that check the reference solver's optimum "
                           f"(default: {d.optimum_rounds})")
     rep.add_argument("--dtype", default=d.dtype, help=f"float64 or float32 (default: {d.dtype})")
     rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
