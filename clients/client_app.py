@@ -1,7 +1,8 @@
 """The ClientApp of every family; for DP-IADMM one agent's lines 15-22 of 003 Algorithm 1.
 
 ``algorithm`` picks the family (:mod:`dpadmm.families`). A DP-ADMM / DP-AccADMM (002) client
-answers with its rows' clipped gradient sum (:mod:`clients.linadmm`). For DP-IADMM:
+answers with its rows' clipped gradient sum (:mod:`clients.linadmm`); an ADMM-sharing (001) party
+with its noisy message, and for evaluation its test scores (:mod:`clients.sharing`). For DP-IADMM:
 
 The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1, called through
 ``clients.dpiadmm`` (the protocol helpers any user's ClientApp can call too); this module only
@@ -35,6 +36,7 @@ from torch import nn
 
 from clients.dpiadmm import answer_query, train_reply
 from clients.linadmm import gradient_reply
+from clients.sharing import round_reply, scores_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES
 from dpadmm.data.libsvm import load_binary
 from dpadmm.data.node import load_node_data
@@ -48,6 +50,8 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import rows as problem_rows
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
+from dpadmm.sharing import engine as sharing_engine
+from dpadmm.sharing.config import SharingConfig
 
 app = ClientApp()
 
@@ -128,6 +132,27 @@ def linadmm_rows(config: LinAdmmConfig, partition_id: int,
     return problem_rows(dataset.x_train[block], dataset.y_train[block], linadmm_engine.DTYPES[config.dtype])
 
 
+@lru_cache(maxsize=8)
+def sharing_party(config: SharingConfig, partition_id: int, num_partitions: int) -> sharing_engine.Parties:
+    """This party's column block of the configured data set (party = partition id, one per SuperNode)."""
+    if num_partitions != len(config.widths):
+        raise ValueError(f"the federation has {num_partitions} SuperNodes but parties={config.parties!r} "
+                         f"names {len(config.widths)}; run one SuperNode per party")
+    return sharing_engine.parties_of(sharing_engine.dataset_of(config), config.widths, [partition_id],
+                                     sharing_engine.DTYPES[config.dtype])
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """ADMM sharing: this party's test scores (the other families evaluate on the server)."""
+    chosen = from_run_config(context.run_config)
+    if not isinstance(chosen, SharingConfig):
+        raise ValueError(f"algorithm={chosen.algorithm!r} evaluates on the server; no client evaluation")
+    partition_id = int(context.node_config["partition-id"])
+    parties = sharing_party(chosen, partition_id, int(context.node_config["num-partitions"]))
+    return scores_reply(msg, context, parties, partition_id)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """DP-IADMM: receive w, lambda_p and the last iterate, run E local updates, send z_p^{t+1}.
@@ -137,6 +162,9 @@ def train(msg: Message, context: Context) -> Message:
     if isinstance(chosen, LinAdmmConfig):
         features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
         return gradient_reply(msg, chosen, features, labels, partition_id)
+    if isinstance(chosen, SharingConfig):
+        parties = sharing_party(chosen, partition_id, int(context.node_config["num-partitions"]))
+        return round_reply(msg, context, chosen, parties, partition_id)
     config = calibrated(chosen)
     arrays = msg.content["arrays"]
     data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))

@@ -103,6 +103,18 @@ def require_seed(seed: int) -> None:
         raise ValueError(f"seed={seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
 
 
+def flower_fields(client: str, round_name: str) -> dict[str, Any]:
+    """The Flower app's waiting times (``client``: who holds a node; ``round_name``: what the server waits
+    for each round)."""
+    return {
+        "node_timeout": dataclasses.field(default=60.0, metadata={
+            "help": f"seconds the Flower server waits at its start for every {client}'s node to connect "
+                    "(Flower app only)"}),
+        "round_timeout": dataclasses.field(default=600.0, metadata={
+            "help": f"seconds the Flower server waits for the {round_name} (Flower app only)"}),
+    }
+
+
 def run_fields(eval_unit: str) -> dict[str, Any]:
     """The fields every family's run has, with one help text each: seed, device, dtype, eval-every, out.
     Spread into a configuration with ``seed: int = FIELDS["seed"]`` and so on (dataclass fields cannot

@@ -22,6 +22,13 @@ UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local it
 POINT_KEY = "x"  # server -> client: where the iteration takes its gradient, [d]
 GRADIENT_KEY = "gradient-sum"  # client -> server: sum_i clip_c(g_i) over the client's rows, [d]
 
+# ADMM sharing (001): N-vectors, one per sample.
+PULLED_KEY = "s-minus-z"  # server -> party: sum_m D_m x~_m - z, [N]
+DUAL_KEY = "y"  # server -> party: the dual y, [N]
+OWN_KEY = "own"  # server -> party, after a fault only: the party's message the server holds, [N]
+MESSAGE_KEY = "message"  # party -> server: D_m x~_m (with its noise), [N]
+SCORES_KEY = "test-scores"  # party -> server, evaluation: D_m^test x~_m, [N_test]
+
 
 def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:
     """{role: {name: array}} -> {"role.name": array}."""

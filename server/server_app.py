@@ -31,9 +31,12 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.runs.results import RunWriter, central_metrics
+from dpadmm.sharing import engine as sharing_engine
+from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
 from strategies.linadmm import DPLinADMM
+from strategies.sharing import ADMMSharing
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -44,9 +47,8 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = from_run_config(context.run_config)
     if isinstance(config, SharingConfig):
-        raise ValueError(f"algorithm={config.algorithm!r} runs in the engine only for now (`dpadmm train "
-                         "--algorithm admm-sharing`); its Flower app is not built yet")
-    if isinstance(config, LinAdmmConfig):
+        sharing_main(grid, config)
+    elif isinstance(config, LinAdmmConfig):
         linadmm_main(grid, config)
     else:
         iadmm_main(grid, privacy.calibrate(config))
@@ -73,6 +75,34 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
         writer.record(record)
         log(INFO, "dpadmm round %d/%d: objective %.6g, test accuracy %.4f, primal residual %.4g", t,
             config.rounds, record["objective"], record["test-accuracy"], record["primal-residual"])
+
+    try:
+        strategy.start(grid=grid, evaluate_fn=evaluate)
+    finally:
+        writer.close()
+    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+
+
+def sharing_main(grid: Grid, config: SharingConfig) -> None:
+    """ADMM sharing (001): the server holds the labels, z and y; each party (a SuperNode) its columns."""
+    dataset = sharing_engine.dataset_of(config)  # the server uses the labels only
+    dtype = sharing_engine.DTYPES[config.dtype]
+    labels, test_labels = ((2 * y - 1).to(dtype) for y in (dataset.y_train, dataset.y_test))
+    strategy = ADMMSharing(config, labels, test_labels)
+    ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
+    writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
+                       fresh=True)
+    log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
+    if ledger:
+        writer.write_ledger(ledger)
+    clock = {"elapsed": 0.0}
+
+    def evaluate(t: int, record: dict[str, float]) -> None:
+        clock["elapsed"] += strategy.seconds
+        record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": clock["elapsed"]}
+        writer.record(record)
+        log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
+            config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])
 
     try:
         strategy.start(grid=grid, evaluate_fn=evaluate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,3 +141,31 @@ def toml_value(value: object) -> str:
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return repr(value)
+
+
+def flower_app(tmp_path: Path, client_module: str) -> Path:
+    """A Flower app folder whose ServerApp is ours and whose ClientApp is ``tests/<client_module>.py`` (a real
+    client with some replies spoiled), with this project's whole run config (every family's keys)."""
+    app = tmp_path / "test-app"
+    app.mkdir()
+    shutil.copy(ROOT / "tests" / f"{client_module}.py", app / f"{client_module}.py")
+    text = (ROOT / "pyproject.toml").read_text()
+    config = text[text.index("[tool.flwr.app.config]"):text.index("\n####")]
+    (app / "pyproject.toml").write_text(f"""[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "testapp"
+version = "0.1.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "dpadmm-tests"
+
+[tool.flwr.app.components]
+serverapp = "server.server_app:app"
+clientapp = "{client_module}:app"
+
+{config}""")
+    return app

@@ -9,7 +9,6 @@ with exactly the w of the engine run on the same participation.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_jsonl, read_metrics
 from strategies import DPIADMM
-from tests.conftest import ROOT, flwr_run, toml_value
+from tests.conftest import flower_app, flwr_run, toml_value
 from tests.faulty_clientapp import FAULTS
 
 
@@ -52,34 +51,6 @@ def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
         DPIADMM(config, {"weight": torch.zeros(6, 3), "bias": torch.zeros(3)}, checkpoint_path=path)
 
 
-def _app(tmp_path: Path) -> Path:
-    """A Flower app folder: our ServerApp, the faulty ClientApp, every run-config key."""
-    app = tmp_path / "faulty-app"
-    app.mkdir()
-    shutil.copy(ROOT / "tests" / "faulty_clientapp.py", app / "faulty_clientapp.py")
-    keys = "\n".join(f"{k} = {toml_value(v)}" for k, v in RunConfig().to_mapping().items())
-    (app / "pyproject.toml").write_text(f"""[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "faultyapp"
-version = "0.1.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "dpadmm-tests"
-
-[tool.flwr.app.components]
-serverapp = "server.server_app:app"
-clientapp = "faulty_clientapp:app"
-
-[tool.flwr.app.config]
-{keys}
-""")
-    return app
-
-
 @pytest.mark.slow
 def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: dict[str, str],
                                                                     tmp_path: Path) -> None:
@@ -89,7 +60,7 @@ def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: di
     run_config = " ".join(f"{k}={toml_value(mapping[k])}" for k in
                           ("algorithm", "local-steps", "epsilon", "num-agents", "rounds", "seed",
                            "fraction-train", "out", "save-weights"))
-    output = flwr_run(flwr_env, run_config, supernodes=5, app=_app(tmp_path))
+    output = flwr_run(flwr_env, run_config, supernodes=5, app=flower_app(tmp_path, "faulty_clientapp"))
     assert "dpadmm round 5/5: test error" in output
 
     rounds = read_jsonl(tmp_path / "run" / "rounds.jsonl")

@@ -38,3 +38,12 @@ def test_readme_documents_every_key() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     missing = [key for key in SharingConfig().to_mapping() if f"| `{key}` |" not in readme]
     assert not missing, f"README.md does not document {missing}"
+
+
+def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
+    """[tool.flwr.app.config.sharing] is every key but `algorithm`, which is the app's top-level one."""
+    import tomllib
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    table = tomllib.loads(pyproject)["tool"]["flwr"]["app"]["config"]["sharing"]
+    assert table == {k: v for k, v in SharingConfig().to_mapping().items() if k != "algorithm"}

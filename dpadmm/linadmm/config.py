@@ -23,6 +23,7 @@ RESTARTS = ("none", "goldstein")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
 _RUN = keys.run_fields("iterations")
+_FLOWER = keys.flower_fields("client", "gradients of an iteration")
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,8 @@ class LinAdmmConfig(keys.Keyed):
     dtype: str = _RUN["dtype"]
     eval_every: int = _RUN["eval_every"]
     out: str = _RUN["out"]
-    node_timeout: float = field(
-        default=60.0,
-        metadata={"help": "seconds the Flower server waits at its start for every client's node to connect "
-                          "(Flower app only)"},
-    )
-    round_timeout: float = field(
-        default=600.0,
-        metadata={"help": "seconds the Flower server waits for the gradients of an iteration (Flower app "
-                          "only)"},
-    )
+    node_timeout: float = _FLOWER["node_timeout"]
+    round_timeout: float = _FLOWER["round_timeout"]
 
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)

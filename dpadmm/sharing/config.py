@@ -24,6 +24,7 @@ DATASETS = ("a9a", "mnist-4v9")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
 _RUN = keys.run_fields("rounds")
+_FLOWER = keys.flower_fields("party", "parties' messages of a round")
 
 
 def parse_parties(text: str) -> tuple[int, ...]:
@@ -87,6 +88,8 @@ class SharingConfig(keys.Keyed):
     dtype: str = _RUN["dtype"]
     eval_every: int = _RUN["eval_every"]
     out: str = _RUN["out"]
+    node_timeout: float = _FLOWER["node_timeout"]
+    round_timeout: float = _FLOWER["round_timeout"]
 
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)
@@ -99,7 +102,7 @@ class SharingConfig(keys.Keyed):
             raise ValueError(f"epsilon={self.epsilon!r} is not allowed; Theorem 3 of 001 needs "
                              "0 < epsilon <= 1 per round (inf = non-private)")
         keys.require(self, "in (0, 1)", "delta", "delta_prime")
-        keys.require(self, "> 0", "x_bound", "l2")
+        keys.require(self, "> 0", "x_bound", "l2", "node_timeout", "round_timeout")
         if not self.rho >= 0:
             raise ValueError(f"rho={self.rho!r} is not allowed; it must be >= 0 (0 = 1/(2N))")
         keys.require(self, ">= 1", "rounds", "eval_every")

@@ -1,0 +1,201 @@
+"""The ADMM-sharing server strategy (paper 001) on Flower's Message API: vertical federated learning.
+
+The server holds the labels, z and y; party m (one SuperNode) holds its column block and x_m.
+Each round the server sends every party s - z and y (N-vectors), each party answers with its
+noisy message D_m x~_m, and the server takes the z- and y-steps
+(:func:`dpadmm.sharing.engine.server_step`, the engine's own function). Every party adds its own
+noise, so the server sees only noisy messages (each party's guarantee covers its own features).
+
+Faults: a reply that is missing, an error, for another round or party, of the wrong length or not
+finite is rejected with a logged reason, and the round uses that party's last accepted message
+(the start's zeros if it has none). The server then sends that party the message it holds
+(``own``), so that its subtraction trick stays consistent with the server's sum.
+
+Evaluation asks each party for its test scores and sums them: test log loss and error, and the
+primal residual of what was sent. The training objective needs the exact training scores, which
+the noise protects, so a Flower run does not report it (the engine does).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from dpadmm.sharing import engine, updates
+from dpadmm.sharing.config import SharingConfig
+from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
+from strategies.nodes import Roster
+
+
+class ADMMSharing(Strategy):
+    """Server side of ADMM sharing (001 Algorithm 1, eq. (16)) for ``len(parties)`` parties.
+
+    ``labels`` [N] and ``test_labels`` are +-1. After each round ``evaluate_fn(t, record)`` is called
+    with the round's metrics when the round is evaluated.
+    """
+
+    def __init__(self, config: SharingConfig, labels: torch.Tensor, test_labels: torch.Tensor) -> None:
+        self.config = config
+        self.labels = labels
+        self.test_labels = test_labels
+        self.parties = len(config.widths)
+        n = int(labels.shape[0])
+        self.rho = config.penalty(n)
+        self.messages = labels.new_zeros((1, self.parties, n))
+        self.z = labels.new_zeros((1, n))
+        self.y = labels.new_zeros((1, n))
+        self.held = [0] * self.parties  # the round of each party's message the server holds (0: the start)
+        self.resend = [False] * self.parties  # whether the party must be sent the message the server holds
+        self.roster = Roster(self.parties, config.node_timeout, config.round_timeout)
+        self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
+        self.seconds = 0.0
+
+    # ----- Strategy API -----
+
+    def summary(self) -> None:
+        c = self.config
+        log(INFO, "\t├── admm-sharing on %s, parties %s: %s, T=%d, rho=%g, l2=%g, x-bound=%g", c.dataset,
+            c.parties, f"eps={c.epsilon:g} per round ({c.noise} noise)" if c.private else "non-private",
+            c.rounds, self.rho, c.l2, c.x_bound)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, dict[str, float]], None] | None = None) -> Result:
+        """Run rounds 1..T (``num_rounds``, default the configuration's); x, z, y start at 0."""
+        num_rounds = self.config.rounds if num_rounds is None else num_rounds
+        timeout = self.config.round_timeout if timeout is None else timeout
+        log(INFO, "Starting %s strategy:", self.__class__.__name__)
+        self.summary()
+        result = Result()
+        started = time.time()
+        for t in range(1, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", t, num_rounds)
+            begun = time.perf_counter()
+            asks = self.configure_train(t, ArrayRecord(), ConfigRecord(), grid)
+            replies = grid.send_and_receive(messages=asks, timeout=timeout)
+            result.arrays, result.train_metrics_clientapp[t] = self.aggregate_train(t, replies)
+            self.seconds = time.perf_counter() - begun
+            if t % self.config.eval_every == 0 or t == num_rounds:
+                asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
+                record = self.aggregate_evaluate(t, grid.send_and_receive(messages=asks, timeout=timeout))
+                if evaluate_fn is not None and record is not None:
+                    evaluate_fn(t, dict(record))
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        return result
+
+    def _holders(self, grid: Grid, server_round: int) -> dict[int, int]:
+        holders = self.roster.bind(grid, needed=self.parties)
+        missing = sorted(set(range(self.parties)) - set(holders))
+        if missing:
+            log(WARNING, "round %d: no connected node holds parties %s; their last messages are used",
+                server_round, missing)
+        return holders
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Send every party s - z and y (and, after a fault, the message the server holds of it)."""
+        pulled = (self.messages.sum(dim=1) - self.z)[0].cpu().numpy()
+        dual = self.y[0].cpu().numpy()
+        messages = []
+        for m, node in sorted(self._holders(grid, server_round).items()):
+            record = {PULLED_KEY: Array(pulled), DUAL_KEY: Array(dual)}
+            if self.resend[m]:
+                record[OWN_KEY] = Array(self.messages[0, m].cpu().numpy())
+            content = RecordDict({
+                "arrays": ArrayRecord(record),
+                "config": ConfigRecord({"server-round": server_round, "partition-id": m,
+                                        "own-round": self.held[m]}),
+            })
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
+        return messages
+
+    def _reject(self, server_round: int, party: int, reason: str) -> None:
+        log(WARNING, "round %d: party %d rejected: %s; its last message is used", server_round, party, reason)
+        self.rejected.append((server_round, party, reason))
+        self.resend[party] = True
+
+    def _accept(self, server_round: int, reply: Message, length: int, key: str
+                ) -> tuple[int, np.ndarray] | str:
+        """(party, vector) of a valid reply, else the reason it is not."""
+        if reply.has_error():
+            return f"node {reply.metadata.src_node_id} failed: {reply.error.reason}"
+        try:
+            metrics = reply.content["metrics"]
+            party, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
+            value = np.asarray(reply.content["arrays"][key].numpy(), dtype=np.float64)
+        except (KeyError, TypeError, ValueError) as err:
+            return f"malformed reply ({err!r})"
+        if computed_for != server_round:
+            return f"party {party} answered for round {computed_for}"
+        if not 0 <= party < self.parties:
+            return f"no party {party} in this run"
+        if value.shape != (length,) or not np.isfinite(value).all():
+            return f"party {party} sent a vector of shape {value.shape} (expected ({length},), finite)"
+        return party, value
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """Keep each valid message, take the z- and y-steps with the messages held."""
+        answered, reasons = set(), {}
+        for reply in replies:
+            got = self._accept(server_round, reply, self.messages.shape[2], MESSAGE_KEY)
+            if isinstance(got, str):
+                sender = self.roster.nodes.get(reply.metadata.src_node_id)
+                if sender is None:
+                    log(WARNING, "round %d: a reply from an unknown node rejected: %s", server_round, got)
+                else:
+                    reasons[sender] = got
+                continue
+            party, value = got
+            self.messages[0, party] = torch.from_numpy(value).to(self.messages.dtype)
+            self.held[party], self.resend[party] = server_round, False
+            answered.add(party)
+        for party in sorted(set(range(self.parties)) - answered):
+            self._reject(server_round, party, reasons.get(party, "no reply"))
+        self.z, self.y = engine.server_step(self.messages, self.y, self.labels, self.rho)
+        return ArrayRecord(), MetricRecord({"parties": len(answered)})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Ask every party for its test scores."""
+        return [Message(content=RecordDict({"config": ConfigRecord({"server-round": server_round,
+                                                                    "partition-id": m})}),
+                        message_type=MessageType.EVALUATE, dst_node_id=node)
+                for m, node in sorted(self._holders(grid, server_round).items())]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Test log loss and error of the summed scores; the primal residual of what was sent."""
+        n_test = int(self.test_labels.shape[0])
+        scores = self.test_labels.new_zeros((1, n_test))
+        answered = set()
+        for reply in replies:
+            got = self._accept(server_round, reply, n_test, SCORES_KEY)
+            if isinstance(got, str):
+                log(WARNING, "round %d: evaluation reply rejected: %s", server_round, got)
+                continue
+            party, value = got
+            if party not in answered:
+                scores += torch.from_numpy(value).to(scores.dtype)
+                answered.add(party)
+        if len(answered) != self.parties:
+            log(WARNING, "round %d: test scores of %d of %d parties; not evaluated", server_round,
+                len(answered), self.parties)
+            return None
+        error = (scores * self.test_labels <= 0).to(scores.dtype).mean()
+        residual = torch.linalg.vector_norm(self.messages.sum(dim=1) - self.z)
+        return MetricRecord({"round": server_round,
+                             "test-log-loss": float(updates.loss(scores, self.test_labels)[0]),
+                             "test-error": float(error), "primal-residual": float(residual)})
