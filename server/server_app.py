@@ -95,11 +95,9 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
-    clock = {"elapsed": 0.0}
 
     def evaluate(t: int, record: dict[str, float]) -> None:
-        clock["elapsed"] += strategy.seconds
-        record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": clock["elapsed"]}
+        record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
         writer.record(record)
         log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
             config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])

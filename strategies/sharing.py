@@ -57,7 +57,8 @@ class ADMMSharing(Strategy):
         self.resend = [False] * self.parties  # whether the party must be sent the message the server holds
         self.roster = Roster(self.parties, config.node_timeout, config.round_timeout)
         self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
-        self.seconds = 0.0
+        self.seconds = 0.0  # of the last round: from sending s - z and y to the new z and y
+        self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``
 
     # ----- Strategy API -----
 
@@ -86,6 +87,7 @@ class ADMMSharing(Strategy):
             replies = grid.send_and_receive(messages=asks, timeout=timeout)
             result.arrays, result.train_metrics_clientapp[t] = self.aggregate_train(t, replies)
             self.seconds = time.perf_counter() - begun
+            self.elapsed += self.seconds
             if t % self.config.eval_every == 0 or t == num_rounds:
                 asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
                 record = self.aggregate_evaluate(t, grid.send_and_receive(messages=asks, timeout=timeout))

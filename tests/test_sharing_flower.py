@@ -31,18 +31,19 @@ def _run_config(config: SharingConfig) -> str:
 def test_flower_run_equals_the_engine_round_by_round(noise: str, flwr_env: dict[str, str], tmp_path: Path,
                                                      binary_dir: Path) -> None:
     out = tmp_path / "flower"
-    config = SharingConfig(epsilon=1.0, noise=noise, rounds=3, data_dir=str(binary_dir / "a9a"), x_bound=0.5,
-                           seed=4, out=str(out))
+    config = SharingConfig(epsilon=1.0, noise=noise, rounds=4, data_dir=str(binary_dir / "a9a"), x_bound=0.5,
+                           seed=4, eval_every=2, out=str(out))
     output = flwr_run(flwr_env, _run_config(config), supernodes=2)
-    assert "dpadmm round 3/3: test log loss" in output and "Theorem 3 of 001" in output
+    assert "dpadmm round 4/4: test log loss" in output and "Theorem 3 of 001" in output
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
-    assert [r["round"] for r in flower] == [1, 2, 3]
+    assert [r["round"] for r in flower] == [2, 4]
+    assert flower[0]["elapsed"] > flower[0]["seconds"]  # the clock counts round 1, which was not evaluated
     for ours, theirs in zip(flower, local, strict=True):
         for key in ("test-log-loss", "test-error", "primal-residual"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
     ledger = json.loads((out / "privacy.json").read_text())
-    assert ledger["calibration"] == "Theorem 3 (001)" and ledger["whole_run"]["releases"] == 3
+    assert ledger["calibration"] == "Theorem 3 (001)" and ledger["whole_run"]["releases"] == 4
 
 
 def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_env: dict[str, str],
