@@ -89,3 +89,23 @@ def test_the_papers_noise_has_the_covariance_of_eq_16() -> None:
         torch.testing.assert_close(empirical, expected, rtol=0.05, atol=0.05 * scale)
         messages = xi[:, m, :w] @ d.T  # D_m xi: trace of its covariance is about sigma^2 d_m
         assert float(torch.cov(messages.T).trace()) == pytest.approx(0.25 * w, rel=0.05)
+
+
+def test_the_papers_noise_on_a_rank_deficient_block_lies_in_its_row_space() -> None:
+    """A repeated column (as a9a's one-hot groups give) leaves a null direction: it gets no noise, and on the
+    row space the covariance is sigma^2 times the pseudo-inverse of D^T D + tau I there."""
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(30, 3, generator=gen, dtype=F64)
+    d = torch.cat([base, base[:, :1]], dim=1)  # column 4 repeats column 1: rank 3 of 4
+    blocks = d.unsqueeze(0)
+    geo = updates.geometry(blocks)
+    tau = 1e-3
+    xi = updates.paper_noise(geo, torch.randn(40000, 1, 4, generator=gen, dtype=F64), 0.5,
+                             torch.tensor([tau], dtype=F64))[:, 0]
+    null = torch.tensor([1.0, 0.0, 0.0, -1.0], dtype=F64) / 2**0.5  # D null = 0
+    assert float((xi @ null).abs().max()) < 1e-10
+    values, vectors = torch.linalg.eigh(d.T @ d)
+    kept = values > tau
+    expected = 0.25 * vectors[:, kept] @ torch.diag(1 / (values[kept] + tau)) @ vectors[:, kept].T
+    empirical = torch.cov(xi.T)
+    torch.testing.assert_close(empirical, expected, rtol=0, atol=0.05 * float(expected.diagonal().max()))

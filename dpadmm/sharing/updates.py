@@ -105,11 +105,19 @@ def dual_step(y: torch.Tensor, s: torch.Tensor, z: torch.Tensor, rho: float) -> 
 
 
 def paper_noise(geo: Geometry, standard: torch.Tensor, std: float, ridge: torch.Tensor) -> torch.Tensor:
-    """xi_m ~ N(0, sigma^2 (D_m^T D_m + tau_m I)^-1) of eq. (16) from standard normal draws g [S, M, d]:
-    sigma (D_m^T D_m + tau_m I)^-1/2 g, the symmetric root Q diag((lam + tau)^-1/2) Q^T. Being a function of
-    the Gram matrix, it does not depend on how eigh orders or rotates equal eigenvalues, so a party's real
-    coordinates get the same xi whether its block is padded in a batch or alone. The ridge tau_m > 0 makes
-    the inverse exist where D_m is rank-deficient (a9a's one-hot columns)."""
-    root = (geo.eigenvalues + ridge.unsqueeze(-1)).rsqrt()
+    """xi_m ~ N(0, sigma^2 (D_m^T D_m + tau_m I)^-1) of eq. (16) on the row space of D_m, from standard normal
+    draws g [S, M, d]: sigma Q diag(r) Q^T g with r = (lam + tau_m)^-1/2 where lam > tau_m and 0 elsewhere.
+
+    Being a function of the Gram matrix, it does not depend on how eigh orders or rotates equal
+    eigenvalues, so a party's real coordinates get the same xi whether its block is padded in a batch or
+    alone. Where D_m has full column rank it is the paper's covariance with a small ridge tau_m. Where it
+    is rank-deficient (a9a's one-hot groups, MNIST's blank border pixels) the inverse does not exist, and
+    the directions with eigenvalue at most tau_m (its null space, up to rounding) get no noise, as with the
+    pseudo-inverse: x_m never moves in them (the x-step of eq. (6) lies in the row space of D_m) and noise
+    there changes no message; a ridge alone would put noise of scale sigma / sqrt(tau_m) there, which only
+    inflates ||x~_m|| and the test scores."""
+    values = geo.eigenvalues
+    root = torch.where(values > ridge.unsqueeze(-1), (values + ridge.unsqueeze(-1)).rsqrt(),
+                       torch.zeros_like(values))
     rotated = torch.einsum("mde,smd->sme", geo.eigenvectors, standard)
     return std * torch.einsum("mde,sme->smd", geo.eigenvectors, root * rotated)
