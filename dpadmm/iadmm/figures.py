@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from dpadmm.runs.tables import pyplot
+
 COLOURS = {"iadmm": "black", "objp": "tab:blue", "objpm": "tab:green", "objt": "tab:purple",
            "outp": "tab:red"}
 
@@ -29,15 +31,6 @@ def _style(label: str) -> dict[str, str]:
     :func:`dpadmm.iadmm.reproduce.algorithm_label`) dotted."""
     algorithm, _, variant = label.partition("-")
     return {"color": COLOURS[algorithm], "ls": ":" if variant else "--" if algorithm == "iadmm" else "-"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _curves(rows: list[dict[str, Any]], key: str) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
@@ -60,7 +53,7 @@ def _panels(rows: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
 
 def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *, band: bool,
                log: bool, private_only: bool) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     datasets, eps_values = _panels(rows)
     if not eps_values:
         eps_values = [math.inf]
@@ -113,7 +106,7 @@ def draw_all(rows: list[dict[str, Any]], errors: Errors, out: Path) -> list[Path
 
 
 def _best_vs_eps(rows: list[dict[str, Any]], errors: Errors, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     datasets, _ = _panels(rows)
     fig, axes = plt.subplots(1, len(datasets), squeeze=False, figsize=(4.2 * len(datasets), 3.2))
     for i, dataset in enumerate(datasets):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dpadmm.runs.tables import pyplot
+
 COLOURS = {"ADMM": "tab:blue", "AccADMM": "tab:red", "DP-ADMM": "tab:blue", "DP-AccADMM": "tab:red"}
 
 
@@ -20,21 +22,12 @@ def _style(method: str) -> dict[str, str]:
     return {"color": COLOURS[method], "ls": "-" if method.startswith("DP-") else "--"}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def fig1(path: Path, curves: dict, optimum: dict[str, float], eps: float) -> None:
     """One panel per data set: objective gap against seconds, log y."""
     datasets = [d for d in optimum if any(key[0] == d for key in curves)]
     if not datasets:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.4), squeeze=False)
     for ax, dataset in zip(axes[0], datasets, strict=True):
         for (d, method), curve in sorted(curves.items()):
@@ -58,7 +51,7 @@ def fig2(path: Path, table: dict, chosen: dict[str, int | None]) -> None:
     datasets = [d for d, t in chosen.items() if t is not None]
     if not datasets:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(datasets), figsize=(4.2 * len(datasets), 6.4), squeeze=False)
     for column, dataset in enumerate(datasets):
         rounds = chosen[dataset]

@@ -29,18 +29,17 @@ Everything is appended to CSV files in ``--out`` as it completes (``problems.csv
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from dpadmm.catalog import BINARY_DATASET_NAMES
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.runs.tables import Tables, from_args
 
 PAPER = LinAdmmConfig()  # the paper's constants are the family's defaults
 PAPER_DATASETS = ("a8a", "a9a", "bio_train", "ijcnn1")  # the panels of 002's Fig. 1, in its order
@@ -104,61 +103,7 @@ class Grid:
 
 def grid_from_args(**kwargs: Any) -> Grid:
     """A Grid from command-line values (comma-separated lists as strings)."""
-    names = {f.name for f in fields(Grid)}
-    values: dict[str, Any] = {}
-    for name, value in kwargs.items():
-        if name not in names or value is None:
-            continue
-        if name in ("datasets", "eps", "rounds"):
-            kind = {"datasets": str, "eps": float, "rounds": int}[name]
-            try:
-                value = tuple(kind(v.strip()) for v in value.split(",") if v.strip())
-            except ValueError:
-                raise ValueError(f"{name}={value!r} is not allowed; give comma-separated "
-                                 f"{'integers' if kind is int else 'numbers'}") from None
-        values[name] = value
-    return Grid(**values)
-
-
-# ----- the files: rows appended as each unit completes -----
-
-
-def _read(out: Path, name: str) -> list[dict[str, str]]:
-    path = out / f"{name}.csv"
-    if not path.exists():
-        return []
-    with open(path, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _text(value: Any) -> Any:
-    """Floats with 9 significant digits: beyond the runs' own variation, and half the size of repr."""
-    return f"{value:.9g}" if isinstance(value, float) else value
-
-
-def _append(out: Path, name: str, rows: Iterable[dict[str, Any]]) -> None:
-    path = out / f"{name}.csv"
-    new = not path.exists()
-    with open(path, "a", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FILES[name])
-        if new:
-            writer.writeheader()
-        writer.writerows({k: _text(v) for k, v in row.items()} for row in rows)
-
-
-def _check_settings(out: Path, grid: Grid) -> None:
-    """Refuse to mix two grids' rows in one folder."""
-    path = out / "grid.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        mine = json.loads(json.dumps(grid.settings()))
-        if saved != mine:
-            diff = ", ".join(f"{k}: {saved.get(k)!r} there, {mine.get(k)!r} now" for k in sorted(set(saved) |
-                             set(mine)) if saved.get(k) != mine.get(k))
-            raise ValueError(f"{out} holds a grid with other settings ({diff}); choose another --out")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(grid.settings(), indent=2) + "\n")
+    return from_args(Grid, **kwargs)
 
 
 # ----- the runs -----
@@ -170,7 +115,7 @@ def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = 
         raise ValueError("--data-dir is needed: a folder with one sub-folder per data set, e.g. "
                          "../shared/data (a9a/a9a.gz, bio_train/bio_train.dat.gz, ...)")
     out = Path(grid.out)
-    _check_settings(out, grid)
+    Tables(out, FILES).claim(grid.settings())
     for dataset in grid.datasets:
         _run_dataset(grid, out, dataset, progress, log)
         write_report(out)
@@ -199,26 +144,28 @@ class _Runner:
 def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Callable[[str], None]) -> None:
     from dpadmm.linadmm import engine, problem
 
+    tables = Tables(out, FILES)
+
     task = problem.load(dataset, str(Path(grid.data_dir) / dataset), PAPER.graph_alpha,
                         engine.DTYPES[grid.dtype], grid.device)
-    if dataset not in {r["dataset"] for r in _read(out, "problems")}:
+    if dataset not in {r["dataset"] for r in tables.read("problems")}:
         lf = problem.smoothness(task.features)
-        _append(out, "problems", [{
+        tables.append("problems", [{
             "dataset": dataset, "samples": task.num_samples, "features": task.num_features,
             "edges": len(task.edges), "graph_converged": task.graph_converged, "smoothness": lf,
             "eta": grid.eta or 1 / lf}])
-    eta = next(float(r["eta"]) for r in _read(out, "problems") if r["dataset"] == dataset)
+    eta = next(float(r["eta"]) for r in tables.read("problems") if r["dataset"] == dataset)
     runner = _Runner(grid, dataset, task, eta, progress)
-    if dataset not in {r["dataset"] for r in _read(out, "optimum")}:
+    if dataset not in {r["dataset"] for r in tables.read("optimum")}:
         log(f"{dataset}: the optimum (the reference solver, and {grid.optimum_rounds} non-private "
             "iterations of ADMM and of AccADMM)")
         reference = problem.reference_optimum(task, PAPER.l1)[0]
         long = [runner.records(alg, math.inf, grid.optimum_rounds, [0], grid.optimum_rounds)[0][-1]
                 ["objective"] for alg in ("dp-admm", "dp-accadmm")]
-        _append(out, "optimum", [{"dataset": dataset, "reference": reference, "admm_long": long[0],
+        tables.append("optimum", [{"dataset": dataset, "reference": reference, "admm_long": long[0],
                                   "accadmm_long": long[1], "rounds": grid.optimum_rounds,
                                   "optimum": min(reference, *long)}])
-    done = {(r["method"], float(r["eps"]), int(r["rounds"])) for r in _read(out, "cells")
+    done = {(r["method"], float(r["eps"]), int(r["rounds"])) for r in tables.read("cells")
             if r["dataset"] == dataset}
     for rounds in grid.rounds:
         for label, algorithm, private in METHODS:
@@ -228,13 +175,13 @@ def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Calla
                 seeds = range(grid.seeds) if private else range(1)
                 log(f"{dataset}: {label} eps={eps:g} T={rounds}")
                 runs = runner.records(algorithm, eps, rounds, seeds, rounds)
-                _append(out, "cells", [{
+                tables.append("cells", [{
                     "dataset": dataset, "method": label, "eps": eps, "rounds": rounds, "seed": seed,
                     "objective": r[-1]["objective"], "objective_avg": r[-1]["objective-avg"],
                     "test_accuracy": r[-1]["test-accuracy"],
                     "test_accuracy_avg": r[-1]["test-accuracy-avg"], "seconds": r[-1]["elapsed"]}
                     for seed, r in zip(seeds, runs, strict=True)])
-    drawn = {(r["method"], int(r["seed"])) for r in _read(out, "curves") if r["dataset"] == dataset}
+    drawn = {(r["method"], int(r["seed"])) for r in tables.read("curves") if r["dataset"] == dataset}
     t_max = max(grid.rounds)
     for label, algorithm, private in METHODS:  # Fig. 1: each run alone, so that its clock is one run's
         eps = grid.fig1_eps if private else math.inf
@@ -243,7 +190,7 @@ def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Calla
                 continue
             log(f"{dataset}: Fig. 1, {label} seed {seed}, T={t_max}")
             curve = runner.records(algorithm, eps, t_max, [seed], 1)[0]
-            _append(out, "curves", [{"dataset": dataset, "method": label, "eps": eps, "seed": seed,
+            tables.append("curves", [{"dataset": dataset, "method": label, "eps": eps, "seed": seed,
                                      "round": r["round"], "elapsed": r["elapsed"],
                                      "objective": r["objective"], "test_accuracy": r["test-accuracy"]}
                                     for r in curve])
@@ -333,11 +280,13 @@ def write_report(out: Path) -> None:
     """summary.md and the two figures from the CSV files in ``out``."""
     from dpadmm.linadmm import figures
 
-    problems = {r["dataset"]: r for r in _read(out, "problems")}
-    optimum = {r["dataset"]: r for r in _read(out, "optimum")}
-    table = finals(_read(out, "cells"))
-    curves = mean_curves(_read(out, "curves"))
-    settings = json.loads((out / "grid.json").read_text())
+    tables = Tables(out, FILES)
+
+    problems = {r["dataset"]: r for r in tables.read("problems")}
+    optimum = {r["dataset"]: r for r in tables.read("optimum")}
+    table = finals(tables.read("cells"))
+    curves = mean_curves(tables.read("curves"))
+    settings = tables.settings()
     figures.fig1(out / "fig1-gap-vs-time.png", curves, {d: float(r["optimum"]) for d, r in optimum.items()},
                  settings["fig1_eps"])
     chosen = {d: best_rounds(table, d, settings["fig1_eps"]) for d in problems}
