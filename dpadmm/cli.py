@@ -92,7 +92,8 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
     return parser
 
 
-PAPERS = ("003", "002")  # dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s figures
+# dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s figures, Hu et al.'s figures
+PAPERS = ("003", "002", "001")
 
 
 def _paper_in(argv: Sequence[str]) -> str:
@@ -111,12 +112,14 @@ def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
                     "results, summary.md and the figures into --out. --paper 003 (the default): Ryu & "
                     "Kim's grid (algorithms x eps-bar x data sets x seeds) with the papers' data-dependent "
                     "sensitivity. --paper 002: Xu et al.'s Fig. 1 and Fig. 2 (ADMM, AccADMM, DP-ADMM, "
-                    "DP-AccADMM on four LIBSVM sets). The flags below are this paper's; add --paper to see "
-                    "another's.",
+                    "DP-AccADMM on four LIBSVM sets). --paper 001: Hu et al.'s Figs. 1-3 (ADMM sharing over "
+                    "vertically split features against vertical SGD and scikit-learn, and under noise). The "
+                    "flags below are this paper's; add --paper to see another's.",
     )
     rep.add_argument("--paper", choices=PAPERS, default=PAPERS[0],
-                     help="003 (Ryu & Kim, DP-IADMM; default) or 002 (Xu et al., DP-ADMM / DP-AccADMM)")
-    (_add_reproduce_002 if paper == "002" else _add_reproduce_003)(rep)
+                     help="003 (Ryu & Kim, DP-IADMM; default), 002 (Xu et al., DP-ADMM / DP-AccADMM) or 001 "
+                          "(Hu et al., ADMM sharing)")
+    {"001": _add_reproduce_001, "002": _add_reproduce_002, "003": _add_reproduce_003}[paper](rep)
     rep.add_argument("--report-only", action="store_true",
                      help="only rebuild the report from the completed cells")
     rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -179,8 +182,39 @@ def _add_reproduce_002(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
 
 
+def _add_reproduce_001(rep: argparse.ArgumentParser) -> None:
+    from dpadmm.sharing.reproduce import Grid
+
+    d = Grid()
+    rep.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
+    rep.add_argument("--data-dir", default=d.data_dir,
+                     help="folder with a9a/ (a9a, a9a.t) and mnist/ (the MNIST IDX files), e.g. "
+                          "../shared/data")
+    rep.add_argument("--datasets", default=",".join(d.datasets),
+                     help=f"comma-separated (default: {','.join(d.datasets)}; mnist-4v9 stands in for "
+                          "gisette)")
+    rep.add_argument("--epochs", type=int, default=d.epochs,
+                     help=f"epochs of ADMM (rounds) and of SGD (passes) (default: {d.epochs})")
+    rep.add_argument("--sigmas", default=",".join(f"{s:g}" for s in d.sigmas),
+                     help="comma-separated noise levels of Fig. 3, in message units, each in both noise "
+                          f"modes (default: {','.join(f'{s:g}' for s in d.sigmas)})")
+    rep.add_argument("--eps", default=",".join(f"{e:g}" for e in d.eps),
+                     help="comma-separated per-round eps in (0, 1]: message noise at Theorem 3's sigma for "
+                          f"each (default: {','.join(f'{e:g}' for e in d.eps)})")
+    rep.add_argument("--seeds", type=int, default=d.seeds, help=f"seeds per noisy cell (default: {d.seeds})")
+    rep.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),
+                     help="comma-separated SGD learning rates; the report takes the one with the lowest "
+                          f"final training objective (default: {','.join(f'{r:g}' for r in d.rates)})")
+    rep.add_argument("--batch", type=int, default=d.batch, help=f"SGD mini-batch size (default: {d.batch})")
+    rep.add_argument("--delta", type=float, default=d.delta, help=f"delta per round (default: {d.delta:g})")
+    rep.add_argument("--dtype", default=d.dtype, help=f"float64 or float32 (default: {d.dtype})")
+    rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
+
+
 def _reproduce(args: argparse.Namespace) -> int:
-    if args.paper == "002":
+    if args.paper == "001":
+        from dpadmm.sharing import reproduce
+    elif args.paper == "002":
         from dpadmm.linadmm import reproduce
     else:
         from dpadmm.iadmm import reproduce
@@ -192,7 +226,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             out = Path(args.out)
             if not out.is_dir() or not any(out.iterdir()):
                 raise FileNotFoundError(f"{out} holds no reproduce runs")
-            if args.paper == "002":
+            if args.paper in ("001", "002"):
                 reproduce.write_report(out)
             else:
                 if not (out / "runs").is_dir():

@@ -123,8 +123,24 @@ def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) ->
     assert done.returncode == 2 and "rounds='10,x'" in done.stderr
     done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--datasets", "mnist", cwd=tmp_path)
     assert done.returncode == 2 and "datasets='mnist' is not allowed" in done.stderr
-    done = _dpadmm("reproduce", "--paper", "001", cwd=tmp_path)
-    assert done.returncode == 2 and "invalid choice: '001'" in done.stderr
+    done = _dpadmm("reproduce", "--paper", "004", cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice: '004'" in done.stderr
+
+
+def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path, binary_dir: Path) -> None:
+    shown = _dpadmm("reproduce", "--paper", "001", "--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "--sigmas" in shown.stdout and "--fig1-eps" not in shown.stdout
+    data = ("--data-dir", str(binary_dir))
+    done = _dpadmm("reproduce", "--paper", "001", *data, "--sigmas", "1,x", cwd=tmp_path)
+    assert done.returncode == 2 and "sigmas='1,x' is not allowed; give comma-separated numbers" in done.stderr
+    small = (*data, "--datasets", "a9a", "--epochs", "2", "--sigmas", "1", "--seeds", "1", "--rates", "1",
+             "--out", "r", "--no-progress")
+    done = _dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "a9a: ADMM sharing, paper noise sigma=1" in done.stdout and "report:" in done.stdout
+    (tmp_path / "r" / "summary.md").unlink()
+    done = _dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
+    assert done.returncode == 0 and "## The paper's claims" in (tmp_path / "r" / "summary.md").read_text()
 
 
 def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path) -> None:

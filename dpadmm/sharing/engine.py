@@ -31,7 +31,7 @@ from dpadmm.sharing import privacy, updates
 from dpadmm.sharing.config import SharingConfig
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-RIDGE = 1e-6  # tau_m = RIDGE trace(D_m^T D_m) / d_m: the paper's noise where D_m is rank-deficient
+RIDGE = 1e-6  # tau_m = RIDGE trace(D_m^T D_m) / d_m: the paper's noise of eq. (16) (updates.paper_noise)
 
 
 @dataclass(frozen=True)
@@ -197,12 +197,20 @@ class Result:
 
 
 def run(config: SharingConfig, seeds: Sequence[int] | None = None, *, problem: Problem | None = None,
-        write: bool = True, directories: Sequence[str | Path] | None = None, progress: bool = True) -> Result:
-    """Run ``config`` for each of ``seeds`` (default: its own seed) as one batch; write each run's folder."""
+        write: bool = True, directories: Sequence[str | Path] | None = None, progress: bool = True,
+        std: float | None = None) -> Result:
+    """Run ``config`` for each of ``seeds`` (default: its own seed) as one batch; write each run's folder.
+
+    ``std`` replaces Theorem 3's sigma of ``config.epsilon`` by a noise level of the caller's (001's Fig. 3
+    sweeps noise levels, :mod:`dpadmm.sharing.reproduce`); such a run has no ledger, since its configuration
+    does not describe its noise, and is not written: the caller states what its sigma implies."""
+    if std is not None and (write or not std >= 0):
+        raise ValueError(f"std={std!r} is not allowed with write={write}; a noise level of the caller's must "
+                         "be >= 0 and its run is not written (its config.json would not describe it)")
     seeds = [config.seed] if seeds is None else list(seeds)
     problem = load(config) if problem is None else problem
-    ledger = privacy.ledger(config, problem.num_samples) if config.private else None
-    std = privacy.noise_std(config, problem.num_samples)
+    ledger = privacy.ledger(config, problem.num_samples) if config.private and std is None else None
+    std = privacy.noise_std(config, problem.num_samples) if std is None else std
     writers = seed_writers(config, seeds, ledger, directories) if write else []
     state = initial_state(problem, len(seeds))
 

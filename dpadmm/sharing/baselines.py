@@ -1,0 +1,88 @@
+"""The baselines of 001's experiments, on the same vertical split and the same objective as ADMM sharing.
+
+- :func:`centralised`: scikit-learn's ``LogisticRegression(C = 1 / (N l2), fit_intercept=False)`` on the
+  features of the given parties, pooled in one place (001's "all features" and "party 1 alone"
+  references of Fig. 3). Its objective is N times ours (:mod:`dpadmm.sharing.config`), so its
+  minimiser is the minimiser of F restricted to those parties' columns.
+- :func:`vertical_sgd`: the SGD-trained vertical model that 001 compares with (Hu et al. 2019, FDML):
+  each party computes a local score of a sample from its own features, the scores are summed and
+  the logistic loss of the sum is minimised by mini-batch SGD from a random start. With linear
+  local models (the only ones that fit the same objective) a step needs, per mini-batch, each
+  party's scores of its samples up and the loss gradient per sample down; here the parties are a
+  batch dimension, so all learning rates and seeds run together. The paper gives neither its
+  learning rate nor its batch size; the caller chooses and says so.
+
+Both use the parties' blocks as the engine does (rows of unit norm within each block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from dpadmm.sharing import updates
+from dpadmm.sharing.engine import Problem
+
+INIT_STD = 0.01  # the random start of vertical SGD: x_m ~ N(0, INIT_STD^2 I)
+
+
+def _pooled(blocks: torch.Tensor, mask: torch.Tensor, parties: Sequence[int]) -> np.ndarray:
+    """The real columns of the given parties' padded blocks [M, n, d], side by side: [n, sum of widths]."""
+    return torch.cat([blocks[m][:, mask[m]] for m in parties], dim=1).cpu().numpy().astype(np.float64)
+
+
+def centralised(problem: Problem, l2: float, parties: Sequence[int] | None = None) -> dict[str, float]:
+    """scikit-learn's minimiser of F on the features of ``parties`` (default: all) pooled: its training
+    objective F (with the regulariser), test log loss and test error."""
+    from sklearn.linear_model import LogisticRegression
+
+    held = problem.parties
+    parties = list(range(held.blocks.shape[0])) if parties is None else list(parties)
+    x, x_test = _pooled(held.blocks, held.mask, parties), _pooled(held.test_blocks, held.mask, parties)
+    y, y_test = problem.labels.cpu().numpy(), problem.test_labels.cpu().numpy()
+    fit = LogisticRegression(C=1 / (len(y) * l2), fit_intercept=False, tol=1e-10, max_iter=10_000).fit(x, y)
+    w = fit.coef_[0]
+    scores, test_scores = x @ w, x_test @ w
+    return {"train-objective": float(np.logaddexp(0, -y * scores).mean() + 0.5 * l2 * w @ w),
+            "test-log-loss": float(np.logaddexp(0, -y_test * test_scores).mean()),
+            "test-error": float(np.mean(test_scores * y_test <= 0))}
+
+
+def vertical_sgd(problem: Problem, l2: float, rates: Sequence[float], seeds: Sequence[int], epochs: int,
+                 batch: int) -> list[list[dict[str, float]]]:
+    """Mini-batch SGD on F for every (rate, seed) pair at once: after each epoch (one pass over a keyed
+    shuffle of the samples in batches of ``batch``) the training objective, test log loss and error of
+    each run. Returns the records of the runs in the order of ``rates`` x ``seeds`` (rate-major)."""
+    if not rates or min(rates) <= 0 or epochs < 1 or batch < 1:
+        raise ValueError(f"rates={list(rates)!r}, epochs={epochs} and batch={batch} are not allowed; give "
+                         "rates > 0, epochs >= 1 and batch >= 1")
+    held = problem.parties
+    blocks, labels = held.blocks, problem.labels
+    m, n, d = blocks.shape
+    runs = [(rate, seed) for rate in rates for seed in seeds]
+    lr = torch.tensor([rate for rate, _ in runs], dtype=blocks.dtype, device=blocks.device).view(-1, 1, 1)
+    start = [torch.randn((m, d), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+             for _, seed in runs]
+    x = INIT_STD * torch.stack(start).to(blocks) * held.mask  # [R, M, d], zero on padded columns
+    orders = [torch.Generator().manual_seed(seed) for _, seed in runs]
+    records: list[list[dict[str, float]]] = [[] for _ in runs]
+    for epoch in range(1, epochs + 1):
+        order = torch.stack([torch.randperm(n, generator=g) for g in orders]).to(blocks.device)  # [R, n]
+        for begin in range(0, n, batch):
+            rows = order[:, begin:begin + batch]  # [R, B]
+            picked = blocks[:, rows].permute(1, 0, 2, 3)  # [R, M, B, d]: each party's rows of the batch
+            scores = torch.einsum("rmbd,rmd->rb", picked, x)  # the summed local scores
+            y = labels[rows]
+            per_sample = -y * torch.sigmoid(-y * scores) / rows.shape[1]  # d loss / d score, sent down
+            x = x - lr * (torch.einsum("rmbd,rb->rmd", picked, per_sample) + l2 * x)
+        train = torch.einsum("mnd,rmd->rn", blocks, x)
+        test = torch.einsum("mnd,rmd->rn", held.test_blocks, x)
+        objective = updates.objective(train, labels, x, l2)
+        test_loss = updates.loss(test, problem.test_labels)
+        error = (test * problem.test_labels <= 0).to(test.dtype).mean(dim=-1)
+        for i in range(len(runs)):
+            records[i].append({"epoch": epoch, "train-objective": float(objective[i]),
+                               "test-log-loss": float(test_loss[i]), "test-error": float(error[i])})
+    return records
