@@ -205,6 +205,10 @@ def _add_reproduce_001(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates),
                      help="comma-separated SGD learning rates; the report takes the one with the lowest "
                           f"final training objective (default: {','.join(f'{r:g}' for r in d.rates)})")
+    rep.add_argument("--rhos", default=",".join(f"{r:g}" for r in d.rhos),
+                     help="comma-separated ADMM penalties rho in units of 1/(4N), each >= 1; the report "
+                          "takes the one with the lowest final training objective (default: "
+                          f"{','.join(f'{r:g}' for r in d.rhos)})")
     rep.add_argument("--batch", type=int, default=d.batch, help=f"SGD mini-batch size (default: {d.batch})")
     rep.add_argument("--delta", type=float, default=d.delta, help=f"delta per round (default: {d.delta:g})")
     rep.add_argument("--dtype", default=d.dtype, help=f"float64 or float32 (default: {d.dtype})")

@@ -11,7 +11,7 @@ import pytest
 
 from dpadmm.privacy.ledger import Release, pld_epsilon
 from dpadmm.sharing import privacy
-from dpadmm.sharing.reproduce import Grid, implied_epsilon, mean_curves, run_grid
+from dpadmm.sharing.reproduce import Grid, best_step, implied_epsilon, mean_curves, run_grid
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -21,23 +21,25 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("a9a",), epochs=4,
-                sigmas=(1.0, 100.0), eps=(1.0,), seeds=2, rates=(1.0, 3.0))
+                sigmas=(1.0, 100.0), eps=(1.0,), seeds=2, rates=(1.0, 3.0), rhos=(1.0, 2.0))
     out = run_grid(grid, progress=False, log=lambda _: None)
     base = {r["model"]: r for r in _rows(out / "baselines.csv")}
     # party 1's columns are a restriction of all columns: scikit-learn's optimum cannot be lower
     assert float(base["all features"]["train_objective"]) < float(base["party 1 alone"]["train_objective"])
     curves = _rows(out / "curves.csv")
-    # ADMM: 1 noise-free run, 2 modes x 2 sigmas x 2 seeds, Theorem 3's sigma x 2 seeds; SGD 2 rates x 2 seeds
-    assert len(curves) == 4 * (1 + 2 * 2 * 2 + 2 + 2 * 2)
+    # ADMM: 2 rhos noise-free, 2 modes x 2 sigmas x 2 seeds, Theorem 3's sigma x 2 seeds; SGD: 2 x 2
+    assert len(curves) == 4 * (2 + 2 * 2 * 2 + 2 + 2 * 2)
     theorem = [r for r in curves if r["eps"] == "1"]
     c = float(_rows(out / "problems.csv")[0]["sensitivity"])
     assert c == pytest.approx(2 * 10 * math.sqrt(32561))
     assert float(theorem[0]["sigma"]) == pytest.approx(privacy.theorem_3_std(1.0, grid.delta, c), rel=1e-8)
     means = mean_curves(curves)
-    free = means[("a9a", "ADMM", "none", 0.0, 0.0)]
+    rho = best_step(means, "a9a", "ADMM")
+    assert {float(r["step"]) for r in curves if r["method"] == "ADMM" and r["noise"] != "none"} == {rho}
+    free = means[("a9a", "ADMM", "none", 0.0, rho)]
     assert free["epoch"] == [1, 2, 3, 4] and free["train_objective"][-1] < free["train_objective"][0]
     # the noise is keyed by seed: the two seeds of a noisy cell differ, so the table has a spread
-    assert means[("a9a", "ADMM", "message", 100.0, 0.0)]["test_log_loss_std"][-1] > 0
+    assert means[("a9a", "ADMM", "message", 100.0, rho)]["test_log_loss_std"][-1] > 0
     report = (out / "summary.md").read_text()
     assert "| a9a | 66,57 | 32561 | 16281 | all features |" in report
     assert "(Theorem 3, eps = 1)" in report and "beats party 1 alone" in report
@@ -66,6 +68,7 @@ def test_the_privacy_of_a_noise_level_is_the_composed_gaussian_mechanism() -> No
     ({"sigmas": (0.0,)}, "sigmas=.* not allowed"),
     ({"eps": (2.0,)}, "epsilon=2.0 is not allowed"),
     ({"seeds": 0}, "seeds=0"),
+    ({"rhos": (0.5,)}, "rhos=\\(0.5,\\) is not allowed; give finite values >= 1"),
 ])
 def test_bad_grids_are_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

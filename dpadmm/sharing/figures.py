@@ -18,9 +18,12 @@ MODES = {"paper": "paper noise (eq. (16), not covered)", "message": "message noi
 CEILING = 1.0  # the y-axis of a log-loss panel stops here: a ruined model's loss is off the chart
 
 
-def epochs(path: Path, dataset: str, curves: dict, rate: float | None, base: dict) -> None:
-    """Training objective and test log loss against epochs: no noise (ADMM, SGD), then each noise mode."""
-    admm = curves.get((dataset, "ADMM", "none", 0.0, 0.0))
+def epochs(path: Path, dataset: str, curves: dict, steps: tuple[float | None, float | None], base: dict
+           ) -> None:
+    """Training objective and test log loss against epochs: no noise (ADMM at its rho, SGD at its rate),
+    then each noise mode."""
+    rho, rate = steps
+    admm = curves.get((dataset, "ADMM", "none", 0.0, rho or 0.0))
     if not admm:
         return
     plt = pyplot()
@@ -28,7 +31,7 @@ def epochs(path: Path, dataset: str, curves: dict, rate: float | None, base: dic
     optimum = base.get((dataset, "all features"))
     for column, metric in enumerate(("train_objective", "test_log_loss")):
         ax = axes[0][column]
-        ax.plot(admm["epoch"], admm[metric], label="ADMM sharing", color="tab:blue")
+        ax.plot(admm["epoch"], admm[metric], label=f"ADMM sharing (rho {rho:g}/(4N))", color="tab:blue")
         sgd = curves.get((dataset, "SGD", "none", 0.0, rate or 0.0))
         if sgd:
             ax.plot(sgd["epoch"], sgd[metric], label=f"vertical SGD (rate {rate:g})", color="tab:red")
@@ -40,7 +43,7 @@ def epochs(path: Path, dataset: str, curves: dict, rate: float | None, base: dic
             levels = sorted(key[3] for key in curves if key[:3] == (dataset, "ADMM", noise))
             colours = plt.get_cmap("viridis")
             for i, sigma in enumerate(levels):
-                curve = curves[(dataset, "ADMM", noise, sigma, 0.0)]
+                curve = next(c for key, c in curves.items() if key[:4] == (dataset, "ADMM", noise, sigma))
                 ax.plot(curve["epoch"], curve[metric], color=colours(i / max(1, len(levels) - 1)),
                         label=f"sigma {sigma:.3g}")
             ax.plot(admm["epoch"], admm[metric], color="tab:blue", ls=":", label="no noise")

@@ -17,9 +17,13 @@ are not given. The choices here:
 - **epochs**: an ADMM epoch is one round (every party touches all N samples once); an SGD epoch is
   one pass over mini-batches of ``--batch`` = 100. Both run ``--epochs`` = 100 and are recorded after
   each epoch.
-- **SGD's learning rate**: not given by the paper; every rate of ``--rates`` is run, and the one
-  with the lowest mean training objective at the last epoch is reported (tuned on training data).
-  SGD starts from N(0, 0.01^2) (the paper: "initialized randomly").
+- **the step parameters**, which the paper does not give, are tuned alike on training data: every
+  SGD learning rate of ``--rates`` and every ADMM penalty of ``--rhos`` runs without noise, and each
+  method is reported at the one with the lowest training objective at the last epoch (seed 0 for
+  ADMM, which draws nothing without noise; the mean of the seeds for SGD). rho is given in units of
+  the loss gradient's Lipschitz constant L = 1/(4N): 001's Assumption 1.2 needs rho >= L, and the
+  family's default is 2 L. The noisy cells run at ADMM's chosen rho. SGD starts from N(0, 0.01^2)
+  (the paper: "initialized randomly").
 - **noise levels**: Fig. 3 sweeps sigma directly (``--sigmas``, in units of the message entries),
   each in both noise modes: ``paper`` (eq. (16): N(0, sigma^2 (D_m^T D_m + tau I)^-1) on x_m, what the
   paper runs, not covered by the guarantee) and ``message`` (N(0, sigma^2 I_N) on the message, the
@@ -57,9 +61,9 @@ CONVERGED = (1e-2, 1e-3)  # claim 1: epochs until the training objective is with
 FILES = {
     "problems": ("dataset", "parties", "samples", "test_samples", "rho", "sensitivity"),
     "baselines": ("dataset", "model", "train_objective", "test_log_loss", "test_error", "seconds"),
-    "curves": ("dataset", "method", "noise", "sigma", "eps", "rate", "seed", "epoch", "train_objective",
+    "curves": ("dataset", "method", "noise", "sigma", "eps", "step", "seed", "epoch", "train_objective",
                "test_log_loss", "test_error", "elapsed"),
-}
+}  # step: SGD's learning rate, ADMM's rho in units of 1/(4N)
 BASELINES = {"all features": None, "party 1 alone": [0]}  # scikit-learn on these parties' columns
 
 
@@ -75,6 +79,7 @@ class Grid:
     eps: tuple[float, ...] = (1.0,)
     seeds: int = 3
     rates: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
+    rhos: tuple[float, ...] = (1.0, 2.0, 4.0)  # in units of L = 1/(4N)
     batch: int = 100
     delta: float = 1e-5
     dtype: str = "float64"
@@ -88,6 +93,9 @@ class Grid:
         if any(not 0 < s < math.inf for s in self.sigmas) or any(not 0 < r < math.inf for r in self.rates):
             raise ValueError(f"sigmas={self.sigmas!r} and rates={self.rates!r} are not allowed; give finite "
                              "values > 0")
+        if not self.rhos or any(not 1 <= r < math.inf for r in self.rhos):
+            raise ValueError(f"rhos={self.rhos!r} is not allowed; give finite values >= 1 (rho in units of "
+                             "1/(4N); 001's Assumption 1.2 needs rho >= 1/(4N))")
         if self.epochs < 1 or self.seeds < 1 or self.batch < 1 or not self.rates:
             raise ValueError(f"epochs={self.epochs}, seeds={self.seeds} and batch={self.batch} must be >= 1, "
                              "with at least one rate")
@@ -95,9 +103,9 @@ class Grid:
             self.config("a9a", eps, "message")
         SharingConfig(dtype=self.dtype, device=self.device, delta=self.delta)
 
-    def config(self, dataset: str, epsilon: float, noise: str) -> SharingConfig:
+    def config(self, dataset: str, epsilon: float, noise: str, rho: float = 0.0) -> SharingConfig:
         """A run of the grid: the family's defaults and the grid's choices, evaluated every epoch."""
-        return SharingConfig(epsilon=epsilon, delta=self.delta, noise=noise, rounds=self.epochs,
+        return SharingConfig(epsilon=epsilon, delta=self.delta, noise=noise, rounds=self.epochs, rho=rho,
                              dataset=dataset, data_dir=str(Path(self.data_dir) / FOLDERS[dataset]),
                              parties=PAPER_PARTIES[dataset], dtype=self.dtype, device=self.device,
                              eval_every=1)
@@ -146,9 +154,9 @@ def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = 
     return out
 
 
-def _curve_rows(dataset: str, method: str, noise: str, sigma: float, eps: float, rate: float,
+def _curve_rows(dataset: str, method: str, noise: str, sigma: float, eps: float, step: float,
                 seed: int, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"dataset": dataset, "method": method, "noise": noise, "sigma": sigma, "eps": eps, "rate": rate,
+    return [{"dataset": dataset, "method": method, "noise": noise, "sigma": sigma, "eps": eps, "step": step,
              "seed": seed, "epoch": r.get("round", r.get("epoch")), "train_objective": r["train-objective"],
              "test_log_loss": r["test-log-loss"], "test_error": r["test-error"], "elapsed": r["elapsed"]}
             for r in records]
@@ -175,26 +183,29 @@ def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Calla
             seconds = time.perf_counter() - began
             tables.append("baselines", [{"dataset": dataset, "model": model, "seconds": seconds,
                                          **{k.replace("-", "_"): v for k, v in fit.items()}}])
-    done = {(r["method"], r["noise"], float(r["sigma"]), float(r["rate"])) for r in tables.read("curves")
+    done = {(r["method"], r["noise"], float(r["sigma"]), float(r["step"])) for r in tables.read("curves")
             if r["dataset"] == dataset}
 
-    def admm(noise: str, sigma: float, eps: float, seeds: Sequence[int]) -> None:
-        if ("ADMM", noise, float(f"{sigma:.9g}"), 0.0) in done:  # as the table holds it
+    def admm(noise: str, sigma: float, eps: float, step: float, seeds: Sequence[int]) -> None:
+        if ("ADMM", noise, float(f"{sigma:.9g}"), step) in done:  # sigma as the table holds it
             return
-        log(f"{dataset}: ADMM sharing, " + (f"{noise} noise sigma={sigma:g}" if sigma else "no noise")
+        log(f"{dataset}: ADMM sharing, rho {step:g}/(4N), "
+            + (f"{noise} noise sigma={sigma:g}" if sigma else "no noise")
             + (f" (Theorem 3 at eps={eps:g})" if eps else ""))
-        config = grid.config(dataset, math.inf, "message" if noise == "none" else noise)
+        config = grid.config(dataset, math.inf, "message" if noise == "none" else noise, step / (4 * n))
         runs = engine.run(config, seeds, problem=problem, write=False, progress=progress, std=sigma).records
         tables.append("curves", [row for seed, records in zip(seeds, runs, strict=True) for row in
-                                 _curve_rows(dataset, "ADMM", noise, sigma, eps, 0.0, seed, records)])
+                                 _curve_rows(dataset, "ADMM", noise, sigma, eps, step, seed, records)])
 
-    admm("none", 0.0, 0.0, [0])
+    for step in grid.rhos:
+        admm("none", 0.0, 0.0, step, [0])
+    rho = best_step(mean_curves(tables.read("curves")), dataset, "ADMM")
     seeds = list(range(grid.seeds))
     for noise in NOISES:
         for sigma in grid.sigmas:
-            admm(noise, sigma, 0.0, seeds)
+            admm(noise, sigma, 0.0, rho, seeds)
     for eps in grid.eps:
-        admm("message", privacy.theorem_3_std(eps, grid.delta, sensitivity), eps, seeds)
+        admm("message", privacy.theorem_3_std(eps, grid.delta, sensitivity), eps, rho, seeds)
     if not any(m == "SGD" for m, *_ in done):
         log(f"{dataset}: vertical SGD, rates {', '.join(f'{r:g}' for r in grid.rates)}, batch {grid.batch}")
         began = time.perf_counter()
@@ -212,16 +223,18 @@ def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Calla
 
 
 Curve = dict[str, list[float]]
+Curves = dict[tuple[str, str, str, float, float], Curve]  # (dataset, method, noise, sigma, step) -> its curve
+Steps = dict[str, tuple[float | None, float | None]]  # dataset -> (ADMM's rho, SGD's rate), each its best
 
 
-def mean_curves(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str, str, float, float], Curve]:
-    """(dataset, method, noise, sigma, rate) -> epoch and each metric's mean (and ``*_std``) over seeds."""
+def mean_curves(rows: Iterable[dict[str, str]]) -> Curves:
+    """(dataset, method, noise, sigma, step) -> epoch and each metric's mean (and ``*_std``) over seeds."""
     grouped: dict[tuple[str, str, str, float, float], dict[int, list[dict[str, str]]]] = defaultdict(
         lambda: defaultdict(list))
     for r in rows:
-        key = (r["dataset"], r["method"], r["noise"], float(r["sigma"]), float(r["rate"]))
+        key = (r["dataset"], r["method"], r["noise"], float(r["sigma"]), float(r["step"]))
         grouped[key][int(r["epoch"])].append(r)
-    curves: dict[tuple[str, str, str, float, float], Curve] = {}
+    curves: Curves = {}
     for key, epochs in grouped.items():
         curve: Curve = defaultdict(list)
         for epoch, group in sorted(epochs.items()):
@@ -235,10 +248,11 @@ def mean_curves(rows: Iterable[dict[str, str]]) -> dict[tuple[str, str, str, flo
     return curves
 
 
-def best_rate(curves: dict[tuple[str, str, str, float, float], Curve], dataset: str) -> float | None:
-    """SGD's learning rate with the lowest mean training objective at the last epoch."""
+def best_step(curves: Curves, dataset: str, method: str) -> float | None:
+    """The step parameter of ``method`` (SGD's rate, ADMM's rho) whose noise-free runs have the lowest mean
+    training objective at the last epoch."""
     options = [(c["train_objective"][-1], key[4]) for key, c in curves.items()
-               if key[0] == dataset and key[1] == "SGD"]
+               if key[:3] == (dataset, method, "none")]
     return min(options)[1] if options else None
 
 
@@ -257,11 +271,11 @@ def write_report(out: Path) -> None:
     problems = {r["dataset"]: r for r in tables.read("problems")}
     base = {(r["dataset"], r["model"]): r for r in tables.read("baselines")}
     curves = mean_curves(tables.read("curves"))
-    rates = {d: best_rate(curves, d) for d in problems}
+    steps = {d: (best_step(curves, d, "ADMM"), best_step(curves, d, "SGD")) for d in problems}
     for dataset in problems:
-        figures.epochs(out / FIGURES[dataset], dataset, curves, rates[dataset], base)
+        figures.epochs(out / FIGURES[dataset], dataset, curves, steps[dataset], base)
     figures.noise(out / "fig3-noise.png", list(problems), curves, base)
-    (out / "summary.md").write_text(summary(settings, problems, base, curves, rates), encoding="utf-8")
+    (out / "summary.md").write_text(summary(settings, problems, base, curves, steps), encoding="utf-8")
 
 
 def _fmt(curve: Curve, name: str, i: int = -1, digits: int = 4) -> str:
@@ -270,17 +284,19 @@ def _fmt(curve: Curve, name: str, i: int = -1, digits: int = 4) -> str:
 
 
 def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], base: dict[tuple[str, str], dict],
-            curves: dict[tuple[str, str, str, float, float], Curve], rates: dict[str, float | None]) -> str:
-    """The report: settings, baselines, Figs. 1-3 in numbers, the privacy of each noise level, the claims."""
+            curves: Curves, steps: Steps) -> str:
+    """The report: settings, baselines, Figs. 1-3 in numbers, the privacy of each noise level, the claims.
+    ``steps``: per data set, (ADMM's rho in units of 1/(4N), SGD's rate), each its best."""
     epochs, delta = settings["epochs"], settings["delta"]
     lines = [
         "# Paper 001 reproduced: ADMM sharing for vertical federated learning (Hu et al.)",
         "",
         "Written by `dpadmm reproduce --paper 001`; every number below is computed from the CSV files "
         "beside this one. Objective: mean log loss + 1e-4 ||x||^2 / 2 on rows of unit norm within each "
-        f"party's block; x-bound 10; rho = 1/(2N); {epochs} epochs; SGD: batch {settings['batch']}, the "
-        f"rate of {', '.join(f'{r:g}' for r in settings['rates'])} with the lowest final training "
-        f"objective; {settings['seeds']} seeds per noisy cell (mean ± std); {settings['dtype']}. mnist-4v9 "
+        f"party's block; x-bound 10; {epochs} epochs; ADMM: rho of {_list(settings['rhos'])} times "
+        f"1/(4N), SGD: batch {settings['batch']}, rate of {_list(settings['rates'])}, each with its lowest "
+        f"final training objective; {settings['seeds']} seeds per noisy cell (mean ± std); "
+        f"{settings['dtype']}. mnist-4v9 "
         "stands in for gisette (MNIST's 4s and 9s, from which gisette was built). Why these, in "
         "`dpadmm/sharing/reproduce.py`.",
         "",
@@ -296,13 +312,25 @@ def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], base:
                 lines.append(f"| {d} | {p['parties']} | {p['samples']} | {p['test_samples']} | {model} | "
                              f"{float(b['train_objective']):.6f} | {float(b['test_log_loss']):.4f} | "
                              f"{float(b['test_error']):.4f} |")
+    lines += ["", "## The step parameters: final training objective without noise", "",
+              "ADMM's rho in units of 1/(4N), SGD's learning rate (mean over seeds); each method is reported "
+              "below at its lowest (bold).", "", "| data | method | step: final training objective |",
+              "| --- | --- | --- |"]
+    for d in problems:
+        for method, best in zip(("ADMM", "SGD"), steps[d], strict=True):
+            tried = sorted((key[4], c["train_objective"][-1]) for key, c in curves.items()
+                           if key[:3] == (d, method, "none"))
+            lines.append(f"| {d} | {method} | " + ", ".join(
+                (f"**{step:g}: {value:.6f}**" if step == best else f"{step:g}: {value:.6f}")
+                for step, value in tried) + " |")
     lines += ["", "## Figs. 1-2: ADMM sharing against vertical SGD, by epoch", ""]
     checkpoints = [e for e in (1, 2, 5, 10, 20, 50, 100, 200, 500) if e <= epochs]
     for d in problems:
         lines += [f"![{d}]({FIGURES[d]})", ""]
         target = _baseline(base, d, "all features", "train_objective")
-        admm, sgd = _noise_free(curves, d, rates[d])
-        lines += [f"**{d}**: test log loss after each number of epochs (SGD at its rate, mean over seeds), "
+        admm, sgd = _noise_free(curves, d, steps[d])
+        lines += [f"**{d}** (ADMM at rho = {_list(steps[d][:1])}/(4N), SGD at rate {_list(steps[d][1:])}): "
+                  "test log loss after each number of epochs (mean over seeds), "
                   "the epoch at which the training objective is first within "
                   + " and ".join(f"{c:g}" for c in CONVERGED) + " (relative) of scikit-learn's, and the "
                   "seconds per epoch:", "",
@@ -339,9 +367,9 @@ def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], base:
         for sigma in sigmas:
             cells = []
             for noise in NOISES:
-                curve = curves.get((d, "ADMM", noise, sigma, 0.0))
+                curve = curves.get((d, "ADMM", noise, sigma, steps[d][0] or 0.0))
                 cells.append(_fmt(curve, "test_log_loss") if curve else "")
-            message = curves.get((d, "ADMM", "message", sigma, 0.0))
+            message = curves.get((d, "ADMM", "message", sigma, steps[d][0] or 0.0))
             label = f"{sigma:.6g}" + (f" (Theorem 3, eps = {message['eps'][0]:g})"
                                       if message and message["eps"][0] else "")
             lines.append(f"| {label} | {cells[0]} | {cells[1]} | {multiplier(sigma, c):.3g} | "
@@ -349,7 +377,7 @@ def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], base:
                          f"{implied_epsilon(sigma, c, epochs, delta):.4g} |")
         lines.append("")
     lines += ["## The paper's claims", ""]
-    lines += _claims(problems, base, curves, rates)
+    lines += _claims(problems, base, curves, steps)
     return "\n".join(lines) + "\n"
 
 
@@ -363,20 +391,23 @@ def _baseline(base: dict[tuple[str, str], dict], dataset: str, model: str, colum
     return float(row[column]) if row else math.nan
 
 
-def _noise_free(curves: dict[tuple[str, str, str, float, float], Curve], dataset: str, rate: float | None
+def _list(values: Iterable[float | None]) -> str:
+    return ", ".join("—" if v is None else f"{v:g}" for v in values)
+
+
+def _noise_free(curves: Curves, dataset: str, steps: tuple[float | None, float | None]
                 ) -> tuple[Curve | None, Curve | None]:
-    """(ADMM's curve without noise, SGD's at ``rate``)."""
-    return (curves.get((dataset, "ADMM", "none", 0.0, 0.0)),
-            curves.get((dataset, "SGD", "none", 0.0, rate or 0.0)))
+    """(ADMM's noise-free curve at its rho, SGD's at its rate)."""
+    return (curves.get((dataset, "ADMM", "none", 0.0, steps[0] or 0.0)),
+            curves.get((dataset, "SGD", "none", 0.0, steps[1] or 0.0)))
 
 
 def _claims(problems: dict[str, dict[str, str]], base: dict[tuple[str, str], dict],
-            curves: dict[tuple[str, str, str, float, float], Curve], rates: dict[str, float | None]
-            ) -> list[str]:
+            curves: Curves, steps: Steps) -> list[str]:
     """Each claim of 001 with the numbers that decide it here."""
     lines = []
     for d in problems:
-        admm, sgd = _noise_free(curves, d, rates[d])
+        admm, sgd = _noise_free(curves, d, steps[d])
         if not admm or (d, "all features") not in base:
             continue
         target = _baseline(base, d, "all features", "train_objective")
