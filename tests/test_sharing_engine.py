@@ -84,6 +84,21 @@ def test_the_message_noise_has_the_calibrated_variance() -> None:
     assert float(messages.std()) == pytest.approx(std, rel=0.05) and abs(float(messages.mean())) < 0.1 * std
 
 
+def test_a_noise_level_of_the_callers_replaces_theorem_3s_and_is_not_written() -> None:
+    """001's Fig. 3 sweeps sigma directly: the run with std = Theorem 3's sigma equals the private run."""
+    problem = engine.build(_dataset(), (3, 4, 2))
+    private = _config(epsilon=0.5, rounds=4, eval_every=1, x_bound=1.0)
+    std = privacy.noise_std(private, problem.num_samples)
+    ours = engine.run(_config(rounds=4, eval_every=1, x_bound=1.0), problem=problem, write=False,
+                      progress=False, std=std)
+    theirs = engine.run(private, problem=problem, write=False, progress=False)
+    assert ours.ledger is None and theirs.ledger is not None
+    assert [{k: v for k, v in r.items() if k not in CLOCKS} for r in ours.records[0]] == \
+           [{k: v for k, v in r.items() if k not in CLOCKS} for r in theirs.records[0]]
+    with pytest.raises(ValueError, match="std=1.0 is not allowed with write=True"):
+        engine.run(private, problem=problem, progress=False, std=1.0)
+
+
 def test_a_run_writes_its_files_and_a_private_one_its_ledger(tmp_path: Path) -> None:
     problem = engine.build(_dataset(), (3, 4, 2))
     config = _config(epsilon=0.5, rounds=3, eval_every=1, x_bound=1.0)
