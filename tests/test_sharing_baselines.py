@@ -29,6 +29,9 @@ def test_scikit_learn_reports_the_objective_of_its_own_minimiser(problem: engine
     # party 1's columns are a restriction of all columns: its optimum cannot be lower
     assert fit["train-objective"] < alone["train-objective"]
     assert 0 < fit["test-error"] < 0.5 and fit["test-log-loss"] < alone["test-log-loss"] + 0.05
+    # a block's norm is at most the whole solution's, which l2 ||w||^2 / 2 <= F bounds
+    assert alone["largest-block-norm"] > 0
+    assert fit["largest-block-norm"] <= (fit["train-objective"] * 2 / L2) ** 0.5
 
 
 def test_vertical_sgd_is_sgd_on_the_pooled_features_and_reaches_the_optimum(problem: engine.Problem) -> None:

@@ -35,7 +35,9 @@ def _pooled(blocks: torch.Tensor, mask: torch.Tensor, parties: Sequence[int]) ->
 
 def centralised(problem: Problem, l2: float, parties: Sequence[int] | None = None) -> dict[str, float]:
     """scikit-learn's minimiser of F on the features of ``parties`` (default: all) pooled: its training
-    objective F (with the regulariser), test log loss and test error."""
+    objective F (with the regulariser), test log loss, test error, and the largest norm of one party's
+    block of it (ADMM sharing keeps every x_m in the ball of radius ``x-bound``: where this exceeds it,
+    the ball binds and ADMM's problem has a higher minimum)."""
     from sklearn.linear_model import LogisticRegression
 
     held = problem.parties
@@ -45,9 +47,11 @@ def centralised(problem: Problem, l2: float, parties: Sequence[int] | None = Non
     fit = LogisticRegression(C=1 / (len(y) * l2), fit_intercept=False, tol=1e-10, max_iter=10_000).fit(x, y)
     w = fit.coef_[0]
     scores, test_scores = x @ w, x_test @ w
+    ends = np.cumsum([int(held.mask[m].sum()) for m in parties])[:-1]
     return {"train-objective": float(np.logaddexp(0, -y * scores).mean() + 0.5 * l2 * w @ w),
             "test-log-loss": float(np.logaddexp(0, -y_test * test_scores).mean()),
-            "test-error": float(np.mean(test_scores * y_test <= 0))}
+            "test-error": float(np.mean(test_scores * y_test <= 0)),
+            "largest-block-norm": max(float(np.linalg.norm(block)) for block in np.split(w, ends))}
 
 
 def vertical_sgd(problem: Problem, l2: float, rates: Sequence[float], seeds: Sequence[int], epochs: int,

@@ -75,8 +75,9 @@ def noise(path: Path, datasets: list[str], curves: dict, base: dict) -> None:
         for noise_mode, colour in zip(MODES, ("tab:green", "tab:purple"), strict=True):
             points = sorted((key[3], c) for key, c in curves.items()
                             if key[:3] == (dataset, "ADMM", noise_mode))
-            ax.errorbar([s for s, _ in points], [min(c["test_log_loss"][-1], CEILING) for _, c in points],
-                        yerr=[c["test_log_loss_std"][-1] for _, c in points], marker="o", markersize=3,
+            finals = [(s, c["test_log_loss"][-1], c["test_log_loss_std"][-1]) for s, c in points]
+            ax.errorbar([s for s, _, _ in finals], [min(v, CEILING) for _, v, _ in finals],
+                        yerr=[e if v < CEILING else 0.0 for _, v, e in finals], marker="o", markersize=3,
                         capsize=2, color=colour, label=MODES[noise_mode])
         for (model, style) in (("all features", "--"), ("party 1 alone", ":")):
             value = base.get((dataset, model))
@@ -84,11 +85,11 @@ def noise(path: Path, datasets: list[str], curves: dict, base: dict) -> None:
                 ax.axhline(float(value["test_log_loss"]), color="black", ls=style, lw=1,
                            label=f"scikit-learn, {model}")
         ax.set_xscale("log")
-        ax.set_ylim(top=CEILING)
+        ax.set_ylim(0.0, CEILING * 1.02)
         ax.set_title(dataset)
         ax.set_xlabel("noise level sigma (message units)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"final test log loss (clipped at {CEILING:g})")
+    axes[0][0].set_ylabel(f"final test log loss (at most {CEILING:g} shown)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
