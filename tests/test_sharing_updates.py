@@ -27,7 +27,7 @@ def test_the_x_step_is_the_minimiser_of_eq_6_on_the_ball(bound: float) -> None:
     target = torch.randn(1, 2, 40, generator=gen, dtype=F64) * 3
     y = torch.randn(1, 40, generator=gen, dtype=F64) * 0.1
     rho, l2 = 0.7, 0.05
-    x = updates.x_step(blocks, updates.geometry(blocks), target, y, rho, l2, bound)
+    x = updates.x_step(updates.geometry(blocks), target, y, rho, l2, bound)
     for m, d in enumerate(raw):
         dm, r, yy = d.numpy(), target[0, m].numpy(), y[0].numpy()
 

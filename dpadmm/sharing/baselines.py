@@ -81,8 +81,8 @@ def vertical_sgd(problem: Problem, l2: float, rates: Sequence[float], seeds: Seq
             y = labels[rows]
             per_sample = -y * torch.sigmoid(-y * scores) / rows.shape[1]  # d loss / d score, sent down
             x = x - lr * (torch.einsum("rmbd,rb->rmd", picked, per_sample) + l2 * x)
-        train = torch.einsum("mnd,rmd->rn", blocks, x)
-        test = torch.einsum("mnd,rmd->rn", held.test_blocks, x)
+        train = updates.scores(blocks, x).sum(dim=1)
+        test = updates.scores(held.test_blocks, x).sum(dim=1)
         objective = updates.objective(train, labels, x, l2)
         test_loss = updates.loss(test, problem.test_labels)
         error = (test * problem.test_labels <= 0).to(test.dtype).mean(dim=-1)

@@ -136,7 +136,7 @@ def release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std
     if std and mode == "paper":
         standard = draws(seeds, parties.ids, t, d, x)
         x = x + parties.mask * updates.paper_noise(parties.geometry, standard, std, parties.ridge)
-    messages = torch.einsum("mnd,smd->smn", parties.blocks, x)
+    messages = updates.scores(parties.blocks, x)
     if std and mode == "message":
         messages = messages + std * draws(seeds, parties.ids, t, n, x)
     return x, messages
@@ -149,7 +149,7 @@ def party_step(parties: Parties, pulled: torch.Tensor, own: torch.Tensor, y: tor
     own last messages [S, M, N] and y [S, N], the x-step of eq. (6) and the noisy message; returns
     (x~, messages)."""
     target = updates.party_target(pulled, own)
-    x = updates.x_step(parties.blocks, parties.geometry, target, y, rho, config.l2, config.x_bound)
+    x = updates.x_step(parties.geometry, target, y, rho, config.l2, config.x_bound)
     return release(parties, x, seeds, t, std, config.noise)
 
 
@@ -174,8 +174,8 @@ def iterate(problem: Problem, state: State, config: SharingConfig, seeds: Sequen
 
 def evaluate(problem: Problem, state: State, t: int, l2: float) -> list[dict[str, float]]:
     """The metrics of every run after round t."""
-    scores = torch.einsum("mnd,smd->sn", problem.parties.blocks, state.x)
-    test_scores = torch.einsum("mnd,smd->sn", problem.parties.test_blocks, state.x)
+    scores = updates.scores(problem.parties.blocks, state.x).sum(dim=1)
+    test_scores = updates.scores(problem.parties.test_blocks, state.x).sum(dim=1)
     train = updates.objective(scores, problem.labels, state.x, l2)
     test = updates.loss(test_scores, problem.test_labels)
     error = (test_scores * problem.test_labels <= 0).to(scores.dtype).mean(dim=-1)
