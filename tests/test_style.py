@@ -35,7 +35,7 @@ def test_the_core_imports_no_flower() -> None:
 
 FLOORS = ("dpadmm.privacy", "dpadmm.models", "dpadmm.data", "dpadmm.runs", "dpadmm.native", "dpadmm.catalog",
           "dpadmm.wire", "dpadmm.keys")
-FAMILIES = ("dpadmm.iadmm", "dpadmm.linadmm", "dpadmm.sharing")
+FAMILIES = ("dpadmm.iadmm", "dpadmm.linadmm", "dpadmm.sharing", "dpadmm.decentral")
 
 
 def _modules() -> dict[str, Path]:

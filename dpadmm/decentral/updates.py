@@ -1,0 +1,132 @@
+"""The updates of paper 004 (Xiao, Ye & Devadas), one function each, batched over runs and agents.
+
+Shapes: S runs (seeds), N agents, d coordinates; iterates x [S, N, d]; the graph's adjacency A [N, N]
+(0/1, symmetric, no self-loops) and degrees |N_i|. Every update has the paper's form (Sec. 2.1)
+
+    x_i^{k+1} = Term A (a random convex combination of public iterates) - Term B (alpha_k times a
+                gradient of f_i) + a public offset + Delta_i^{k+1},
+
+and returns, next to the new iterate, the interval [lo, hi] in which the mean of x_i^{k+1} was uniform
+given the public past (Term A's range, plus the offsets): the ex-post accountant's tau_i^{k+1}
+(eq. (10)). With weights fixed at 1/2 the interval is one point and the release costs the worst case.
+
+The loss of agent i (Sec. 5): f_i(x) = (1/b_i) sum_j log(1 + exp(-L_j x^T z_j)) + ||x||^2 / 2, labels
+L_j = +-1 (NOTES-004, G4: the paper's 0/1 labels would make a sample's loss constant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class Released:
+    """An update's new iterates [S, N, d] and the interval [lo, hi] of their means (before the noise)."""
+
+    x: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+
+def loss(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """f_i(x_i) of every run and agent, [S, N], from features [N, b, d], labels +-1 [N, b], x [S, N, d]."""
+    margins = labels * torch.einsum("nbd,snd->snb", features, x)
+    return torch.nn.functional.softplus(-margins).mean(dim=-1) + 0.5 * x.square().sum(dim=-1)
+
+
+def gradient(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad f_i(x_i), [S, N, d]: -(1/b) sum_j L_j sigmoid(-L_j x^T z_j) z_j + x."""
+    margins = labels * torch.einsum("nbd,snd->snb", features, x)
+    weights = -labels * torch.sigmoid(-margins) / features.shape[1]
+    return torch.einsum("nbd,snb->snd", features, weights) + x
+
+
+def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+    """x^_i = (1/|N_i|) sum_{j in N_i} x_j, [S, N, d] (NOTES-004, G3: N - 1 becomes |N_i| off the complete
+    graph)."""
+    a = adjacency.to(x.dtype)
+    return torch.einsum("ij,sjd->sid", a, x) / a.sum(dim=1).unsqueeze(-1)
+
+
+def admm_step(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency: torch.Tensor,
+              weights: torch.Tensor, penalty: float) -> Released:
+    """Algorithm 1's x-update (eq. (6) in the notes' form, on any graph), before the noise:
+    x_i^{k+1} = x_i^k + w ⊙ (x^_i^k - x_i^k) + (lambda_i^k - grad f_i(x_i^k)) / D, w in (0, 1)^d per agent
+    (w = (N - 1) rho-bar / D, so that Gamma = D (1 - w): the random penalties of step 1). Term A is
+    uniform between x_i^k and x^_i^k in each coordinate when w ~ U(0, 1); alpha_k = 1/D."""
+    mean = neighbour_mean(x, adjacency)
+    offset = (dual - grad) / penalty
+    return Released(x=x + weights * (mean - x) + offset, lo=torch.minimum(x, mean) + offset,
+                    hi=torch.maximum(x, mean) + offset)
+
+
+def admm_dual(dual: torch.Tensor, x: torch.Tensor, adjacency: torch.Tensor, zeta: float,
+              printed: bool = False) -> torch.Tensor:
+    """lambda_i^{k+1} = lambda_i^k + zeta sum_{j in N_i} (x_j^{k+1} - x_i^{k+1}), the sign that converges.
+
+    004's Algorithm 1 prints a minus (``printed=True``), with which the iteration diverges for every zeta
+    (NOTES-004, G1; a regression test shows both). The plus is the general form's
+    lambda <- lambda - zeta (sum_i A_i x_i - c) for the edge constraints."""
+    a = adjacency.to(x.dtype)
+    disagreement = torch.einsum("ij,sjd->sid", a, x) - a.sum(dim=1).unsqueeze(-1) * x
+    return dual - zeta * disagreement if printed else dual + zeta * disagreement
+
+
+def divergent_pair(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(i_k, i^_k) of Algorithm 2 per run: the agents whose iterates are farthest apart in l1, [S] each
+    (the first such pair in row order on ties, so the choice is deterministic)."""
+    distances = torch.cdist(x, x, p=1)  # [S, N, N]
+    flat = distances.flatten(start_dim=1).argmax(dim=1)
+    n = x.shape[1]
+    return flat // n, flat % n
+
+
+def dgd_step(x: torch.Tensor, grad_at_mean: torch.Tensor, weights: torch.Tensor, step: float) -> Released:
+    """Algorithm 2's update (eq. (7), complete graph), before the noise:
+    x_i^{k+1} = x-bar + ((2w - 1)/N) ⊙ (x_a - x_b) - eta_{k+1} grad f_i(x-bar), with (a, b) the most
+    divergent pair and the gradient at the global average x-bar (``grad_at_mean`` [S, N, d]). Term A is
+    uniform on x-bar +- |x_a - x_b| / N; its expectation is x-bar. alpha_k = eta_k."""
+    n = x.shape[1]
+    first, second = divergent_pair(x)
+    runs = torch.arange(x.shape[0], device=x.device)
+    spread = (x[runs, first] - x[runs, second]).unsqueeze(1)  # [S, 1, d]
+    mean = x.mean(dim=1, keepdim=True)
+    offset = -step * grad_at_mean
+    half = spread.abs() / n
+    return Released(x=mean + (2 * weights - 1) / n * spread + offset, lo=mean - half + offset,
+                    hi=mean + half + offset)
+
+
+def midrange_step(x: torch.Tensor, grad: torch.Tensor, closed: torch.Tensor, weights: torch.Tensor,
+                  step: float) -> Released:
+    """Algorithm 2*'s update (eq. (28), any graph), before the noise: in every coordinate,
+    x_i^{k+1} = w min_{j in N_i + i} x_j + (1 - w) max_{j in N_i + i} x_j - eta_{k+1} grad f_i(x_i^k).
+    Term A is uniform on [min, max] of the closed neighbourhood (``closed`` [N, N] bool); it is the
+    mid-range in expectation, not the mean (NOTES-004, G12: biased when the f_i differ)."""
+    big = torch.finfo(x.dtype).max
+    inside = closed.unsqueeze(0).unsqueeze(-1)  # [1, N, N, 1]
+    values = x.unsqueeze(1)  # [S, 1, N, d]: agent j's iterate, seen from every i
+    low = torch.where(inside, values, big).amin(dim=2)
+    high = torch.where(inside, values, -big).amax(dim=2)
+    offset = -step * grad
+    return Released(x=weights * low + (1 - weights) * high + offset, lo=low + offset, hi=high + offset)
+
+
+def metropolis(adjacency: torch.Tensor) -> torch.Tensor:
+    """Metropolis-Hastings weights W [N, N]: w_ij = 1 / (1 + max(|N_i|, |N_j|)) on an edge, the rest of the
+    row on the diagonal. Symmetric and doubly stochastic, so plain DGD keeps the agents' average: the
+    mixing of the noisy DGD baseline ([45], whose own weights 004 does not give)."""
+    a = adjacency.to(torch.float64)
+    degree = a.sum(dim=1)
+    w = a / (1 + torch.maximum(degree.unsqueeze(0), degree.unsqueeze(1)))
+    return w + torch.diag(1 - w.sum(dim=1))
+
+
+def mixing_step(x: torch.Tensor, grad: torch.Tensor, mixing: torch.Tensor, step: float) -> Released:
+    """Noisy decentralised gradient descent (eq. (3), the baseline [45]) before the noise:
+    x_i^{k+1} = sum_j w_ij x_j^k - eta_{k+1} grad f_i(x_i^k). Nothing is random in it: the interval is
+    one point, and every release costs the worst case."""
+    point = torch.einsum("ij,sjd->sid", mixing.to(x.dtype), x) - step * grad
+    return Released(x=point, lo=point, hi=point)
