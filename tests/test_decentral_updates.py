@@ -111,3 +111,24 @@ def test_algorithm_1_converges_linearly_with_the_corrected_dual_sign_and_diverge
     assert _run_admm(graph, printed=False, rounds=600) < 1e-10
     assert _run_admm(graph, printed=False, rounds=300) < 1e3 * _run_admm(graph, printed=False, rounds=600)
     assert _run_admm(graph, printed=True, rounds=300) > 1e3
+
+
+def test_a_graph_per_run_equals_each_run_alone() -> None:
+    """The paper draws a new graph per run: [S, N, N] adjacencies batch the runs without changing any."""
+    graphs_ = [graphs.random_connected(6, 8, seed=s) for s in (16, 17)]
+    stacked = torch.stack([g.adjacency for g in graphs_])
+    x, dual, grad = _iterates(18), _iterates(19), _iterates(20)
+    w = torch.rand(x.shape, generator=torch.Generator().manual_seed(21), dtype=F64)
+    def four(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency: torch.Tensor,
+             w: torch.Tensor) -> list[torch.Tensor]:
+        closed = adjacency | torch.eye(6, dtype=torch.bool)
+        return [updates.admm_step(x, dual, grad, adjacency, w, 10.0).x,
+                updates.admm_dual(dual, x, adjacency, 0.5), updates.midrange_step(x, grad, closed, w, 0.1).x,
+                updates.mixing_step(x, grad, updates.metropolis(adjacency), 0.1).x]
+
+    together = four(x, dual, grad, stacked, w)
+    for s, graph in enumerate(graphs_):
+        one = slice(s, s + 1)
+        alone = four(x[one], dual[one], grad[one], graph.adjacency, w[one])
+        for batched, single in zip(together, alone, strict=True):
+            torch.testing.assert_close(batched[one], single, rtol=0, atol=1e-14)

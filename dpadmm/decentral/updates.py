@@ -1,7 +1,8 @@
 """The updates of paper 004 (Xiao, Ye & Devadas), one function each, batched over runs and agents.
 
 Shapes: S runs (seeds), N agents, d coordinates; iterates x [S, N, d]; the graph's adjacency A [N, N]
-(0/1, symmetric, no self-loops) and degrees |N_i|. Every update has the paper's form (Sec. 2.1)
+or one per run [S, N, N] (0/1, symmetric, no self-loops; the paper draws a new graph per run), and
+the agents' data [N, b, d] or [S, N, b, d] likewise. Every update has the paper's form (Sec. 2.1)
 
     x_i^{k+1} = Term A (a random convex combination of public iterates) - Term B (alpha_k times a
                 gradient of f_i) + a public offset + Delta_i^{k+1},
@@ -30,24 +31,28 @@ class Released:
     hi: torch.Tensor
 
 
+def _margins(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return labels * (features @ x.unsqueeze(-1)).squeeze(-1)
+
+
 def loss(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """f_i(x_i) of every run and agent, [S, N], from features [N, b, d], labels +-1 [N, b], x [S, N, d]."""
-    margins = labels * torch.einsum("nbd,snd->snb", features, x)
-    return torch.nn.functional.softplus(-margins).mean(dim=-1) + 0.5 * x.square().sum(dim=-1)
+    """f_i(x_i) of every run and agent, [S, N], from features [(S,) N, b, d], labels +-1 [(S,) N, b] and
+    x [S, N, d]."""
+    data = torch.nn.functional.softplus(-_margins(features, labels, x)).mean(dim=-1)
+    return data + 0.5 * x.square().sum(dim=-1)
 
 
 def gradient(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """grad f_i(x_i), [S, N, d]: -(1/b) sum_j L_j sigmoid(-L_j x^T z_j) z_j + x."""
-    margins = labels * torch.einsum("nbd,snd->snb", features, x)
-    weights = -labels * torch.sigmoid(-margins) / features.shape[1]
-    return torch.einsum("nbd,snb->snd", features, weights) + x
+    weights = -labels * torch.sigmoid(-_margins(features, labels, x)) / features.shape[-2]
+    return (features.transpose(-2, -1) @ weights.unsqueeze(-1)).squeeze(-1) + x
 
 
 def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
     """x^_i = (1/|N_i|) sum_{j in N_i} x_j, [S, N, d] (NOTES-004, G3: N - 1 becomes |N_i| off the complete
     graph)."""
     a = adjacency.to(x.dtype)
-    return torch.einsum("ij,sjd->sid", a, x) / a.sum(dim=1).unsqueeze(-1)
+    return (a @ x) / a.sum(dim=-1, keepdim=True)
 
 
 def admm_step(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency: torch.Tensor,
@@ -70,7 +75,7 @@ def admm_dual(dual: torch.Tensor, x: torch.Tensor, adjacency: torch.Tensor, zeta
     (NOTES-004, G1; a regression test shows both). The plus is the general form's
     lambda <- lambda - zeta (sum_i A_i x_i - c) for the edge constraints."""
     a = adjacency.to(x.dtype)
-    disagreement = torch.einsum("ij,sjd->sid", a, x) - a.sum(dim=1).unsqueeze(-1) * x
+    disagreement = a @ x - a.sum(dim=-1, keepdim=True) * x
     return dual - zeta * disagreement if printed else dual + zeta * disagreement
 
 
@@ -103,10 +108,10 @@ def midrange_step(x: torch.Tensor, grad: torch.Tensor, closed: torch.Tensor, wei
                   step: float) -> Released:
     """Algorithm 2*'s update (eq. (28), any graph), before the noise: in every coordinate,
     x_i^{k+1} = w min_{j in N_i + i} x_j + (1 - w) max_{j in N_i + i} x_j - eta_{k+1} grad f_i(x_i^k).
-    Term A is uniform on [min, max] of the closed neighbourhood (``closed`` [N, N] bool); it is the
+    Term A is uniform on [min, max] of the closed neighbourhood (``closed`` [(S,) N, N] bool); it is the
     mid-range in expectation, not the mean (NOTES-004, G12: biased when the f_i differ)."""
     big = torch.finfo(x.dtype).max
-    inside = closed.unsqueeze(0).unsqueeze(-1)  # [1, N, N, 1]
+    inside = closed.unsqueeze(-1)  # [(S,) N, N, 1]
     values = x.unsqueeze(1)  # [S, 1, N, d]: agent j's iterate, seen from every i
     low = torch.where(inside, values, big).amin(dim=2)
     high = torch.where(inside, values, -big).amax(dim=2)
@@ -115,18 +120,18 @@ def midrange_step(x: torch.Tensor, grad: torch.Tensor, closed: torch.Tensor, wei
 
 
 def metropolis(adjacency: torch.Tensor) -> torch.Tensor:
-    """Metropolis-Hastings weights W [N, N]: w_ij = 1 / (1 + max(|N_i|, |N_j|)) on an edge, the rest of the
-    row on the diagonal. Symmetric and doubly stochastic, so plain DGD keeps the agents' average: the
+    """Metropolis-Hastings weights W [(S,) N, N]: w_ij = 1 / (1 + max(|N_i|, |N_j|)) on an edge, the rest of
+    the row on the diagonal. Symmetric and doubly stochastic, so plain DGD keeps the agents' average: the
     mixing of the noisy DGD baseline ([45], whose own weights 004 does not give)."""
     a = adjacency.to(torch.float64)
-    degree = a.sum(dim=1)
-    w = a / (1 + torch.maximum(degree.unsqueeze(0), degree.unsqueeze(1)))
-    return w + torch.diag(1 - w.sum(dim=1))
+    degree = a.sum(dim=-1)
+    w = a / (1 + torch.maximum(degree.unsqueeze(-2), degree.unsqueeze(-1)))
+    return w + torch.diag_embed(1 - w.sum(dim=-1))
 
 
 def mixing_step(x: torch.Tensor, grad: torch.Tensor, mixing: torch.Tensor, step: float) -> Released:
     """Noisy decentralised gradient descent (eq. (3), the baseline [45]) before the noise:
     x_i^{k+1} = sum_j w_ij x_j^k - eta_{k+1} grad f_i(x_i^k). Nothing is random in it: the interval is
     one point, and every release costs the worst case."""
-    point = torch.einsum("ij,sjd->sid", mixing.to(x.dtype), x) - step * grad
+    point = mixing.to(x.dtype) @ x - step * grad
     return Released(x=point, lo=point, hi=point)
