@@ -247,6 +247,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _add_deploy(commands: argparse._SubParsersAction) -> None:
     from dpadmm.deploy import CERT_DAYS
+    from dpadmm.sharing.config import DATASETS
 
     deploy = commands.add_parser(
         "deploy",
@@ -304,6 +305,18 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
                       help="connect without TLS (trusted test networks only)")
     conn.add_argument("--flwr-home", help="Flower's home folder (default: $FLWR_HOME, else ~/.flwr)")
     conn.add_argument("--print", action="store_true", help="print the block instead of writing it")
+    vertical = steps.add_parser(
+        "vertical", help="write ADMM sharing's party files and labels file (001, vertical learning)",
+        description="Cut a data set into party-<m>.npz per party (ids, x, test_ids, x_test: its column "
+                    "block) and labels.npz (ids, y, test_ids, y_test) in --out, with ids = the row numbers. "
+                    "Party m's SuperNode reads its own file (node config partition-id=<m> "
+                    "data-path=<file>); the server reads the labels (run config sharing.labels-path).")
+    vertical.add_argument("--dataset", choices=DATASETS, default=DATASETS[0],
+                          help=f"the data set (default: {DATASETS[0]})")
+    vertical.add_argument("--data-dir", required=True, help="folder with the data set's files")
+    vertical.add_argument("--parties", default="66,57",
+                          help="comma-separated column counts of the parties' blocks (default: 66,57)")
+    vertical.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
 
 
 def _split(value: str) -> list[str]:
@@ -421,6 +434,15 @@ def _deploy(args: argparse.Namespace) -> int:
                 home = Path(args.flwr_home or os.environ.get("FLWR_HOME") or Path.home() / ".flwr")
                 path = _append_connection(home, args.name, block)
                 print(f"{path}: added [superlink.{args.name}]; run `flwr run . {args.name}`")
+        elif args.step == "vertical":
+            *parties, labels = deploy.vertical_files(args.dataset, args.data_dir, args.parties, args.out)
+            for m, path in enumerate(parties):
+                print(path)
+                print(f"  party {m}'s device only: --node-config \"partition-id={m} "
+                      f"data-path='{path.resolve()}'\"")
+            print(labels)
+            print(f"  the server only: --run-config \"algorithm='admm-sharing' "
+                  f"sharing.parties='{args.parties}' sharing.labels-path='{labels.resolve()}'\"")
     except (ValueError, OSError) as err:  # OSError: existing, missing or unwritable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

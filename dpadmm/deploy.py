@@ -15,6 +15,9 @@ dpadmm deploys it **secure by default**:
 ``flower-supernode`` command lines with those settings. Insecure mode (no TLS, no
 authentication) is only produced with ``insecure=True``, and then with a warning: it sends
 the model, the duals and each agent's z_p in clear text and lets any process join.
+
+For ADMM sharing (001, vertical learning) :func:`vertical_files` cuts a data set into the files
+a deployment starts from: one per party with its column block, and the server's labels.
 """
 
 from __future__ import annotations
@@ -158,6 +161,21 @@ def make_node_keys(out: str | Path, names: Sequence[str]) -> list[Path]:
                                              serialization.PublicFormat.OpenSSH) + b"\n")
         paths.append(path)
     return paths
+
+
+def vertical_files(dataset: str, data_dir: str | Path, parties: str, out: str | Path) -> list[Path]:
+    """The files of an ADMM-sharing deployment: ``party-<m>.npz`` for each of ``parties`` ("66,57") and the
+    server's ``labels.npz``, cut from ``dataset`` in ``data_dir``, with ids = the row numbers
+    (:func:`dpadmm.data.vertical.write_vertical_files`); the labels' path comes last.
+
+    Outside a test the parties' data would already live apart; these files stand in for them, laid out
+    as a deployment reads them, so that a deployment can be tried with the data sets of 001.
+    """
+    from dpadmm.data.vertical import load_vertical, write_vertical_files
+    from dpadmm.sharing.config import parse_parties
+
+    widths = parse_parties(parties)
+    return write_vertical_files(load_vertical(dataset, data_dir), widths, out)
 
 
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,

@@ -6,15 +6,28 @@
   the batched engine multiplies without changing any party's result, and a mask of the real ones;
 - :func:`load_mnist_4v9` is MNIST's digits 4 (label 0) and 9 (label 1), 784 pixels: the stand-in for
   001's gisette, which was built from these two digits and cannot be obtained here;
-- :func:`check_aligned` checks that the parties list the same sample ids in the same order, which
-  vertical learning assumes (the rows of all blocks are the same samples).
+  :func:`load_vertical` loads either vertical data set by name.
+
+In a deployment no machine holds the whole data set: each party's SuperNode reads its own column
+block from a file, and the server reads the labels from another (:func:`read_party_file`,
+:func:`read_labels_file`; :func:`write_vertical_files` cuts a data set into such files). Vertical
+learning assumes that row i is the same sample everywhere. Each file therefore lists its samples'
+ids, in order, and :func:`ids_digest` condenses them into one string that a party can send and the
+server can compare without either side revealing the ids themselves. In simulation the ids are the
+row numbers 0..N-1 (:func:`row_digest`), which are also the ids the written files hold.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from dpadmm.data import Dataset
@@ -22,6 +35,10 @@ from dpadmm.data import Dataset
 MNIST_4V9_DIGITS = (4, 9)
 MNIST_4V9_TRAIN = 11791  # 5,842 fours and 5,949 nines in MNIST's training file (a public count)
 VERTICAL_TRAIN = {"a9a": 32561, "mnist-4v9": MNIST_4V9_TRAIN}  # N of the vertical data sets
+IDS_DIGEST_KEY = "ids-sha256"  # the key of a party's ids digest in its train reply's config record
+PARTY_ARRAYS = ("ids", "x", "test_ids", "x_test")
+LABELS_ARRAYS = ("ids", "y", "test_ids", "y_test")
+LABELS_FILE = "labels.npz"
 
 
 def split_columns(x: torch.Tensor, widths: Sequence[int]) -> list[torch.Tensor]:
@@ -57,15 +74,196 @@ def load_mnist_4v9(data_dir: str | os.PathLike) -> Dataset:
                    num_classes=2)
 
 
-def check_aligned(ids: Sequence[Sequence[object]]) -> None:
-    """A ValueError naming the first party and position where the parties' sample ids differ."""
-    first = list(ids[0])
-    for m, other in enumerate(ids[1:], start=1):
-        other = list(other)
-        if len(other) != len(first):
-            raise ValueError(f"party {m} holds {len(other)} samples, party 0 holds {len(first)}: vertical "
-                             "learning needs the same samples at every party")
-        for i, (a, b) in enumerate(zip(first, other, strict=True)):
-            if a != b:
-                raise ValueError(f"party {m}'s sample {i} is {b!r}, party 0's is {a!r}: the parties' sample "
-                                 "ids must be aligned (the same samples in the same order)")
+def load_vertical(name: str, data_dir: str | os.PathLike) -> Dataset:
+    """The vertical data set ``name`` (a9a or mnist-4v9) from ``data_dir``, unsplit."""
+    if name not in VERTICAL_TRAIN:
+        raise ValueError(f"dataset={name!r} is not allowed; choose one of {', '.join(VERTICAL_TRAIN)}")
+    if name == "mnist-4v9":
+        return load_mnist_4v9(data_dir)
+    from dpadmm.data.libsvm import load_binary
+
+    return load_binary(name, data_dir)
+
+
+# ----- sample ids and their digest -----
+
+def ids_digest(ids: Sequence[object] | np.ndarray, test_ids: Sequence[object] | np.ndarray) -> str:
+    """The SHA-256 (hex) of the ordered training and test ids.
+
+    Two sides hold the same samples in the same order exactly when their digests agree (up to a hash
+    collision), so a party proves its alignment with the labels by sending 64 characters rather than
+    N ids. Ids compare as text: the integer 7 and the string "7" are the same sample, so a file of
+    integer row numbers and one of the same numbers written as strings agree. Each list is hashed
+    as a JSON array, which keeps the boundaries between ids (and between the two lists) unambiguous.
+    """
+    digest = hashlib.sha256()
+    for part in (ids, test_ids):
+        digest.update(json.dumps([str(i) for i in np.asarray(part).tolist()]).encode())
+    return digest.hexdigest()
+
+
+def row_digest(num_train: int, num_test: int) -> str:
+    """The digest of the ids 0..N-1 and 0..N_test-1: the rows of a data set in its order, which a party
+    and the server hold in simulation and which the files of :func:`write_vertical_files` list."""
+    return ids_digest(np.arange(num_train), np.arange(num_test))
+
+
+# ----- a party's file and the server's labels file -----
+
+@dataclass(frozen=True, eq=False)
+class PartyFile:
+    """One party's own data in a deployment: its column block of the training and the test samples (float64,
+    as stored: the rows are scaled where the parties are built), and those samples' ids in order."""
+
+    ids: np.ndarray  # [N], integers or strings
+    x: torch.Tensor  # [N, d_m]
+    test_ids: np.ndarray  # [N_test]
+    x_test: torch.Tensor  # [N_test, d_m]
+
+    def digest(self) -> str:
+        return ids_digest(self.ids, self.test_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class LabelsFile:
+    """The server's labels in a deployment: 0/1 labels (int64) of the training and the test samples, and
+    those samples' ids in order."""
+
+    ids: np.ndarray  # [N]
+    y: torch.Tensor  # [N]
+    test_ids: np.ndarray  # [N_test]
+    y_test: torch.Tensor  # [N_test]
+
+    def digest(self) -> str:
+        return ids_digest(self.ids, self.test_ids)
+
+
+def _load_npz(path: str | os.PathLike, key: str, names: Sequence[str], layout: str) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of the .npz at ``path``; errors name the node- or run-config ``key``."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{key} {path} is not a file; give the .npz with {layout}")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{key} {path}: not a NumPy .npz file ({err}); the file must hold {layout}") from err
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{key} {path}: a single array (.npy), not an .npz; the file must hold {layout}")
+    with data:
+        missing = [n for n in names if n not in data.files]
+        if missing:
+            raise ValueError(f"{key} {path}: missing array(s) {', '.join(missing)} (found: "
+                             f"{', '.join(data.files) or 'none'}); the file must hold {layout}")
+        try:
+            return {n: data[n] for n in names}
+        except ValueError as err:  # an object array, which only pickle could read
+            raise ValueError(f"{key} {path}: an array needs pickle to be read ({err}); store ids as integers "
+                             "or strings and the values as numbers") from err
+
+
+def _check_ids(where: str, name: str, ids: np.ndarray) -> np.ndarray:
+    """``ids`` as a 1-D array of integers or strings, each appearing once."""
+    if ids.ndim != 1 or ids.dtype.kind not in "iuU":
+        raise ValueError(f"{where}: {name} must be a 1-D array of integers or strings, got {ids.dtype} "
+                         f"{ids.shape}")
+    if ids.size == 0:
+        raise ValueError(f"{where}: {name} is empty; at least one sample is needed")
+    values, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{where}: {name} repeats {values[counts > 1][0].item()!r}; every sample needs its "
+                         "own id")
+    return ids
+
+
+def _check_rows(where: str, name: str, values: np.ndarray, ids_name: str, ids: np.ndarray, ndim: int
+                ) -> np.ndarray:
+    """``values`` as finite real numbers, one row per id."""
+    if values.ndim != ndim or values.dtype.kind not in "biuf":
+        shape = "[N, d_m]" if ndim == 2 else "[N]"
+        raise ValueError(f"{where}: {name} must be a {ndim}-D array of real numbers {shape}, got "
+                         f"{values.dtype} {values.shape}")
+    if values.shape[0] != ids.shape[0]:
+        raise ValueError(f"{where}: {name} has {values.shape[0]} rows but {ids_name} lists {ids.shape[0]} "
+                         "samples; give one row per id, in the ids' order")
+    bad = ~np.isfinite(values.astype(np.float64))
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"{where}: {name} is not finite (NaN or inf) in row {row} (id "
+                         f"{ids[row].item()!r}); every value must be finite")
+    return values.astype(np.float64)
+
+
+def read_party_file(path: str | os.PathLike, widths: Sequence[int], party: int) -> PartyFile:
+    """Party ``party``'s file (node config ``data-path``) of a split into blocks of ``widths``.
+
+    An .npz with ``ids`` [N] (integers or strings), ``x`` [N, d_m], ``test_ids`` [N_test] and ``x_test``
+    [N_test, d_m], where d_m = ``widths[party]``. ValueErrors name the file, the value and what is allowed
+    (FileNotFoundError for a missing file).
+    """
+    if not 0 <= party < len(widths):
+        raise ValueError(f"partition-id={party} is not allowed; parties={','.join(map(str, widths))!r} has "
+                         f"parties 0..{len(widths) - 1}")
+    layout = "ids [N], x [N, d_m], test_ids [N_test] and x_test [N_test, d_m]"
+    arrays = _load_npz(path, "data-path", PARTY_ARRAYS, layout)
+    where = f"data-path {Path(path).expanduser()}"
+    ids, test_ids = (_check_ids(where, n, arrays[n]) for n in ("ids", "test_ids"))
+    x = _check_rows(where, "x", arrays["x"], "ids", ids, 2)
+    x_test = _check_rows(where, "x_test", arrays["x_test"], "test_ids", test_ids, 2)
+    width = widths[party]
+    for name, values in (("x", x), ("x_test", x_test)):
+        if values.shape[1] != width:
+            raise ValueError(f"{where}: {name} has {values.shape[1]} columns but parties="
+                             f"{','.join(map(str, widths))!r} gives party {party} {width}; give this party's "
+                             f"block of {width} columns, or the parties that match the files")
+    return PartyFile(ids=ids, x=torch.from_numpy(x), test_ids=test_ids, x_test=torch.from_numpy(x_test))
+
+
+def read_labels_file(path: str | os.PathLike) -> LabelsFile:
+    """The server's labels file (run config ``labels-path``): an .npz with ``ids`` [N], ``y`` [N] (0/1),
+    ``test_ids`` [N_test] and ``y_test`` [N_test]. Errors as :func:`read_party_file`'s."""
+    layout = "ids [N], y [N] (0/1), test_ids [N_test] and y_test [N_test] (0/1)"
+    arrays = _load_npz(path, "labels-path", LABELS_ARRAYS, layout)
+    where = f"labels-path {Path(path).expanduser()}"
+    ids, test_ids = (_check_ids(where, n, arrays[n]) for n in ("ids", "test_ids"))
+    labels = []
+    for name, of in (("y", ids), ("y_test", test_ids)):
+        y = _check_rows(where, name, arrays[name], "ids" if name == "y" else "test_ids", of, 1)
+        outside = y[(y != 0) & (y != 1)]
+        if outside.size:
+            raise ValueError(f"{where}: {name} holds {outside[0]:g}; labels must be 0 or 1 (write -1 as 0)")
+        labels.append(torch.from_numpy(y.astype(np.int64)))
+    return LabelsFile(ids=ids, y=labels[0], test_ids=test_ids, y_test=labels[1])
+
+
+def party_file_name(party: int) -> str:
+    return f"party-{party}.npz"
+
+
+def write_vertical_files(dataset: Dataset, widths: Sequence[int], out: str | os.PathLike) -> list[Path]:
+    """Cut ``dataset`` into one file per party (``party-<m>.npz``, its raw column block) and the server's
+    ``labels.npz``, with ids = the row numbers; returns their paths, the labels' last.
+
+    These are the files a deployment starts from: each party's SuperNode gets only its own file, the
+    server only the labels. Existing files are refused rather than overwritten, since a party keeping an
+    older file would no longer be aligned with the new labels.
+    """
+    blocks = split_columns(dataset.x_train, widths)
+    test_blocks = split_columns(dataset.x_test, widths)
+    out = Path(out)
+    paths = [out / party_file_name(m) for m in range(len(widths))] + [out / LABELS_FILE]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        raise FileExistsError(f"{', '.join(existing)} already exist; remove them or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    ids, test_ids = np.arange(dataset.num_train), np.arange(len(dataset.y_test))
+    for m, path in enumerate(paths[:-1]):
+        _save(path, ids=ids, x=blocks[m].numpy(), test_ids=test_ids, x_test=test_blocks[m].numpy())
+    _save(paths[-1], ids=ids, y=dataset.y_train.numpy(), test_ids=test_ids, y_test=dataset.y_test.numpy())
+    return paths
+
+
+def _save(path: Path, **arrays: np.ndarray) -> None:
+    """Write an .npz atomically (a partial file would be read as a corrupt one)."""
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)

@@ -83,6 +83,13 @@ class SharingConfig(keys.Keyed):
         metadata={"help": "comma-separated column counts of the parties' contiguous feature blocks, in "
                           "order (001's a9a split: 66,57)"},
     )
+    labels_path: str = field(
+        default="",
+        metadata={"help": "the Flower server's labels file in a deployment: an .npz with ids [N], y [N] "
+                          "(0/1), test_ids and y_test, whose ids every party's file lists in the same order "
+                          "(checked each round); empty = the labels of dataset (simulation, and dpadmm "
+                          "train, which refuses a labels-path)"},
+    )
     seed: int = _RUN["seed"]
     device: str = _RUN["device"]
     dtype: str = _RUN["dtype"]

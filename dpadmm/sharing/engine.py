@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from dpadmm.data import Dataset
-from dpadmm.data.libsvm import load_binary, normalise_rows
-from dpadmm.data.vertical import load_mnist_4v9, pad_blocks, split_columns
+from dpadmm.data.libsvm import normalise_rows
+from dpadmm.data.vertical import load_vertical, pad_blocks, split_columns
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import Ledger
 from dpadmm.runs.loop import seed_writers, timed_rounds
@@ -63,22 +63,33 @@ class Problem:
         return int(self.labels.shape[0])
 
 
+def parties_from_blocks(blocks: Sequence[torch.Tensor], test_blocks: Sequence[torch.Tensor],
+                        ids: Sequence[int], dtype: torch.dtype = torch.float64,
+                        device: str | torch.device = "cpu") -> Parties:
+    """The parties ``ids`` holding the raw column blocks ``blocks`` (training) and ``test_blocks``, in order.
+
+    Each block's rows are scaled to unit norm here (001 Assumption 2.3, which the sensitivity needs), so
+    that a party built from a deployed party's own file (:func:`dpadmm.data.vertical.read_party_file`)
+    holds exactly what the same party holds in simulation, cut from the whole data set (:func:`parties_of`).
+    """
+    def scaled(raw: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [normalise_rows(b).to(dtype=dtype, device=device) for b in raw]
+
+    padded, mask = pad_blocks(scaled(blocks))
+    geo = updates.geometry(padded)
+    width = torch.tensor([b.shape[1] for b in blocks], dtype=dtype, device=device)
+    return Parties(ids=torch.tensor(list(ids), dtype=torch.int64, device=device), blocks=padded,
+                   test_blocks=pad_blocks(scaled(test_blocks))[0], mask=mask, geometry=geo,
+                   ridge=RIDGE * geo.eigenvalues.sum(dim=-1) / width)
+
+
 def parties_of(dataset: Dataset, widths: Sequence[int], ids: Sequence[int] | None = None,
                dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> Parties:
-    """The parties ``ids`` (default: all) of ``dataset`` split into column blocks of ``widths``; each block's
-    rows are scaled to unit norm (001 Assumption 2.3), which the sensitivity needs."""
+    """The parties ``ids`` (default: all) of ``dataset`` split into column blocks of ``widths``
+    (:func:`parties_from_blocks`)."""
     ids = list(range(len(widths))) if ids is None else list(ids)
-
-    def blocks_of(x: torch.Tensor) -> list[torch.Tensor]:
-        split = split_columns(x, widths)
-        return [normalise_rows(split[m]).to(dtype=dtype, device=device) for m in ids]
-
-    blocks, mask = pad_blocks(blocks_of(dataset.x_train))
-    geo = updates.geometry(blocks)
-    width = torch.tensor([widths[m] for m in ids], dtype=dtype, device=device)
-    return Parties(ids=torch.tensor(ids, dtype=torch.int64, device=device), blocks=blocks,
-                   test_blocks=pad_blocks(blocks_of(dataset.x_test))[0], mask=mask, geometry=geo,
-                   ridge=RIDGE * geo.eigenvalues.sum(dim=-1) / width)
+    blocks, test_blocks = split_columns(dataset.x_train, widths), split_columns(dataset.x_test, widths)
+    return parties_from_blocks([blocks[m] for m in ids], [test_blocks[m] for m in ids], ids, dtype, device)
 
 
 def build(dataset: Dataset, widths: Sequence[int], dtype: torch.dtype = torch.float64,
@@ -92,13 +103,19 @@ def build(dataset: Dataset, widths: Sequence[int], dtype: torch.dtype = torch.fl
 
 def dataset_of(config: SharingConfig) -> Dataset:
     """The configured data set, unsplit."""
-    if config.dataset == "mnist-4v9":
-        return load_mnist_4v9(config.data_dir)
-    return load_binary(config.dataset, config.data_dir)
+    return load_vertical(config.dataset, config.data_dir)
 
 
 def load(config: SharingConfig) -> Problem:
-    """:func:`build` on the configured data set and split."""
+    """:func:`build` on the configured data set and split.
+
+    The engine holds every party and the labels of the configured data set; ``labels-path`` names the
+    Flower server's labels file in a deployment, which the engine has no use for, so it is refused
+    rather than ignored."""
+    if config.labels_path:
+        raise ValueError(f"labels-path={config.labels_path!r} is not allowed here; it is the Flower server's "
+                         "labels file in a deployment (docs/deployment.md), while this run reads the whole "
+                         "data set of dataset and data-dir; leave labels-path empty")
     return build(dataset_of(config), config.widths, DTYPES[config.dtype], config.device)
 
 
