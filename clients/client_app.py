@@ -21,6 +21,10 @@ Where the agent's data come from, by node config:
   device's own file: LEAF JSON, IDX images with ``labels-path``, or npz; see
   :mod:`dpadmm.data.node`), ``writer`` for a LEAF file with several writers, and
   ``num-samples-total``, the global sample count I (a public parameter of eq. (63)).
+
+An ADMM-sharing (001) party: in simulation its column block of the configured data set; in
+deployment ``partition-id`` (its party, 0..M-1) and ``data-path``, its own ``.npz`` of sample ids
+and column block (:func:`dpadmm.data.vertical.read_party_file`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dpadmm.data import NUM_CLASSES, NUM_FEATURES
 from dpadmm.data.libsvm import load_binary
 from dpadmm.data.node import load_node_data
 from dpadmm.data.partition import partition_contiguous
+from dpadmm.data.vertical import read_party_file, row_digest
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
@@ -133,13 +138,37 @@ def linadmm_rows(config: LinAdmmConfig, partition_id: int,
 
 
 @lru_cache(maxsize=8)
-def sharing_party(config: SharingConfig, partition_id: int, num_partitions: int) -> sharing_engine.Parties:
-    """This party's column block of the configured data set (party = partition id, one per SuperNode)."""
+def sharing_partition(config: SharingConfig, partition_id: int, num_partitions: int
+                      ) -> tuple[sharing_engine.Parties, str]:
+    """(this party's column block of the configured data set, its ids' digest) in simulation: party =
+    partition id, one per SuperNode; the ids are the row numbers."""
     if num_partitions != len(config.widths):
         raise ValueError(f"the federation has {num_partitions} SuperNodes but parties={config.parties!r} "
                          f"names {len(config.widths)}; run one SuperNode per party")
-    return sharing_engine.parties_of(sharing_engine.dataset_of(config), config.widths, [partition_id],
-                                     sharing_engine.DTYPES[config.dtype])
+    dataset = sharing_engine.dataset_of(config)
+    parties = sharing_engine.parties_of(dataset, config.widths, [partition_id],
+                                        sharing_engine.DTYPES[config.dtype])
+    return parties, row_digest(dataset.num_train, len(dataset.y_test))
+
+
+@lru_cache(maxsize=4)
+def sharing_file(config: SharingConfig, partition_id: int, path: str) -> tuple[sharing_engine.Parties, str]:
+    """(this party's column block, its ids' digest) in deployment, from the device's own file: built by the
+    function the simulation uses, so the rows are scaled as there."""
+    own = read_party_file(path, config.widths, partition_id)
+    parties = sharing_engine.parties_from_blocks([own.x], [own.x_test], [partition_id],
+                                                 sharing_engine.DTYPES[config.dtype])
+    return parties, own.digest()
+
+
+def sharing_party(config: SharingConfig, node_config: Mapping[str, Any]
+                  ) -> tuple[sharing_engine.Parties, str]:
+    """This party's block and ids' digest: the device's own file when the node config names one
+    (``data-path``), else its partition of the configured data set."""
+    partition_id = int(node_config["partition-id"])
+    if "data-path" in node_config:
+        return sharing_file(config, partition_id, str(node_config["data-path"]))
+    return sharing_partition(config, partition_id, int(node_config["num-partitions"]))
 
 
 @app.evaluate()
@@ -148,9 +177,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     chosen = from_run_config(context.run_config)
     if not isinstance(chosen, SharingConfig):
         raise ValueError(f"algorithm={chosen.algorithm!r} evaluates on the server; no client evaluation")
-    partition_id = int(context.node_config["partition-id"])
-    parties = sharing_party(chosen, partition_id, int(context.node_config["num-partitions"]))
-    return scores_reply(msg, context, parties, partition_id)
+    parties, _ = sharing_party(chosen, context.node_config)
+    return scores_reply(msg, context, parties, int(context.node_config["partition-id"]))
 
 
 @app.train()
@@ -163,8 +191,8 @@ def train(msg: Message, context: Context) -> Message:
         features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
         return gradient_reply(msg, chosen, features, labels, partition_id)
     if isinstance(chosen, SharingConfig):
-        parties = sharing_party(chosen, partition_id, int(context.node_config["num-partitions"]))
-        return round_reply(msg, context, chosen, parties, partition_id)
+        parties, digest = sharing_party(chosen, context.node_config)
+        return round_reply(msg, context, chosen, parties, partition_id, digest)
     config = calibrated(chosen)
     arrays = msg.content["arrays"]
     data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))

@@ -8,6 +8,11 @@ keeps its last message and x~ in ``context.state``. The server says which round'
 party it holds (``own-round``); after a rejected or lost reply it sends that message itself
 (``own``), so the party never subtracts a message the server did not use. For evaluation it
 returns its test scores D_m^test x~_m (outside the guarantee, as every prediction is).
+
+Every train reply also carries the digest of the party's ordered sample ids (``ids-sha256`` in its
+``config`` record, :func:`dpadmm.data.vertical.ids_digest`): vertical learning is only meaningful
+when row i is the same sample at every party and at the server, and the server checks this against
+its labels' ids before it uses the message.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from dpadmm.data.vertical import IDS_DIGEST_KEY
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
@@ -39,8 +45,9 @@ def _cached(context: Context, round_: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def round_reply(msg: Message, context: Context, config: SharingConfig, parties: engine.Parties,
-                partition_id: int) -> Message:
-    """Answer a train message: this party's x-step and noisy message of the round."""
+                partition_id: int, digest: str) -> Message:
+    """Answer a train message: this party's x-step and noisy message of the round, with ``digest``, that of
+    its ordered sample ids."""
     settings = msg.content["config"]
     asked, t = int(settings["partition-id"]), int(settings["server-round"])
     if asked != partition_id:
@@ -60,7 +67,8 @@ def round_reply(msg: Message, context: Context, config: SharingConfig, parties: 
     context.state.config_records[ROUND] = ConfigRecord({"round": t})
     metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
     reply = ArrayRecord({MESSAGE_KEY: Array(message[0, 0].cpu().numpy())})
-    return Message(content=RecordDict({"arrays": reply, "metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({"arrays": reply, "metrics": metrics,
+                                       "config": ConfigRecord({IDS_DIGEST_KEY: digest})}), reply_to=msg)
 
 
 def scores_reply(msg: Message, context: Context, parties: engine.Parties, partition_id: int) -> Message:

@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from dpadmm.data.vertical import read_labels_file, row_digest
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
@@ -84,11 +85,20 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
 
 
 def sharing_main(grid: Grid, config: SharingConfig) -> None:
-    """ADMM sharing (001): the server holds the labels, z and y; each party (a SuperNode) its columns."""
-    dataset = sharing_engine.dataset_of(config)  # the server uses the labels only
+    """ADMM sharing (001): the server holds the labels, z and y; each party (a SuperNode) its columns.
+
+    The labels come from ``labels-path`` in a deployment (the server holds no features), else from the
+    configured data set, whose ids are its row numbers; every party's ids must match them."""
+    if config.labels_path:
+        held = read_labels_file(config.labels_path)
+        y_train, y_test, digest = held.y, held.y_test, held.digest()
+    else:
+        dataset = sharing_engine.dataset_of(config)  # the server uses the labels only
+        y_train, y_test = dataset.y_train, dataset.y_test
+        digest = row_digest(len(y_train), len(y_test))
     dtype = sharing_engine.DTYPES[config.dtype]
-    labels, test_labels = ((2 * y - 1).to(dtype) for y in (dataset.y_train, dataset.y_test))
-    strategy = ADMMSharing(config, labels, test_labels)
+    labels, test_labels = ((2 * y - 1).to(dtype) for y in (y_train, y_test))
+    strategy = ADMMSharing(config, labels, test_labels, digest)
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)

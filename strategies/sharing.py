@@ -6,6 +6,12 @@ noisy message D_m x~_m, and the server takes the z- and y-steps
 (:func:`dpadmm.sharing.engine.server_step`, the engine's own function). Every party adds its own
 noise, so the server sees only noisy messages (each party's guarantee covers its own features).
 
+Alignment: vertical learning needs row i to be the same sample at every party and at the server.
+Each party's train reply carries the digest of its ordered sample ids; one that differs from the
+digest of the server's labels' ids is a configuration error of the deployment, not a fault of a
+round, and stops the run with a ValueError that names the party (a reply without a digest is a
+malformed reply, rejected like the faults below).
+
 Faults: a reply that is missing, an error, for another round or party, of the wrong length or not
 finite is rejected with a logged reason, and the round uses that party's last accepted message
 (the start's zeros if it has none). The server then sends that party the message it holds
@@ -30,6 +36,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from dpadmm.data.vertical import IDS_DIGEST_KEY
 from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
@@ -39,14 +46,17 @@ from strategies.nodes import Roster
 class ADMMSharing(Strategy):
     """Server side of ADMM sharing (001 Algorithm 1, eq. (16)) for ``len(parties)`` parties.
 
-    ``labels`` [N] and ``test_labels`` are +-1. After each round ``evaluate_fn(t, record)`` is called
-    with the round's metrics when the round is evaluated.
+    ``labels`` [N] and ``test_labels`` are +-1; ``ids_digest`` is the digest of their ordered sample ids
+    (:func:`dpadmm.data.vertical.ids_digest`), which every party's must equal. After each round
+    ``evaluate_fn(t, record)`` is called with the round's metrics when the round is evaluated.
     """
 
-    def __init__(self, config: SharingConfig, labels: torch.Tensor, test_labels: torch.Tensor) -> None:
+    def __init__(self, config: SharingConfig, labels: torch.Tensor, test_labels: torch.Tensor,
+                 ids_digest: str) -> None:
         self.config = config
         self.labels = labels
         self.test_labels = test_labels
+        self.ids_digest = ids_digest
         self.parties = len(config.widths)
         n = int(labels.shape[0])
         self.rho = config.penalty(n)
@@ -144,9 +154,24 @@ class ADMMSharing(Strategy):
             return f"party {party} answered for round {computed_for}"
         if not 0 <= party < self.parties:
             return f"no party {party} in this run"
+        if key == MESSAGE_KEY:  # before the length: a party of other samples holds another N, too
+            try:
+                digest = str(reply.content["config"][IDS_DIGEST_KEY])
+            except (KeyError, TypeError) as err:
+                return f"malformed reply: no digest of party {party}'s sample ids ({err!r})"
+            self._check_aligned(party, digest)
         if value.shape != (length,) or not np.isfinite(value).all():
             return f"party {party} sent a vector of shape {value.shape} (expected ({length},), finite)"
         return party, value
+
+    def _check_aligned(self, party: int, digest: str) -> None:
+        """A ValueError, which stops the run, unless ``party``'s ids are the labels' ids in their order."""
+        if digest != self.ids_digest:
+            raise ValueError(
+                f"party {party}'s sample ids are not aligned with the labels' (digest {digest[:12]}... of "
+                f"its ids and test_ids, {self.ids_digest[:12]}... of the labels'): every party's data-path "
+                "file and the server's labels-path file must list the same ids in the same order, for the "
+                "training and for the test samples (dpadmm deploy vertical writes such files)")
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:

@@ -44,5 +44,5 @@ def train(msg: Message, context: Context) -> Message:
     else:
         message[0] = np.nan
     content = RecordDict({"arrays": ArrayRecord({"message": Array(message)}),
-                          "metrics": reply.content["metrics"]})
+                          "metrics": reply.content["metrics"], "config": reply.content["config"]})
     return Message(content=content, reply_to=msg)
