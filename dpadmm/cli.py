@@ -442,7 +442,8 @@ def _deploy(args: argparse.Namespace) -> int:
                       f"data-path='{path.resolve()}'\"")
             print(labels)
             print(f"  the server only: --run-config \"algorithm='admm-sharing' "
-                  f"sharing.parties='{args.parties}' sharing.labels-path='{labels.resolve()}'\"")
+                  f"sharing.dataset='{args.dataset}' sharing.parties='{args.parties}' "
+                  f"sharing.labels-path='{labels.resolve()}'\"")
     except (ValueError, OSError) as err:  # OSError: existing, missing or unwritable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

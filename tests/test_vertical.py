@@ -180,7 +180,7 @@ def test_cli_writes_the_files_and_says_where_they_go(tmp_path: Path, binary_dir:
                  "--parties", "100,23", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"partition-id=1 data-path='{(out / 'party-1.npz').resolve()}'" in printed
-    assert f"sharing.labels-path='{(out / 'labels.npz').resolve()}'" in printed
+    assert f"sharing.parties='100,23' sharing.labels-path='{(out / 'labels.npz').resolve()}'" in printed
     assert read_party_file(out / "party-1.npz", (100, 23), 1).x.shape == (32561, 23)
     assert main(["deploy", "vertical", "--data-dir", str(binary_dir / "a9a"), "--out", str(out)]) == 2
     assert "already exist" in capsys.readouterr().err
