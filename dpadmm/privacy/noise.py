@@ -85,10 +85,13 @@ STREAM_PARTICIPATION: int = 2  # which agents a round samples (partial participa
 STREAM_BATCH: int = 3  # which samples a local step of a minibatched agent uses
 STREAM_GRADIENT: int = 4  # Gaussian noise on the full-batch gradient of paper 002's DP-ADMM
 STREAM_MESSAGE: int = 5  # Gaussian noise of a party's message in paper 001's ADMM sharing
+STREAM_EXCHANGE: int = 6  # Laplace noise on the iterate an agent exchanges in paper 004
+STREAM_AGGREGATOR: int = 7  # an agent's random aggregation weights w in paper 004
+STREAM_START: int = 8  # an agent's random start x^0 in paper 004
 
 __all__ = [
-    "STREAM_BATCH", "STREAM_GRADIENT", "STREAM_MESSAGE", "STREAM_OBJECTIVE", "STREAM_OUTPUT",
-    "STREAM_PARTICIPATION",
+    "STREAM_AGGREGATOR", "STREAM_BATCH", "STREAM_EXCHANGE", "STREAM_GRADIENT", "STREAM_MESSAGE",
+    "STREAM_OBJECTIVE", "STREAM_OUTPUT", "STREAM_PARTICIPATION", "STREAM_START",
     "GENERATORS", "gaussian", "laplace", "philox4x32", "uniform",
 ]
 

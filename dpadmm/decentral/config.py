@@ -1,0 +1,115 @@
+"""Every key of a decentralised local-DP run (paper 004, Xiao, Ye & Devadas), validated.
+
+The defaults are the paper's Example (a) (Sec. 5): UCI Adult, N = 10 agents on a random graph with
+|E| = 20 edges, 100 samples per agent, Algorithm 1 with D = 10 and zeta = 0.5, Laplace noise of rate
+beta_k = 1.02^k, B_inf = 0.01, K = 100 iterations. What the paper leaves open is the project's and
+says so in the field's help (NOTES-004, gaps G1-G16).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dpadmm import keys
+from dpadmm.keys import allowed
+
+# ldp-admm: Algorithm 1 (random-penalty linearised ADMM); ldp-dgd: Algorithm 2 (complete graph);
+# ldp-dgd-star: Algorithm 2* (any graph); dgd: noisy decentralised gradient descent, the baseline [45]
+ALGORITHMS = ("ldp-admm", "ldp-dgd", "ldp-dgd-star", "dgd")
+WEIGHTS = ("random", "fixed")
+GRAPHS = ("random", "complete")
+NOISES = ("laplace", "none")
+DATASETS = ("adult",)
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float64", "float32")
+_RUN = keys.run_fields("iterations")
+
+
+@dataclass(frozen=True)
+class DecentralConfig(keys.Keyed):
+    """A run of one of 004's algorithms: agents on a graph, each with its own samples, no server."""
+
+    algorithm: str = field(
+        default="ldp-admm",
+        metadata={"help": "ldp-admm (Algorithm 1), ldp-dgd (Algorithm 2, complete graph), ldp-dgd-star "
+                          "(Algorithm 2*), dgd (noisy decentralised gradient descent, the baseline [45])"},
+    )
+    weights: str = field(
+        default="random",
+        metadata={"help": "random (each agent draws its aggregation weights w ~ U(0, 1) per coordinate and "
+                          "iteration, the paper's random local aggregator) or fixed (w = 1/2: the "
+                          "fixed-parameter counterpart, Gamma = D/2, rho = D/(2|N_i|))"},
+    )
+    graph: str = field(default="random", metadata={
+        "help": "random (connected, `edges` edges, a new graph per seed) or complete"})
+    agents: int = field(default=10, metadata={"help": "N, the number of agents"})
+    edges: int = field(default=20, metadata={"help": "|E| of a random graph (N - 1 .. N(N - 1)/2)"})
+    samples: int = field(default=100, metadata={"help": "b_i, the training samples each agent draws"})
+    penalty: float = field(default=10.0, metadata={"help": "D of Algorithm 1 (the paper: 10); alpha_k = 1/D"})
+    zeta: float = field(default=0.5, metadata={"help": "zeta, the dual step of Algorithm 1 (the paper: 0.5)"})
+    step_decay: float = field(
+        default=0.93,
+        metadata={"help": "eta_k = step-decay^k, the step of Algorithms 2, 2* and dgd (the paper: 0.95 for "
+                          "Algorithm 2 without noise, 0.93 for 2*, 0.9 for [45]); alpha_k = eta_k"},
+    )
+    noise: str = field(default="laplace", metadata={"help": "laplace (rate beta_k per coordinate) or none"})
+    noise_growth: float = field(
+        default=1.02,
+        metadata={"help": "beta_k = noise-growth^k, k = 1..K: the Laplace rate of the k-th release (scale "
+                          "1/beta_k; the paper: 1.02, diminishing noise)"},
+    )
+    sensitivity: float = field(
+        default=0.01,
+        metadata={"help": "B_inf, the l-infinity bound on how much one agent's gradient changes with its "
+                          "data (the paper: 1/b_i = 0.01; with +-1 labels and unit rows the rigorous bound "
+                          "is 2/b_i, NOTES-004 G4)"},
+    )
+    rounds: int = field(default=100, metadata={"help": "K, the iterations"})
+    dataset: str = field(default="adult", metadata={"help": "adult (UCI Adult, 14 columns, unit rows)"})
+    data_dir: str = field(default="", metadata={"help": "folder with adult.data and adult.test (or .gz)"})
+    seed: int = _RUN["seed"]
+    device: str = _RUN["device"]
+    dtype: str = _RUN["dtype"]
+    eval_every: int = _RUN["eval_every"]
+    out: str = _RUN["out"]
+
+    def __post_init__(self) -> None:
+        allowed("algorithm", self.algorithm, ALGORITHMS)
+        allowed("weights", self.weights, WEIGHTS)
+        allowed("graph", self.graph, GRAPHS)
+        allowed("noise", self.noise, NOISES)
+        allowed("dataset", self.dataset, DATASETS)
+        allowed("device", self.device, DEVICES)
+        allowed("dtype", self.dtype, DTYPES)
+        keys.require(self, ">= 1", "rounds", "samples", "eval_every")
+        keys.require(self, "> 0", "penalty", "zeta", "sensitivity")
+        keys.require(self, "in (0, 1)", "step_decay")
+        if self.agents < 3:
+            raise ValueError(f"agents={self.agents} is not allowed; give at least 3")
+        most = self.agents * (self.agents - 1) // 2
+        if self.graph == "random" and not self.agents - 1 <= self.edges <= most:
+            raise ValueError(f"edges={self.edges} is not allowed with agents={self.agents}; a connected "
+                             f"graph has between {self.agents - 1} and {most}")
+        if self.algorithm == "ldp-dgd" and self.graph != "complete":
+            raise ValueError("algorithm='ldp-dgd' (Algorithm 2) needs graph='complete': its most divergent "
+                             "pair and average are global; on other graphs use ldp-dgd-star (Algorithm 2*)")
+        if not (self.noise_growth >= 1 and math.isfinite(self.noise_growth)):
+            raise ValueError(f"noise-growth={self.noise_growth!r} is not allowed; give a finite value >= 1")
+        keys.require_seed(self.seed)
+
+    @property
+    def private(self) -> bool:
+        return self.noise == "laplace"
+
+    def rate(self, k: int) -> float:
+        """beta_k, the Laplace rate of the k-th release (k = 1..K)."""
+        return self.noise_growth**k
+
+    def alpha(self, k: int) -> float:
+        """alpha_k, the factor of the gradient in the k-th update: 1/D (Algorithm 1), eta_k otherwise."""
+        return 1 / self.penalty if self.algorithm == "ldp-admm" else self.step_decay**k
+
+    def default_out(self) -> str:
+        noise = f"beta{self.noise_growth:g}" if self.private else "nonprivate"
+        return f"runs/{self.algorithm}-{self.weights}-{self.dataset}-{noise}-seed{self.seed}"
