@@ -13,8 +13,11 @@ same run again with ``out`` naming that folder resumes it from the checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from logging import INFO
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -31,6 +34,7 @@ from dpadmm.linadmm import privacy as linadmm_privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
+from dpadmm.privacy.ledger import Ledger
 from dpadmm.runs.results import RunWriter, central_metrics
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
@@ -55,19 +59,30 @@ def main(grid: Grid, context: Context) -> None:
         iadmm_main(grid, privacy.calibrate(config))
 
 
-def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
-    """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP)."""
-    problem = load(config.dataset, config.data_dir, config.graph_alpha, linadmm_engine.DTYPES[config.dtype])
-    strategy = DPLinADMM(config, problem.a, problem.num_samples)  # first: it refuses what it cannot run
-    ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
+@contextmanager
+def run_folder(config: Any, ledger: Ledger | None) -> Iterator[RunWriter]:
+    """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
+    runs and closed whatever happens; the ledger's summary is logged at the end."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
+    try:
+        yield writer
+    finally:
+        writer.close()
+    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+
+
+def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
+    """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP)."""
+    problem = load(config.dataset, config.data_dir, config.graph_alpha, linadmm_engine.DTYPES[config.dtype])
+    strategy = DPLinADMM(config, problem.a, problem.num_samples)  # first: it refuses what it cannot run
+    ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
     clock = {"elapsed": 0.0}  # the seconds of iterations 1..t, as the engine's ``elapsed``
 
-    def evaluate(t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
+    def evaluate(writer: RunWriter, t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
         clock["elapsed"] += strategy.seconds
         if t % config.eval_every and t != config.rounds:
             return
@@ -77,11 +92,8 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
         log(INFO, "dpadmm round %d/%d: objective %.6g, test accuracy %.4f, primal residual %.4g", t,
             config.rounds, record["objective"], record["test-accuracy"], record["primal-residual"])
 
-    try:
-        strategy.start(grid=grid, evaluate_fn=evaluate)
-    finally:
-        writer.close()
-    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+    with run_folder(config, ledger) as writer:
+        strategy.start(grid=grid, evaluate_fn=lambda t, state, y: evaluate(writer, t, state, y))
 
 
 def sharing_main(grid: Grid, config: SharingConfig) -> None:
@@ -100,23 +112,15 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     labels, test_labels = ((2 * y - 1).to(dtype) for y in (y_train, y_test))
     strategy = ADMMSharing(config, labels, test_labels, digest)
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
-    writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
-                       fresh=True)
-    log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
-    if ledger:
-        writer.write_ledger(ledger)
 
-    def evaluate(t: int, record: dict[str, float]) -> None:
+    def evaluate(writer: RunWriter, t: int, record: dict[str, float]) -> None:
         record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
         writer.record(record)
         log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
             config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])
 
-    try:
-        strategy.start(grid=grid, evaluate_fn=evaluate)
-    finally:
-        writer.close()
-    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+    with run_folder(config, ledger) as writer:
+        strategy.start(grid=grid, evaluate_fn=lambda t, record: evaluate(writer, t, record))
 
 
 def iadmm_main(grid: Grid, config: RunConfig) -> None:
