@@ -1,4 +1,5 @@
-"""Shared fixtures: real data from ../shared/data, and Flower homes that clean up after themselves."""
+"""Shared fixtures: real data from ../shared/data, Flower homes that clean up after themselves, and a
+loopback deployment (a TLS SuperLink and SuperNodes started with `dpadmm deploy`) for the deployment tests."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+from dpadmm.sharing.config import SharingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -143,6 +148,12 @@ def toml_value(value: object) -> str:
     return repr(value)
 
 
+def sharing_run_config(config: SharingConfig) -> str:
+    """--run-config for an ADMM-sharing ``config``: `algorithm` and the family's table, sharing.<key>."""
+    keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
+    return "algorithm='admm-sharing' " + " ".join(f"sharing.{k}={toml_value(v)}" for k, v in keys.items())
+
+
 def flower_app(tmp_path: Path, client_module: str) -> Path:
     """A Flower app folder whose ServerApp is ours and whose ClientApp is ``tests/<client_module>.py`` (a real
     client with some replies spoiled), with this project's whole run config (every family's keys)."""
@@ -169,3 +180,133 @@ clientapp = "{client_module}:app"
 
 {config}""")
     return app
+
+
+class Deployment:
+    """The processes of one loopback deployment, all with FLWR_HOME=<root>/flwr-home: a SuperLink with TLS and
+    SuperNode authentication on, and up to ``nodes`` SuperNodes, every one started with the documented
+    `dpadmm deploy` commands (``tests/test_deployment.py``, ``tests/test_sharing_deployment.py``)."""
+
+    connection = "dpadmm-test"
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root = root
+        self.home = root / "flwr-home"
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
+                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        PATH=f"{bin_dir}:{os.environ['PATH']}")
+        self.port, *self.node_ports = free_ports(nodes + 1)
+        self.node_configs: dict[int, str] = {}  # SuperNode i's node config, kept for its restarts
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def dpadmm(self, *args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "dpadmm.cli", *args], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def flwr(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+
+    def prepare(self, names: Sequence[str]) -> None:
+        """A fresh CA and the SuperLink's certificate, one key pair per name, and the flwr connection."""
+        self.dpadmm("deploy", "certs", "--out", str(self.root / "certs"), "--hosts", "127.0.0.1,localhost")
+        self.dpadmm("deploy", "keys", "--out", str(self.root / "keys"), "--names", ",".join(names))
+        self.dpadmm("deploy", "connection", "--name", self.connection, "--address", f"127.0.0.1:{self.port}",
+                    "--ca-cert", str(self.root / "certs" / "ca.crt"), "--flwr-home", str(self.home))
+
+    def register(self, name: str) -> None:
+        """Register the public key ``name``.pub with the SuperLink (the operator's step)."""
+        key = str(self.root / "keys" / f"{name}.pub")
+        registered = self.flwr("supernode", "register", key, self.connection)
+        assert "registered successfully" in registered.stdout, registered.stdout + registered.stderr
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """A `dpadmm deploy ...` process in its own session (it execs the Flower command)."""
+        log = open(self.root / f"{name}.log", "a")  # noqa: SIM115 (kept open for the process)
+        process = subprocess.Popen([sys.executable, "-m", "dpadmm.cli", "deploy", *args], env=self.env,
+                                   cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process and everything in its session (a crash, not a shutdown)."""
+        process = self.processes.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def stop(self, name: str) -> None:
+        """SIGTERM a process (a shutdown: a SuperNode tells the SuperLink it leaves), then its session."""
+        process = self.processes.pop(name)
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def start_superlink(self) -> None:
+        self.start("superlink", "superlink", "--certs", str(self.root / "certs"), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--database", str(self.root / "superlink.db"))
+        self.wait_for(lambda: self.flwr("supernode", "list", self.connection).returncode == 0,
+                      "the SuperLink")
+
+    def start_supernode(self, i: int, node_config: str | None = None,
+                        key: str | None = None) -> subprocess.Popen:
+        """SuperNode i with ``node_config`` (default: the one it last had) and the key ``key`` (node-<i>)."""
+        if node_config is not None:
+            self.node_configs[i] = node_config
+        return self.start(f"supernode-{i}", "supernode", "--superlink", f"127.0.0.1:{self.port}",
+                          "--node-config", self.node_configs[i],
+                          "--ca-cert", str(self.root / "certs" / "ca.crt"),
+                          "--key", str(self.root / "keys" / (key or f"node-{i}")),
+                          "--port", str(self.node_ports[i]))
+
+    def restart_supernode(self, i: int, timeout: float = 240) -> threading.Thread:
+        """Start SuperNode i again until the SuperLink accepts it, as systemd's Restart=on-failure would.
+
+        The SuperLink refuses a node id it still believes online: a killed SuperNode's
+        successor is refused (exit code 305) until two missed heartbeats (up to a minute).
+        """
+        def keep_trying() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                process = self.start_supernode(i)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=20)
+                if process.poll() is None:
+                    return  # accepted: it is running
+                self.processes.pop(f"supernode-{i}", None)
+                time.sleep(5)
+
+        thread = threading.Thread(target=keep_trying, daemon=True)
+        thread.start()
+        return thread
+
+    def online(self) -> int:
+        listing = self.flwr("supernode", "list", self.connection)
+        return listing.stdout.count("online")
+
+    def submit(self, run_config: str, log_name: str = "flwr-run.log") -> subprocess.Popen:
+        """`flwr run . <connection> --stream` with ``run_config``; its output goes to <root>/<log_name>."""
+        log = open(self.root / log_name, "a")  # noqa: SIM115
+        return subprocess.Popen(["flwr", "run", ".", self.connection, "--stream", "--run-config", run_config],
+                                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    @staticmethod
+    def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout:g} s for {what}")
+            time.sleep(0.5)
+
+    def stop_all(self) -> list[int]:
+        for name in list(self.processes):
+            self.kill(name)
+        return stop_flwr_processes(self.home)

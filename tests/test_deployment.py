@@ -6,13 +6,7 @@ every process is stopped at the end.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,133 +18,36 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_jsonl, read_metrics
-from tests.conftest import ROOT, free_ports, stop_flwr_processes
+from tests.conftest import Deployment
 
 pytestmark = pytest.mark.slow
 
 AGENTS = 3
 ROUNDS_WITH_DROPOUT = 9  # enough for a killed SuperNode to be let back in (about a minute)
-CONNECTION = "dpadmm-test"
 
 
-class Deployment:
-    """The processes of one loopback deployment, all with FLWR_HOME=<tmp>/flwr-home."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.home = root / "flwr-home"
-        bin_dir = str(Path(sys.executable).parent)
-        self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        PATH=f"{bin_dir}:{os.environ['PATH']}")
-        self.port, *self.node_ports = free_ports(AGENTS + 2)
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def dpadmm(self, *args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, "-m", "dpadmm.cli", *args], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
-
-    def flwr(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        """A `dpadmm deploy ...` process in its own session (it execs the Flower command)."""
-        log = open(self.root / f"{name}.log", "a")  # noqa: SIM115 (kept open for the process)
-        process = subprocess.Popen([sys.executable, "-m", "dpadmm.cli", "deploy", *args], env=self.env,
-                                   cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        self.processes[name] = process
-        return process
-
-    def kill(self, name: str) -> None:
-        """SIGKILL a process and everything in its session (a crash, not a shutdown)."""
-        process = self.processes.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def start_superlink(self) -> None:
-        self.start("superlink", "superlink", "--certs", str(self.root / "certs"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--database", str(self.root / "superlink.db"))
-        self.wait_for(lambda: self.flwr("supernode", "list", CONNECTION).returncode == 0, "the SuperLink")
-
-    def start_supernode(self, i: int, key: str | None = None) -> subprocess.Popen:
-        node_config = (f"partition-id={min(i, AGENTS - 1)} data-path='{self.root / f'agent-{i}.npz'}' "
-                       f"num-samples-total={self.total}")
-        return self.start(f"supernode-{i}", "supernode", "--superlink", f"127.0.0.1:{self.port}",
-                          "--node-config", node_config, "--ca-cert", str(self.root / "certs" / "ca.crt"),
-                          "--key", str(self.root / "keys" / (key or f"node-{i}")),
-                          "--port", str(self.node_ports[i]))
-
-    def restart_supernode(self, i: int, timeout: float = 240) -> threading.Thread:
-        """Start SuperNode i again until the SuperLink accepts it, as systemd's Restart=on-failure would.
-
-        The SuperLink refuses a node id it still believes online: a killed SuperNode's
-        successor is refused (exit code 305) until two missed heartbeats (up to a minute).
-        """
-        def keep_trying() -> None:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                process = self.start_supernode(i)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=20)
-                if process.poll() is None:
-                    return  # accepted: it is running
-                self.processes.pop(f"supernode-{i}", None)
-                time.sleep(5)
-
-        thread = threading.Thread(target=keep_trying, daemon=True)
-        thread.start()
-        return thread
-
-    def online(self) -> int:
-        listing = self.flwr("supernode", "list", CONNECTION)
-        return listing.stdout.count("online")
-
-    def submit(self, run_config: str) -> subprocess.Popen:
-        log = open(self.root / "flwr-run.log", "a")  # noqa: SIM115
-        return subprocess.Popen(["flwr", "run", ".", CONNECTION, "--stream", "--run-config", run_config],
-                                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-    @staticmethod
-    def wait_for(condition, what: str, timeout: float = 120) -> None:  # noqa: ANN001
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:g} s for {what}")
-            time.sleep(0.5)
-
-    def stop_all(self) -> list[int]:
-        for name in list(self.processes):
-            self.kill(name)
-        return stop_flwr_processes(self.home)
+def _node_config(d: Deployment, i: int) -> str:
+    """Agent min(i, P-1)'s node config: its own npz file (SuperNode P, the rogue, claims the last agent)."""
+    return (f"partition-id={min(i, AGENTS - 1)} data-path='{d.root / f'agent-{i}.npz'}' "
+            f"num-samples-total={d.total}")
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Certificates, keys, one SuperLink and three registered SuperNodes, each with its own npz file."""
-    d = Deployment(tmp_path_factory.mktemp("deployment"))
+    d = Deployment(tmp_path_factory.mktemp("deployment"), nodes=AGENTS + 1)
     dataset = load_for(RunConfig(num_agents=AGENTS))
     d.total = dataset.num_train
     for i, block in enumerate(dataset.partition(AGENTS)):
         pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
         np.savez(d.root / f"agent-{i}.npz", x=pixels, y=dataset.y_train[block].numpy())
     np.savez(d.root / f"agent-{AGENTS}.npz", x=pixels, y=dataset.y_train[block].numpy())
-    d.dpadmm("deploy", "certs", "--out", str(d.root / "certs"), "--hosts", "127.0.0.1,localhost")
-    d.dpadmm("deploy", "keys", "--out", str(d.root / "keys"),
-             "--names", ",".join([f"node-{i}" for i in range(AGENTS)] + ["rogue"]))
-    d.dpadmm("deploy", "connection", "--name", CONNECTION, "--address", f"127.0.0.1:{d.port}",
-             "--ca-cert", str(d.root / "certs" / "ca.crt"), "--flwr-home", str(d.home))
+    d.prepare([f"node-{i}" for i in range(AGENTS)] + ["rogue"])
     try:
         d.start_superlink()
         for i in range(AGENTS):
-            registered = d.flwr("supernode", "register", str(d.root / "keys" / f"node-{i}.pub"), CONNECTION)
-            assert "registered successfully" in registered.stdout, registered.stdout + registered.stderr
-            d.start_supernode(i)
+            d.register(f"node-{i}")
+            d.start_supernode(i, _node_config(d, i))
         d.wait_for(lambda: d.online() == AGENTS, "three SuperNodes online")
         yield d
     finally:
@@ -158,7 +55,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 def test_an_unregistered_supernode_is_refused(deployment: Deployment) -> None:
-    rogue = deployment.start_supernode(AGENTS, key="rogue")
+    rogue = deployment.start_supernode(AGENTS, _node_config(deployment, AGENTS), key="rogue")
     assert rogue.wait(timeout=120) != 0  # it gives up: the SuperLink does not know its key
     deployment.processes.pop(f"supernode-{AGENTS}")
     assert "Failed to activate SuperNode" in (deployment.root / f"supernode-{AGENTS}.log").read_text()

@@ -1,0 +1,92 @@
+"""ADMM sharing (001) deployed for real on loopback: each party's SuperNode reads only its own file.
+
+A TLS SuperLink with SuperNode authentication and one SuperNode per party, all started with the
+documented `dpadmm deploy` commands (:class:`tests.conftest.Deployment`). `dpadmm deploy vertical`
+cuts the real a9a into party-0.npz (66 columns), party-1.npz (57 columns) and labels.npz. The
+server reads only the labels (``sharing.labels-path``), no party reads the data set (``data-dir`` is
+empty), and the run equals the engine's on the whole data set round by round. A party whose file
+lists the same samples in another order stops the run with the alignment error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpadmm.runs.results import read_metrics
+from dpadmm.sharing import engine
+from dpadmm.sharing.config import SharingConfig
+from tests.conftest import Deployment, sharing_run_config
+
+pytestmark = pytest.mark.slow
+
+PARTIES = (66, 57)
+
+
+def _node_config(path: Path, party: int) -> str:
+    return f"partition-id={party} data-path='{path}'"
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> Iterator[Deployment]:
+    """The files, certificates and keys (node-2 for the misaligned party), a SuperLink and both parties."""
+    d = Deployment(tmp_path_factory.mktemp("sharing-deployment"), nodes=3)
+    files = d.root / "files"
+    d.dpadmm("deploy", "vertical", "--dataset", "a9a", "--data-dir", str(binary_dir / "a9a"),
+             "--parties", ",".join(map(str, PARTIES)), "--out", str(files))
+    with np.load(files / "party-1.npz") as own:  # party 1's samples in another order, each row with its id
+        order = np.random.default_rng(0).permutation(len(own["ids"]))
+        np.savez(files / "party-1-permuted.npz", ids=own["ids"][order], x=own["x"][order],
+                 test_ids=own["test_ids"], x_test=own["x_test"])
+    d.prepare(["node-0", "node-1", "node-2"])
+    try:
+        d.start_superlink()
+        for party in range(len(PARTIES)):
+            d.register(f"node-{party}")
+            d.start_supernode(party, _node_config(files / f"party-{party}.npz", party))
+        d.register("node-2")
+        d.wait_for(lambda: d.online() == len(PARTIES), "both parties' SuperNodes online")
+        yield d
+    finally:
+        assert d.stop_all() == []
+
+
+def _config(out: Path, **changes: object) -> SharingConfig:
+    return SharingConfig(epsilon=1.0, rounds=3, x_bound=0.5, seed=5, node_timeout=120, round_timeout=120,
+                         out=str(out), parties=",".join(map(str, PARTIES)), **changes)
+
+
+def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment: Deployment,
+                                                                     binary_dir: Path) -> None:
+    out = deployment.root / "aligned"
+    config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
+    assert deployment.submit(sharing_run_config(config)).wait(timeout=600) == 0
+    log = (deployment.root / "flwr-run.log").read_text()
+    assert "dpadmm round 3/3: test log loss" in log, log[-3000:]
+    flower = read_metrics(out)
+    assert [r["round"] for r in flower] == [1, 2, 3]
+    whole = dataclasses.replace(config, labels_path="", data_dir=str(binary_dir / "a9a"))
+    local = engine.run(whole, write=False, progress=False).records[0]
+    for ours, theirs in zip(flower, local, strict=True):
+        for key in ("test-log-loss", "test-error", "primal-residual"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
+
+
+def test_a_party_of_other_sample_order_stops_the_run(deployment: Deployment) -> None:
+    """Party 1's SuperNode is shut down and a node holding the same samples permuted takes its place."""
+    deployment.stop("supernode-1")
+    deployment.wait_for(lambda: deployment.online() == 1, "party 1's SuperNode to leave")
+    deployment.start_supernode(2, _node_config(deployment.root / "files" / "party-1-permuted.npz", 1))
+    deployment.wait_for(lambda: deployment.online() == 2, "the permuted party's SuperNode online")
+    out = deployment.root / "misaligned"
+    config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
+    # `flwr run --stream` exits 0 here too: the ServerApp's failure (exit code 201) is in the log it streams.
+    deployment.submit(sharing_run_config(config), "misaligned.log").wait(timeout=600)
+    log = (deployment.root / "misaligned.log").read_text()
+    assert "party 1's sample ids are not aligned with the labels'" in log, log[-3000:]
+    assert "must list the same ids in the same order" in log
+    assert "dpadmm round 1/3" not in log and not read_metrics(out)  # stopped in round 1
