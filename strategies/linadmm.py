@@ -16,7 +16,6 @@ naming it, since the mean over n (the public sample count) would otherwise be wr
 
 from __future__ import annotations
 
-import io
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO
@@ -32,6 +31,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.wire import GRADIENT_KEY, POINT_KEY
 from strategies.nodes import Roster
+from strategies.rounds import run_rounds
 
 
 class DPLinADMM(Strategy):
@@ -80,22 +80,12 @@ class DPLinADMM(Strategy):
         (x_0 = 0, u_0 = 0)."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
-        log(INFO, "Starting %s strategy:", self.__class__.__name__)
-        self.summary()
-        result = Result()
-        started = time.time()
-        for t in range(1, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s/%s]", t, num_rounds)
-            messages = self.configure_train(t, ArrayRecord(), ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages=messages, timeout=timeout)
-            result.arrays, result.train_metrics_clientapp[t] = self.aggregate_train(t, replies)
+
+        def after_round(t: int, _seconds: float) -> None:  # its own clock starts after the roster's wait
             if evaluate_fn is not None and self.last_y is not None:
                 evaluate_fn(t, self.state, self.last_y)
-        log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
-        for line in io.StringIO(str(result)):
-            log(INFO, "\t%s", line.strip("\n"))
-        return result
+
+        return run_rounds(self, grid, num_rounds, timeout, after_round)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

@@ -24,8 +24,6 @@ the noise protects, so a Flower run does not report it (the engine does).
 
 from __future__ import annotations
 
-import io
-import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
@@ -41,6 +39,7 @@ from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
 from strategies.nodes import Roster
+from strategies.rounds import run_rounds
 
 
 class ADMMSharing(Strategy):
@@ -85,28 +84,17 @@ class ADMMSharing(Strategy):
         """Run rounds 1..T (``num_rounds``, default the configuration's); x, z, y start at 0."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
-        log(INFO, "Starting %s strategy:", self.__class__.__name__)
-        self.summary()
-        result = Result()
-        started = time.time()
-        for t in range(1, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s/%s]", t, num_rounds)
-            begun = time.perf_counter()
-            asks = self.configure_train(t, ArrayRecord(), ConfigRecord(), grid)
-            replies = grid.send_and_receive(messages=asks, timeout=timeout)
-            result.arrays, result.train_metrics_clientapp[t] = self.aggregate_train(t, replies)
-            self.seconds = time.perf_counter() - begun
-            self.elapsed += self.seconds
+
+        def after_round(t: int, seconds: float) -> None:
+            self.seconds = seconds
+            self.elapsed += seconds
             if t % self.config.eval_every == 0 or t == num_rounds:
                 asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
                 record = self.aggregate_evaluate(t, grid.send_and_receive(messages=asks, timeout=timeout))
                 if evaluate_fn is not None and record is not None:
                     evaluate_fn(t, dict(record))
-        log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
-        for line in io.StringIO(str(result)):
-            log(INFO, "\t%s", line.strip("\n"))
-        return result
+
+        return run_rounds(self, grid, num_rounds, timeout, after_round)
 
     def _holders(self, grid: Grid, server_round: int) -> dict[int, int]:
         holders = self.roster.bind(grid, needed=self.parties)

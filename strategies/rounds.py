@@ -1,0 +1,40 @@
+"""The round loop of the strategies that run a fixed number of synchronous rounds (002's DPLinADMM, 001's
+ADMMSharing): send every holder its message, wait for the replies, aggregate, then the strategy's own
+after-round work (evaluation, records). Flower's own ``Strategy.start`` assumes FedAvg's shape
+(arrays in, arrays out, a client-side evaluation round every round), which these do not have.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+
+def run_rounds(strategy: Strategy, grid: Grid, num_rounds: int, timeout: float,
+               after_round: Callable[[int, float], None]) -> Result:
+    """Rounds 1..``num_rounds`` of ``strategy`` (its configure_train and aggregate_train), each followed by
+    ``after_round(t, seconds)`` with the seconds from sending the round's messages to the end of its
+    aggregation."""
+    log(INFO, "Starting %s strategy:", strategy.__class__.__name__)
+    strategy.summary()
+    result = Result()
+    started = time.time()
+    for t in range(1, num_rounds + 1):
+        log(INFO, "")
+        log(INFO, "[ROUND %s/%s]", t, num_rounds)
+        begun = time.perf_counter()
+        messages = strategy.configure_train(t, ArrayRecord(), ConfigRecord(), grid)
+        replies = grid.send_and_receive(messages=messages, timeout=timeout)
+        result.arrays, result.train_metrics_clientapp[t] = strategy.aggregate_train(t, replies)
+        after_round(t, time.perf_counter() - begun)
+    log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
+    for line in io.StringIO(str(result)):
+        log(INFO, "\t%s", line.strip("\n"))
+    return result
