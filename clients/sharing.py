@@ -21,10 +21,9 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from dpadmm.data.vertical import IDS_DIGEST_KEY
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
-from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
+from dpadmm.wire import DUAL_KEY, IDS_DIGEST_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
 
 KEPT, ROUND = "sharing-kept", "sharing-round"  # the party's records in context.state (one namespace)
 

@@ -28,6 +28,7 @@ DUAL_KEY = "y"  # server -> party: the dual y, [N]
 OWN_KEY = "own"  # server -> party, after a fault only: the party's message the server holds, [N]
 MESSAGE_KEY = "message"  # party -> server: D_m x~_m (with its noise), [N]
 SCORES_KEY = "test-scores"  # party -> server, evaluation: D_m^test x~_m, [N_test]
+IDS_DIGEST_KEY = "ids-sha256"  # party -> server, in the train reply's config record: its ids' digest
 
 
 def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:

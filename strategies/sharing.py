@@ -34,10 +34,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from dpadmm.data.vertical import IDS_DIGEST_KEY
 from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
-from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
+from dpadmm.wire import DUAL_KEY, IDS_DIGEST_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
 from strategies.nodes import Roster
 from strategies.rounds import run_rounds
 

@@ -35,7 +35,6 @@ from dpadmm.data import Dataset
 MNIST_4V9_DIGITS = (4, 9)
 MNIST_4V9_TRAIN = 11791  # 5,842 fours and 5,949 nines in MNIST's training file (a public count)
 VERTICAL_TRAIN = {"a9a": 32561, "mnist-4v9": MNIST_4V9_TRAIN}  # N of the vertical data sets
-IDS_DIGEST_KEY = "ids-sha256"  # the key of a party's ids digest in its train reply's config record
 PARTY_ARRAYS = ("ids", "x", "test_ids", "x_test")
 LABELS_ARRAYS = ("ids", "y", "test_ids", "y_test")
 LABELS_FILE = "labels.npz"
