@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import shlex
@@ -464,10 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config_from(args, family)
     except ValueError as err:
         parser.error(str(err))
-    if family.name == "linadmm":
-        return _linadmm(args, config)
-    if family.name == "sharing":
-        return _sharing(args, config)
+    if family is not DEFAULT:
+        return _family_command(args, config, family)
     if args.command == "privacy":
         from dpadmm.data import train_size
         from dpadmm.iadmm import privacy  # and no torch: the ledger needs the sample count, not the data
@@ -501,53 +500,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _linadmm(args: argparse.Namespace, config: Any) -> int:
-    """``train`` and ``privacy`` for DP-ADMM / DP-AccADMM (002)."""
+def _family_command(args: argparse.Namespace, config: Any, family: Family) -> int:
+    """``train`` and ``privacy`` for a family with ``privacy.stated`` (its ledger from the configuration
+    alone) and ``engine.run`` / ``engine.summary`` (its run and the line that reports it): 002 and 001."""
     try:
+        privacy = importlib.import_module(f"dpadmm.{family.name}.privacy")
         if args.command == "privacy":
-            from dpadmm.data.libsvm import BINARY_SETS
-            from dpadmm.linadmm import privacy
-
-            ledger = privacy.ledger(config, BINARY_SETS[config.dataset].rows[0])
+            ledger = privacy.stated(config)
             print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
             return 0
-        from dpadmm.linadmm import engine
-
+        engine = importlib.import_module(f"dpadmm.{family.name}.engine")
         result = engine.run(config, progress=not args.no_progress)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
-    last = result.records[0][-1]
-    eps = f"eps={config.target_epsilon:g} for the run" if config.private else "non-private"
-    print(f"{config.algorithm} ({eps}, {config.dataset}, T={config.rounds}): objective "
-          f"{last['objective']:.6g} (averaged iterate {last['objective-avg']:.6g}), test accuracy "
-          f"{last['test-accuracy']:.4f}")
-    print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
-    print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")
-    return 0
-
-
-def _sharing(args: argparse.Namespace, config: Any) -> int:
-    """``train`` and ``privacy`` for ADMM sharing (001)."""
-    try:
-        if args.command == "privacy":
-            from dpadmm.data.vertical import VERTICAL_TRAIN
-            from dpadmm.sharing import privacy
-
-            ledger = privacy.ledger(config, VERTICAL_TRAIN[config.dataset])
-            print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
-            return 0
-        from dpadmm.sharing import engine
-
-        result = engine.run(config, progress=not args.no_progress)
-    except (ValueError, OSError) as err:  # OSError: missing or unreadable files
-        print(f"dpadmm: error: {err}", file=sys.stderr)
-        return 2
-    last = result.records[0][-1]
-    eps = f"eps={config.epsilon:g} per round" if config.private else "non-private"
-    print(f"{config.algorithm} ({eps}, {config.dataset}, parties {config.parties}, T={config.rounds}): "
-          f"training objective {last['train-objective']:.6g}, test log loss {last['test-log-loss']:.6g}, "
-          f"test error {last['test-error']:.4f}")
+    print(engine.summary(config, result.records[0][-1]))
     print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
     print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")
     return 0

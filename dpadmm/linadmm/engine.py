@@ -190,3 +190,11 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
                            unit="iteration", cuda=problem.a.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
     return Result(records=records, state=state, directories=folders, ledger=ledger, problem=problem)
+
+
+def summary(config: LinAdmmConfig, record: dict[str, Any]) -> str:
+    """The line ``dpadmm train`` prints for the last evaluated iteration."""
+    eps = f"eps={config.target_epsilon:g} for the run" if config.private else "non-private"
+    return (f"{config.algorithm} ({eps}, {config.dataset}, T={config.rounds}): objective "
+            f"{record['objective']:.6g} (averaged iterate {record['objective-avg']:.6g}), test accuracy "
+            f"{record['test-accuracy']:.4f}")

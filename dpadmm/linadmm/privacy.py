@@ -84,3 +84,11 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
         neighbouring=config.neighbouring, note=note,
         holder="for the whole training set (every client's rows)",
     )
+
+
+def stated(config: LinAdmmConfig) -> Ledger:
+    """The ledger of ``config`` before any data is read (``dpadmm privacy``): n is the data set's public
+    training-row count."""
+    from dpadmm.data.libsvm import BINARY_SETS
+
+    return ledger(config, BINARY_SETS[config.dataset].rows[0])

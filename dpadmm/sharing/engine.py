@@ -240,3 +240,11 @@ def run(config: SharingConfig, seeds: Sequence[int] | None = None, *, problem: P
                            cuda=problem.labels.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
     return Result(records=records, state=state, directories=folders, ledger=ledger, problem=problem)
+
+
+def summary(config: SharingConfig, record: dict[str, Any]) -> str:
+    """The line ``dpadmm train`` prints for the last evaluated round."""
+    eps = f"eps={config.epsilon:g} per round" if config.private else "non-private"
+    return (f"{config.algorithm} ({eps}, {config.dataset}, parties {config.parties}, T={config.rounds}): "
+            f"training objective {record['train-objective']:.6g}, test log loss "
+            f"{record['test-log-loss']:.6g}, test error {record['test-error']:.4f}")

@@ -82,3 +82,11 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
         noise_scale=f"sigma = {sigma:.6g} per message entry", covered=covered,
         neighbouring="replace party's block", note=note, holder="for each party's own features",
     )
+
+
+def stated(config: SharingConfig) -> Ledger:
+    """The ledger of ``config`` before any data is read (``dpadmm privacy``): N is the data set's public
+    training-row count."""
+    from dpadmm.data.vertical import VERTICAL_TRAIN
+
+    return ledger(config, VERTICAL_TRAIN[config.dataset])
