@@ -28,15 +28,16 @@ def _config(**changes: object) -> DecentralConfig:
 
 def test_each_run_draws_its_samples_and_graph_and_its_optimum_is_exact(adult: Dataset) -> None:
     built = problem.build(_config(), adult, [0, 1])
-    assert tuple(built.features.shape) == (2, 10, 100, 14) and tuple(built.adjacency.shape) == (2, 10, 10)
-    norms = torch.linalg.vector_norm(built.features, dim=-1)
+    agents = built.agents
+    assert tuple(agents.features.shape) == (2, 10, 100, 14) and tuple(agents.adjacency.shape) == (2, 10, 10)
+    norms = torch.linalg.vector_norm(agents.features, dim=-1)
     assert float((norms - 1).abs().max()) < 1e-12  # rows of unit norm (Adult has no all-zero row)
-    assert set(built.labels.unique().tolist()) == {-1.0, 1.0}
-    assert not torch.equal(built.adjacency[0], built.adjacency[1])  # a new graph per run
-    assert not torch.equal(built.features[0], built.features[1])  # and new samples
-    assert int(built.adjacency.sum(dim=(1, 2))[0]) == 2 * 20
+    assert set(agents.labels.unique().tolist()) == {-1.0, 1.0}
+    assert not torch.equal(agents.adjacency[0], agents.adjacency[1])  # a new graph per run
+    assert not torch.equal(agents.features[0], agents.features[1])  # and new samples
+    assert int(agents.adjacency.sum(dim=(1, 2))[0]) == 2 * 20
     at = built.optimum.unsqueeze(1).expand(-1, 10, -1)
-    total = updates.gradient(built.features, built.labels, at).sum(dim=1)  # sum_i grad f_i(x*) = 0
+    total = updates.gradient(agents.features, agents.labels, at).sum(dim=1)  # sum_i grad f_i(x*) = 0
     assert float(total.abs().max()) < 1e-12
 
 
@@ -66,8 +67,8 @@ def test_a_private_run_states_its_a_priori_loss_and_the_noise_costs_accuracy(adu
 def test_the_gradient_methods_approach_the_optimum_without_noise(algorithm: str, changes: dict,
                                                                  adult: Dataset) -> None:
     config = _config(algorithm=algorithm, noise="none", eval_every=100, **changes)
-    start = engine.evaluate(config, problem.build(config, adult, [0]), engine.initial_state(
-        problem.build(config, adult, [0]), [0]), 0)[0]["log-error"]
+    built = problem.build(config, adult, [0])
+    start = engine.evaluate(config, built, engine.initial_state(built.agents, [0]), 0)[0]["log-error"]
     result = engine.run(config, dataset=adult, write=False, progress=False)
     assert result.records[0][-1]["log-error"] < start - 3
 

@@ -56,12 +56,12 @@ def _keyed(draw: Callable[[int, torch.Tensor], torch.Tensor], seeds: Sequence[in
     return torch.stack([draw(s, ids) for s in seeds]).to(dtype=like.dtype)
 
 
-def initial_state(problem: problems.Problem, seeds: Sequence[int]) -> State:
-    """x^0 ~ N(0, I) per agent (keyed), duals 0."""
-    runs, agents, _, d = problem.features.shape
-    ones = torch.ones(agents, dtype=torch.float64, device=problem.features.device)
-    x = _keyed(lambda s, ids: noise.gaussian(s, ids, 0, 0, (d,), ones, stream=noise.STREAM_START), seeds,
-               agents, problem.features)
+def initial_state(agents: problems.Agents, seeds: Sequence[int]) -> State:
+    """x^0 ~ N(0, I) per agent (keyed; it depends on no data, so anyone can draw it), duals 0."""
+    _, n, _, d = agents.features.shape
+    ones = torch.ones(n, dtype=torch.float64, device=agents.features.device)
+    x = _keyed(lambda s, ids: noise.gaussian(s, ids, 0, 0, (d,), ones, stream=noise.STREAM_START), seeds, n,
+               agents.features)
     return State(x=x, dual=torch.zeros_like(x))
 
 
@@ -85,34 +85,46 @@ def exchange_noise(config: DecentralConfig, seeds: Sequence[int], k: int, like: 
                   seeds, agents, like)
 
 
-def update(config: DecentralConfig, problem: problems.Problem, state: State, weights: torch.Tensor,
+def update(config: DecentralConfig, agents: problems.Agents, state: State, weights: torch.Tensor,
            k: int) -> updates.Released:
     """The configured algorithm's k-th update of every agent, before the noise."""
-    x, features, labels = state.x, problem.features, problem.labels
+    x, features, labels = state.x, agents.features, agents.labels
     step = config.step_decay**k
     if config.algorithm == "ldp-admm":
         grad = updates.gradient(features, labels, x)
-        return updates.admm_step(x, state.dual, grad, problem.adjacency, weights, config.penalty)
+        return updates.admm_step(x, state.dual, grad, agents.adjacency, weights, config.penalty)
     if config.algorithm == "ldp-dgd":
         mean = x.mean(dim=1, keepdim=True).expand_as(x)
         return updates.dgd_step(x, updates.gradient(features, labels, mean), weights, step)
     grad = updates.gradient(features, labels, x)
     if config.algorithm == "ldp-dgd-star":
-        return updates.midrange_step(x, grad, problem.closed, weights, step)
-    return updates.mixing_step(x, grad, updates.metropolis(problem.adjacency), step)
+        return updates.midrange_step(x, grad, agents.closed, weights, step)
+    return updates.mixing_step(x, grad, updates.metropolis(agents.adjacency), step)
 
 
-def iterate(config: DecentralConfig, problem: problems.Problem, state: State, seeds: Sequence[int], k: int
-            ) -> tuple[State, updates.Released]:
-    """Iteration k: every agent's update, its noise, the exchange, and Algorithm 1's dual update. Returns
-    the new state and the update before the noise (its interval is the ex-post accountant's)."""
+def release(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int
+            ) -> tuple[torch.Tensor, updates.Released]:
+    """The iterates x^k every agent exchanges in iteration k (its weights, its update, its noise), from
+    x^{k-1} and the duals of k - 1; and the update before the noise (its interval is the ex-post
+    accountant's)."""
     weights = aggregator_weights(config, seeds, k, state.x)
-    released = update(config, problem, state, weights, k)
-    x = released.x + exchange_noise(config, seeds, k, state.x)
-    dual = state.dual
-    if config.algorithm == "ldp-admm":
-        dual = updates.admm_dual(state.dual, x, problem.adjacency, config.zeta)
-    return State(x=x, dual=dual), released
+    released = update(config, agents, state, weights, k)
+    return released.x + exchange_noise(config, seeds, k, state.x), released
+
+
+def dual(config: DecentralConfig, agents: problems.Agents, previous: torch.Tensor, x: torch.Tensor
+         ) -> torch.Tensor:
+    """Algorithm 1's duals after the exchange of x (unchanged for the other algorithms)."""
+    if config.algorithm != "ldp-admm":
+        return previous
+    return updates.admm_dual(previous, x, agents.adjacency, config.zeta)
+
+
+def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int
+            ) -> tuple[State, updates.Released]:
+    """Iteration k: every agent's release and, once all are exchanged, Algorithm 1's dual update."""
+    x, released = release(config, agents, state, seeds, k)
+    return State(x=x, dual=dual(config, agents, state.dual, x)), released
 
 
 def worst_case(config: DecentralConfig, k: int, d: int) -> float:
@@ -128,7 +140,7 @@ def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k
     distance = torch.linalg.vector_norm(state.x - problem.optimum.unsqueeze(1), dim=-1)  # [S, N]
     log_error = torch.log(distance / d)
     gaps = torch.cdist(state.x, state.x)  # [S, N, N]
-    consensus = torch.where(problem.adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
+    consensus = torch.where(problem.agents.adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
     records = []
     for s in range(state.x.shape[0]):
         record = {"round": k, "log-error": float(log_error[s].mean()),
@@ -156,15 +168,15 @@ def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset:
     dataset = dataset_of(config) if dataset is None else dataset
     problem = problems.build(config, dataset, seeds, DTYPES[config.dtype], config.device)
     writers = seed_writers(config, seeds, None, directories) if write else []
-    state = initial_state(problem, seeds)
+    state = initial_state(problem.agents, seeds)
 
     def step(k: int) -> None:
         nonlocal state
-        state, _ = iterate(config, problem, state, seeds, k)
+        state, _ = iterate(config, problem.agents, state, seeds, k)
 
     records = timed_rounds(config.rounds, step, lambda k: evaluate(config, problem, state, k),
                            eval_every=config.eval_every, writers=writers, runs=len(seeds), progress=progress,
-                           unit="iteration", cuda=problem.features.is_cuda)
+                           unit="iteration", cuda=problem.optimum.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
     return Result(records=records, state=state, directories=folders, problem=problem)
 

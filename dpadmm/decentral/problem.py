@@ -30,20 +30,28 @@ NEWTON_STEPS = 50  # at most; x* stops when the step is below 1e-15 (about 6 ste
 
 
 @dataclass(frozen=True, eq=False)
-class Problem:
-    """S runs of N agents: features [S, N, b, d] (unit rows), labels +-1 [S, N, b], adjacency [S, N, N]
-    (bool), and the optimum x* [S, d] of each run."""
+class Agents:
+    """What S runs of N agents hold and know: each agent its samples, features [S, N, b, d] (unit rows)
+    and labels +-1 [S, N, b], and all of them the graph, adjacency [S, N, N] (bool; a public function of
+    the seed). A Flower agent holds a view of this with only its own row of data filled in."""
 
     features: torch.Tensor
     labels: torch.Tensor
     adjacency: torch.Tensor
-    optimum: torch.Tensor
 
     @property
     def closed(self) -> torch.Tensor:
         """Each agent's closed neighbourhood, [S, N, N] bool."""
         eye = torch.eye(self.adjacency.shape[-1], dtype=torch.bool, device=self.adjacency.device)
         return self.adjacency | eye
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """The agents of S runs and the optimum x* [S, d] of each, which only the evaluation uses."""
+
+    agents: Agents
+    optimum: torch.Tensor
 
 
 def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int
@@ -87,5 +95,6 @@ def build(config: DecentralConfig, dataset: Dataset, seeds: Sequence[int], dtype
     labels = torch.stack([y for _, y in drawn]).to(dtype=dtype, device=device)
     adjacency = torch.stack([graphs.build(config.graph, config.agents, config.edges, s).adjacency
                              for s in seeds]).to(device)
-    return Problem(features=features, labels=labels, adjacency=adjacency, optimum=optimum(features, labels))
+    return Problem(agents=Agents(features=features, labels=labels, adjacency=adjacency),
+                   optimum=optimum(features, labels))
 
