@@ -78,3 +78,28 @@ def test_a_run_writes_its_metrics(tmp_path: Path, adult: Dataset) -> None:
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [1, 2, 3]
     assert set(lines[0]) == {"round", "log-error", "log-error-max", "consensus", "epsilon", *CLOCKS}
+
+
+@pytest.mark.parametrize(("algorithm", "changes"), [
+    ("ldp-admm", {}), ("ldp-dgd", {"graph": "complete"}), ("ldp-dgd-star", {}), ("dgd", {}),
+])
+def test_an_agent_computes_its_row_from_its_view_alone(algorithm: str, changes: dict, adult: Dataset) -> None:
+    """What a Flower agent does (clients/decentral.py): from its own samples, the public graph and the
+    iterates its neighbours exchanged, the dual of k - 1 and then x^k; equal to the engine's row."""
+    config = _config(algorithm=algorithm, agents=6, edges=8, rounds=4, seed=5, **changes)
+    full = problem.build(config, adult, [config.seed])
+    state = engine.initial_state(full.agents, [config.seed])
+    views = [problem.agent_view(config, adult, i) for i in range(6)]
+    duals = [torch.zeros_like(state.x) for _ in range(6)]
+    for k in range(1, 5):
+        rows = []
+        for i, view in enumerate(views):
+            seen = [i, *torch.nonzero(view.adjacency[0, i]).flatten().tolist()]
+            x = torch.zeros_like(state.x)
+            x[0, seen] = state.x[0, seen]
+            if k > 1:
+                duals[i] = engine.dual(config, view, duals[i], x)
+            released, _ = engine.release(config, view, engine.State(x=x, dual=duals[i]), [config.seed], k)
+            rows.append(released[0, i])
+        state, _ = engine.iterate(config, full.agents, state, [config.seed], k)
+        torch.testing.assert_close(torch.stack(rows), state.x[0], rtol=0, atol=1e-12)

@@ -98,3 +98,20 @@ def build(config: DecentralConfig, dataset: Dataset, seeds: Sequence[int], dtype
     return Problem(agents=Agents(features=features, labels=labels, adjacency=adjacency),
                    optimum=optimum(features, labels))
 
+
+
+def agent_view(config: DecentralConfig, dataset: Dataset, agent: int, dtype: torch.dtype = torch.float64
+               ) -> Agents:
+    """What agent ``agent`` of the run ``config.seed`` holds and knows, as one run of all N agents: its own
+    samples in its row (the other rows zero) and the whole graph, which is public. The engine's functions
+    compute its row from this exactly as from the full federation."""
+    if not 0 <= agent < config.agents:
+        raise ValueError(f"partition-id={agent} is not allowed; it must be in 0..{config.agents - 1}")
+    features, labels = agents_samples(dataset, config.agents, config.samples, config.seed)
+    mine = torch.zeros(config.agents, dtype=torch.bool)
+    mine[agent] = True
+    features = torch.where(mine.view(-1, 1, 1), features, torch.zeros_like(features))
+    labels = torch.where(mine.view(-1, 1), labels, torch.zeros_like(labels))
+    adjacency = graphs.build(config.graph, config.agents, config.edges, config.seed).adjacency
+    return Agents(features=features.unsqueeze(0).to(dtype), labels=labels.unsqueeze(0).to(dtype),
+                  adjacency=adjacency.unsqueeze(0))
