@@ -38,6 +38,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from clients.decentral import iterate_reply
 from clients.dpiadmm import answer_query, train_reply
 from clients.linadmm import gradient_reply
 from clients.sharing import round_reply, scores_reply
@@ -46,6 +47,9 @@ from dpadmm.data.libsvm import load_binary
 from dpadmm.data.node import load_node_data
 from dpadmm.data.partition import partition_contiguous
 from dpadmm.data.vertical import read_party_file, row_digest
+from dpadmm.decentral import engine as decentral_engine
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import Agents, agent_view
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
@@ -171,6 +175,17 @@ def sharing_party(config: SharingConfig, node_config: Mapping[str, Any]
     return sharing_partition(config, partition_id, int(node_config["num-partitions"]))
 
 
+@lru_cache(maxsize=8)
+def decentral_agent(config: DecentralConfig, agent: int, num_partitions: int) -> Agents:
+    """What agent ``agent`` of 004 holds and knows (simulation: its samples of the run's draw, the public
+    graph)."""
+    if num_partitions != config.agents:
+        raise ValueError(f"the federation has {num_partitions} SuperNodes but agents={config.agents}; run "
+                         "one SuperNode per agent")
+    dtype = decentral_engine.DTYPES[config.dtype]
+    return agent_view(config, decentral_engine.dataset_of(config), agent, dtype)
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """ADMM sharing: this party's test scores (the other families evaluate on the server)."""
@@ -190,6 +205,9 @@ def train(msg: Message, context: Context) -> Message:
     if isinstance(chosen, LinAdmmConfig):
         features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
         return gradient_reply(msg, chosen, features, labels, partition_id)
+    if isinstance(chosen, DecentralConfig):
+        view = decentral_agent(chosen, partition_id, int(context.node_config["num-partitions"]))
+        return iterate_reply(msg, context, chosen, view, partition_id)
     if isinstance(chosen, SharingConfig):
         parties, digest = sharing_party(chosen, context.node_config)
         return round_reply(msg, context, chosen, parties, partition_id, digest)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dpadmm.decentral.config import ALGORITHMS as DECENTRAL_ALGORITHMS
+from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm.config import ALGORITHMS as IADMM_ALGORITHMS
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.linadmm.config import ALGORITHMS as LINADMM_ALGORITHMS
@@ -42,6 +44,8 @@ FAMILIES = (
     Family("linadmm", "Xu et al., DP-ADMM / DP-AccADMM (002)", LinAdmmConfig, LINADMM_ALGORITHMS),
     Family("sharing", "Hu et al., ADMM sharing over distributed features (001)", SharingConfig,
            SHARING_ALGORITHMS),
+    Family("decentral", "Xiao, Ye & Devadas, decentralised local-DP optimisation (004)", DecentralConfig,
+           DECENTRAL_ALGORITHMS),
 )
 ALGORITHMS = tuple(a for f in FAMILIES for a in f.algorithms)
 DEFAULT = FAMILIES[0]  # the default job's family: `flwr run .` and `dpadmm train` without --algorithm

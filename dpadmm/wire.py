@@ -29,6 +29,10 @@ OWN_KEY = "own"  # server -> party, after a fault only: the party's message the 
 MESSAGE_KEY = "message"  # party -> server: D_m x~_m (with its noise), [N]
 SCORES_KEY = "test-scores"  # party -> server, evaluation: D_m^test x~_m, [N_test]
 IDS_DIGEST_KEY = "ids-sha256"  # party -> server, in the train reply's config record: its ids' digest
+# Paper 004 (decentralised): the router and an agent
+EXCHANGED_KEY = "exchanged"  # router -> agent: x^{k-1} of the agent and its neighbours, [1 + |N_i|, d];
+# agent -> router: its x^k, [d]
+NEIGHBOURS_KEY = "agents"  # router -> agent, in the config record: the ids of those rows, the agent's first
 
 
 def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:

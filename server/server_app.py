@@ -25,6 +25,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from dpadmm.data.vertical import read_labels_file, row_digest
+from dpadmm.decentral import engine as decentral_engine
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import build as decentral_problem
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
@@ -40,6 +43,7 @@ from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
+from strategies.decentral import GraphRouter
 from strategies.linadmm import DPLinADMM
 from strategies.sharing import ADMMSharing
 
@@ -51,7 +55,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = from_run_config(context.run_config)
-    if isinstance(config, SharingConfig):
+    if isinstance(config, DecentralConfig):
+        decentral_main(grid, config)
+    elif isinstance(config, SharingConfig):
         sharing_main(grid, config)
     elif isinstance(config, LinAdmmConfig):
         linadmm_main(grid, config)
@@ -60,9 +66,9 @@ def main(grid: Grid, context: Context) -> None:
 
 
 @contextmanager
-def run_folder(config: Any, ledger: Ledger | None) -> Iterator[RunWriter]:
+def run_folder(config: Any, ledger: Ledger | None, statement: str | None = None) -> Iterator[RunWriter]:
     """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
-    runs and closed whatever happens; the ledger's summary is logged at the end."""
+    runs and closed whatever happens; the ledger's summary (or ``statement``) is logged at the end."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
@@ -72,7 +78,31 @@ def run_folder(config: Any, ledger: Ledger | None) -> Iterator[RunWriter]:
         yield writer
     finally:
         writer.close()
-    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+    if statement is None:
+        statement = ledger.summary() if ledger else "privacy: none (non-private run, no noise)"
+    log(INFO, "dpadmm: %s", statement)
+
+
+def decentral_main(grid: Grid, config: DecentralConfig) -> None:
+    """Paper 004: the ServerApp only routes the exchanged iterates along the graph (no server in the
+    algorithm). In simulation it also reads the data set, to evaluate the distance to x*; a deployment's
+    router would hold no data and report the consensus alone."""
+    problem = decentral_problem(config, decentral_engine.dataset_of(config), [config.seed],
+                                decentral_engine.DTYPES[config.dtype])
+    strategy = GraphRouter(config, problem.agents)
+
+    def evaluate(writer: RunWriter, k: int, state: decentral_engine.State) -> None:
+        if k % config.eval_every and k != config.rounds:
+            return
+        record = {**decentral_engine.evaluate(config, problem, state, k)[0], "seconds": strategy.seconds,
+                  "elapsed": strategy.elapsed}
+        writer.record(record)
+        log(INFO, "dpadmm iteration %d/%d: log-error %.4f (worst agent %.4f), consensus %.4g", k,
+            config.rounds, record["log-error"], record["log-error-max"], record["consensus"])
+
+    d = int(problem.optimum.shape[-1])
+    with run_folder(config, None, decentral_engine.statement(config, d)) as writer:
+        strategy.start(grid=grid, evaluate_fn=lambda k, state: evaluate(writer, k, state))
 
 
 def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:

@@ -54,9 +54,12 @@ def test_without_noise_algorithm_1_reaches_the_optimum_and_batches_equal_single_
 
 
 def test_a_private_run_states_its_a_priori_loss_and_the_noise_costs_accuracy(adult: Dataset) -> None:
-    private = engine.run(_config(eval_every=100), seeds=[0], dataset=adult, write=False, progress=False)
+    paper = _config(eval_every=100, sensitivity=0.01)
+    private = engine.run(paper, seeds=[0], dataset=adult, write=False, progress=False)
     last = private.records[0][-1]
     assert last["epsilon"] == pytest.approx(4.4587, abs=1e-4)  # NOTES-004: d alpha B sum_{k=1}^{100} 1.02^k
+    assert "NOT COVERED: B_inf = 0.01 is below 2/b_i = 0.02" in engine.statement(paper, 14)
+    assert engine.worst_case(_config(), 100, 14) == pytest.approx(2 * 4.4587, abs=2e-4)
     assert -4 < last["log-error"] < -1
 
 

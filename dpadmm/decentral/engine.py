@@ -130,7 +130,23 @@ def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seed
 def worst_case(config: DecentralConfig, k: int, d: int) -> float:
     """The a-priori loss of one agent over iterations 1..k: sum of d alpha_j beta_j B (Theorem 2.2's bound,
     the pure-LDP guarantee against every other agent)."""
-    return sum(d * config.alpha(j) * config.rate(j) * config.sensitivity for j in range(1, k + 1))
+    return sum(d * config.alpha(j) * config.rate(j) * config.bound for j in range(1, k + 1))
+
+
+def statement(config: DecentralConfig, d: int) -> str:
+    """The run's privacy in words, with what it covers (the closing line of a run)."""
+    if not config.private:
+        return "privacy: none (non-private run, no noise)"
+    total = worst_case(config, config.rounds, d)
+    covered = "" if config.covered else (
+        f" NOT COVERED: B_inf = {config.bound:g} is below 2/b_i = {2 / config.samples:g}, the bound that "
+        "holds, so the true loss can be up to that ratio larger (the paper's setting).")
+    return (f"privacy (004, {config.algorithm}): each agent's {config.rounds} exchanged iterates are "
+            f"{total:.6g}-LDP, pure, a priori (the sum over k of d alpha_k beta_k B; Laplace of rate "
+            f"beta_k = {config.noise_growth:g}^k per coordinate, B_inf = {config.bound:g}), "
+            "against all other agents colluding, who see every exchanged iterate; neighbouring: one of the "
+            "agent's samples replaced. Trusted: nobody. Not covered: what the final model reveals beyond the "
+            "transcript, and the ex-post loss, which depends on the agent's data." + covered)
 
 
 def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k: int

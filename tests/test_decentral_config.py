@@ -1,0 +1,53 @@
+"""dpadmm.decentral.config: every key validated with a message that names the value and what is allowed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.families import family_of, from_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"algorithm": "admm"}, "algorithm='admm' is not allowed; choose one of ldp-admm, ldp-dgd, ldp-dgd-star"),
+    ({"weights": "uniform"}, "weights='uniform' is not allowed; choose one of random, fixed"),
+    ({"edges": 8}, "edges=8 is not allowed with agents=10; a connected graph has between 9 and 45"),
+    ({"agents": 2}, "agents=2 is not allowed; give at least 3"),
+    ({"algorithm": "ldp-dgd"}, "algorithm='ldp-dgd' \\(Algorithm 2\\) needs graph='complete'"),
+    ({"step_decay": 1.0}, "step-decay=1.0 is not allowed; it must be in \\(0, 1\\)"),
+    ({"noise_growth": 0.5}, "noise-growth=0.5 is not allowed; give a finite value >= 1"),
+    ({"sensitivity": -0.01}, "sensitivity=-0.01 is not allowed; it must be >= 0 \\(0 = 2/b_i\\)"),
+    ({"seed": -1}, "seed=-1 is not allowed"),
+])
+def test_a_bad_value_is_named(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecentralConfig(**changes)
+
+
+def test_the_papers_schedule_and_the_family() -> None:
+    config = DecentralConfig()
+    assert config.rate(1) == pytest.approx(1.02) and config.alpha(3) == pytest.approx(0.1)  # alpha = 1/D
+    assert DecentralConfig(algorithm="dgd", step_decay=0.9).alpha(2) == pytest.approx(0.81)  # alpha_k = eta_k
+    assert DecentralConfig.from_mapping(config.to_mapping()) == config
+    assert config.bound == 0.02 and config.covered  # 2/b_i: one sample replaced, unit rows, labels +-1
+    assert not DecentralConfig(sensitivity=0.01).covered  # the paper's 1/b_i
+    assert family_of("ldp-dgd-star").name == "decentral"
+    run_config = {"algorithm": "ldp-admm", "decentral.agents": 5, "decentral.edges": 6, "rounds": 99}
+    assert from_run_config(run_config) == DecentralConfig(agents=5, edges=6)
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [key for key in DecentralConfig().to_mapping() if f"| `{key}` |" not in readme]
+    assert not missing, f"README.md does not document {missing}"
+
+
+def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
+    """[tool.flwr.app.config.decentral] is every key but `algorithm`, which is the app's top-level one."""
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]["decentral"]
+    assert table == {k: v for k, v in DecentralConfig().to_mapping().items() if k != "algorithm"}
