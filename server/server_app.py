@@ -26,7 +26,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpadmm.data.vertical import read_labels_file, row_digest
 from dpadmm.decentral import engine as decentral_engine
+from dpadmm.decentral import privacy as decentral_privacy
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.privacy import Statement
 from dpadmm.decentral.problem import build as decentral_problem
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
@@ -66,9 +68,9 @@ def main(grid: Grid, context: Context) -> None:
 
 
 @contextmanager
-def run_folder(config: Any, ledger: Ledger | None, statement: str | None = None) -> Iterator[RunWriter]:
+def run_folder(config: Any, ledger: Ledger | Statement | None) -> Iterator[RunWriter]:
     """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
-    runs and closed whatever happens; the ledger's summary (or ``statement``) is logged at the end."""
+    runs and closed whatever happens; the ledger's summary is logged at the end."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
@@ -78,9 +80,7 @@ def run_folder(config: Any, ledger: Ledger | None, statement: str | None = None)
         yield writer
     finally:
         writer.close()
-    if statement is None:
-        statement = ledger.summary() if ledger else "privacy: none (non-private run, no noise)"
-    log(INFO, "dpadmm: %s", statement)
+    log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
 
 
 def decentral_main(grid: Grid, config: DecentralConfig) -> None:
@@ -101,7 +101,8 @@ def decentral_main(grid: Grid, config: DecentralConfig) -> None:
             config.rounds, record["log-error"], record["log-error-max"], record["consensus"])
 
     d = int(problem.optimum.shape[-1])
-    with run_folder(config, None, decentral_engine.statement(config, d)) as writer:
+    statement = decentral_privacy.statement(config, d) if config.private else None
+    with run_folder(config, statement) as writer:  # privacy.json and the closing line: the statement
         strategy.start(grid=grid, evaluate_fn=lambda k, state: evaluate(writer, k, state))
 
 

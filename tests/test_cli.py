@@ -159,3 +159,15 @@ def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: 
     bad = _dpadmm("train", "--algorithm", "admm-sharing", "--parties", "60,60", "--data-dir", str(data),
                   cwd=tmp_path)
     assert bad.returncode == 2 and "cover 120 columns but the data set has 123" in bad.stderr
+
+
+def test_decentralised_ldp_admm_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path) -> None:
+    done = _dpadmm("train", "--algorithm", "ldp-admm", "--data-dir", str(binary_dir / "adult"), "--rounds",
+                   "20", "--out", "r", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ldp-admm (random weights, Laplace" in done.stdout and "ex-post loss" in done.stdout
+    assert "-LDP, pure, a priori" in done.stdout and "NOT COVERED" not in done.stdout
+    shown = _dpadmm("privacy", "--algorithm", "ldp-admm", "--sensitivity", "0.01", cwd=tmp_path)
+    assert shown.returncode == 0 and "4.45868-LDP" in shown.stdout and "NOT COVERED" in shown.stdout
+    done = _dpadmm("train", "--algorithm", "ldp-dgd", cwd=tmp_path)
+    assert done.returncode == 2 and "needs graph='complete'" in done.stderr

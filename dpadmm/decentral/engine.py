@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.decentral import privacy, updates
 from dpadmm.decentral import problem as problems
-from dpadmm.decentral import updates
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.privacy import noise
 from dpadmm.runs.loop import seed_writers, timed_rounds
@@ -127,72 +127,85 @@ def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seed
     return State(x=x, dual=dual(config, agents, state.dual, x)), released
 
 
-def worst_case(config: DecentralConfig, k: int, d: int) -> float:
-    """The a-priori loss of one agent over iterations 1..k: sum of d alpha_j beta_j B (Theorem 2.2's bound,
-    the pure-LDP guarantee against every other agent)."""
-    return sum(d * config.alpha(j) * config.rate(j) * config.bound for j in range(1, k + 1))
-
-
-def statement(config: DecentralConfig, d: int) -> str:
-    """The run's privacy in words, with what it covers (the closing line of a run)."""
-    if not config.private:
-        return "privacy: none (non-private run, no noise)"
-    total = worst_case(config, config.rounds, d)
-    covered = "" if config.covered else (
-        f" NOT COVERED: B_inf = {config.bound:g} is below 2/b_i = {2 / config.samples:g}, the bound that "
-        "holds, so the true loss can be up to that ratio larger (the paper's setting).")
-    return (f"privacy (004, {config.algorithm}): each agent's {config.rounds} exchanged iterates are "
-            f"{total:.6g}-LDP, pure, a priori (the sum over k of d alpha_k beta_k B; Laplace of rate "
-            f"beta_k = {config.noise_growth:g}^k per coordinate, B_inf = {config.bound:g}), "
-            "against all other agents colluding, who see every exchanged iterate; neighbouring: one of the "
-            "agent's samples replaced. Trusted: nobody. Not covered: what the final model reveals beyond the "
-            "transcript, and the ex-post loss, which depends on the agent's data." + covered)
-
-
-def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k: int
-             ) -> list[dict[str, float]]:
-    """The metrics of every run after iteration k."""
+def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k: int,
+             ex_post: torch.Tensor | None = None) -> list[dict[str, float]]:
+    """The metrics of every run after iteration k; ``ex_post`` [S, N] is each agent's ex-post loss so far."""
     d = state.x.shape[-1]
     distance = torch.linalg.vector_norm(state.x - problem.optimum.unsqueeze(1), dim=-1)  # [S, N]
     log_error = torch.log(distance / d)
     gaps = torch.cdist(state.x, state.x)  # [S, N, N]
     consensus = torch.where(problem.agents.adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
+    alphas, betas = privacy.schedule(config)
     records = []
     for s in range(state.x.shape[0]):
         record = {"round": k, "log-error": float(log_error[s].mean()),
                   "log-error-max": float(log_error[s].max()), "consensus": float(consensus[s])}
         if config.private:
-            record["epsilon"] = worst_case(config, k, d)
+            record["epsilon"] = privacy.worst_case(d, alphas[:k], betas[:k], config.bound)
+        if ex_post is not None:
+            record["epsilon-ex-post"] = float(ex_post[s].mean())
+            record["epsilon-ex-post-max"] = float(ex_post[s].max())
         records.append(record)
     return records
 
 
+def ex_post_step(config: DecentralConfig, x: torch.Tensor, released: updates.Released, k: int
+                 ) -> torch.Tensor:
+    """Each agent's ex-post loss of release k (eq. (10) summed over its coordinates), [S, N]: a diagnostic
+    that depends on its private data (the interval comes from its gradient), never the guarantee."""
+    shift = config.alpha(k) * config.bound
+    # the interval is Term A's range when w ~ U(0, 1); with fixed weights the mean is one point
+    lo, hi = (released.x, released.x) if config.weights == "fixed" else (released.lo, released.hi)
+    return privacy.ex_post(x, lo, hi, shift, config.rate(k)).sum(dim=-1)
+
+
 @dataclass(frozen=True)
 class Result:
-    """The evaluated iterations of each run, the final state, where each run was written and the problem."""
+    """The evaluated iterations of each run, the final state, where each run was written, the a-priori
+    statement (None if non-private) and the problem."""
 
     records: list[list[dict[str, Any]]]
     state: State
     directories: list[Path | None]
+    ledger: privacy.Statement | None
     problem: problems.Problem
 
 
 def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset: Dataset | None = None,
         write: bool = True, directories: Sequence[str | Path] | None = None, progress: bool = True) -> Result:
-    """Run ``config`` for each of ``seeds`` (default: its own seed) as one batch; write each run's folder."""
+    """Run ``config`` for each of ``seeds`` (default: its own seed) as one batch; write each run's folder.
+    A private run also records each agent's ex-post loss (``epsilon-ex-post``: the mean over agents,
+    ``-max`` the largest), which the agents could compute only from their own data."""
     seeds = [config.seed] if seeds is None else list(seeds)
     dataset = dataset_of(config) if dataset is None else dataset
     problem = problems.build(config, dataset, seeds, DTYPES[config.dtype], config.device)
-    writers = seed_writers(config, seeds, None, directories) if write else []
+    d = int(problem.optimum.shape[-1])
+    statement = privacy.statement(config, d) if config.private else None
+    writers = seed_writers(config, seeds, statement, directories) if write else []  # privacy.json
     state = initial_state(problem.agents, seeds)
+    spent = torch.zeros(state.x.shape[:2], dtype=torch.float64, device=state.x.device)
 
     def step(k: int) -> None:
-        nonlocal state
-        state, _ = iterate(config, problem.agents, state, seeds, k)
+        nonlocal state, spent
+        state, released = iterate(config, problem.agents, state, seeds, k)
+        if config.private:
+            spent = spent + ex_post_step(config, state.x, released, k)
 
-    records = timed_rounds(config.rounds, step, lambda k: evaluate(config, problem, state, k),
+    records = timed_rounds(config.rounds, step,
+                           lambda k: evaluate(config, problem, state, k, spent if config.private else None),
                            eval_every=config.eval_every, writers=writers, runs=len(seeds), progress=progress,
                            unit="iteration", cuda=problem.optimum.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)
-    return Result(records=records, state=state, directories=folders, problem=problem)
+    return Result(records=records, state=state, directories=folders, ledger=statement, problem=problem)
 
+
+def summary(config: DecentralConfig, record: dict[str, Any]) -> str:
+    """The line ``dpadmm train`` prints for the last evaluated iteration."""
+    noise = f"Laplace, beta_k = {config.noise_growth:g}^k" if config.private else "non-private"
+    line = (f"{config.algorithm} ({config.weights} weights, {noise}, N={config.agents}, {config.graph} "
+            f"graph, K={config.rounds}): log-error {record['log-error']:.4f} (worst agent "
+            f"{record['log-error-max']:.4f}), consensus {record['consensus']:.4g}")
+    if "epsilon-ex-post" in record:
+        line += (f"; ex-post loss {record['epsilon-ex-post']:.4g} of the a-priori {record['epsilon']:.4g} "
+                 "(a diagnostic: it depends on the agents' data)")
+    return line

@@ -33,17 +33,23 @@ What each number is.
   (:func:`gamma_eq11`) is NOT an upper bound of it: it is marginally below the exact value in many cells
   (a branch choice in Appendix D; NOTES-004, G9), so the accounting uses the exact value.
 
-Everything here is numbers: no ledger. The project's ledger (:mod:`dpadmm.privacy.ledger`) composes one
-noise multiplier repeated; the schedules here vary per step.
+A run's statement (:class:`Statement`, :func:`statement`) puts the a-priori guarantee of a configuration in
+words, with what it covers. It is not the project's ledger (:mod:`dpadmm.privacy.ledger`), which composes
+one noise multiplier repeated; the schedules here vary per step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from dpadmm.decentral.config import DecentralConfig
 
 PAPER_GROWTH = 1.02  # beta_k = 1.02^k (Sec. 5, "following [43], [48]": diminishing noise)
 
@@ -306,3 +312,62 @@ def gamma_eq11(omega: float, beta: float, shift: float) -> float:
     i2 = (2 * c + math.exp(-beta * s) * math.expm1(-beta * c) / beta
           - math.exp(-beta * (omega - s)) * math.expm1(beta * c) / beta) / (2 * omega)
     return math.log(math.exp(beta * s) * (1 - 2 * i1) + 2 * i2) / (beta * s)
+
+
+# --------------------------------------------------------------------------------------- a run's statement
+
+
+def schedule(config: DecentralConfig) -> tuple[list[float], list[float]]:
+    """(alpha_k, beta_k) of a run's K releases, k = 1..K."""
+    ks = range(1, config.rounds + 1)
+    return [config.alpha(k) for k in ks], [config.rate(k) for k in ks]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """The a-priori privacy of one agent's run, with what it covers (what ``dpadmm privacy`` prints and
+    privacy.json holds)."""
+
+    algorithm: str
+    epsilon: float  # pure, per agent, the whole run
+    releases: int
+    coordinates: int
+    bound: float  # B_inf used
+    proven_bound: float  # 2/b_i
+    covered: bool
+    noise: str
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        return (f"privacy (004, {self.algorithm}): each agent's {self.releases} exchanged iterates are "
+                f"{self.epsilon:.6g}-LDP, pure, a priori ({self.noise}; B_inf = {self.bound:g}). {self.note}")
+
+
+def statement(config: DecentralConfig, d: int) -> Statement:
+    """The a-priori guarantee of ``config`` for d coordinates (Theorem 2.2's bound summed over the run)."""
+    if not config.private:
+        raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: it is not "
+                         "differentially private")
+    alphas, betas = schedule(config)
+    proven = 2 / config.samples
+    note = ("The sum over k of d alpha_k beta_k B_inf, against all other agents colluding, who see every "
+            "exchanged iterate; neighbouring: one of the agent's samples replaced. Trusted: nobody. Not "
+            "covered: what the final model reveals beyond the transcript, and the ex-post loss, which "
+            "depends on the agent's data.")
+    if not config.covered:
+        note += (f" NOT COVERED: B_inf = {config.bound:g} is below 2/b_i = {proven:g}, the bound that holds, "
+                 "so the true loss can be up to that ratio larger (the paper's setting).")
+    return Statement(algorithm=config.algorithm, epsilon=worst_case(d, alphas, betas, config.bound),
+                     releases=config.rounds, coordinates=d, bound=config.bound, proven_bound=proven,
+                     covered=config.covered,
+                     noise=f"Laplace of rate beta_k = {config.noise_growth:g}^k per coordinate", note=note)
+
+
+def stated(config: DecentralConfig) -> Statement:
+    """:func:`statement` before any data is read (``dpadmm privacy``): d is the data set's column count."""
+    from dpadmm.data.adult import COLUMNS
+
+    return statement(config, len(COLUMNS))

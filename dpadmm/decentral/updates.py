@@ -7,9 +7,10 @@ the agents' data [N, b, d] or [S, N, b, d] likewise. Every update has the paper'
     x_i^{k+1} = Term A (a random convex combination of public iterates) - Term B (alpha_k times a
                 gradient of f_i) + a public offset + Delta_i^{k+1},
 
-and returns, next to the new iterate, the interval [lo, hi] in which the mean of x_i^{k+1} was uniform
-given the public past (Term A's range, plus the offsets): the ex-post accountant's tau_i^{k+1}
-(eq. (10)). With weights fixed at 1/2 the interval is one point and the release costs the worst case.
+and returns, next to the new iterate, the interval [lo, hi] in which the mean of x_i^{k+1} is uniform
+given the public past when the weights are drawn from U(0, 1) (Term A's range, plus the offsets): the
+ex-post accountant's tau_i^{k+1} (eq. (10)). With weights fixed at 1/2 the mean is one point and the
+release costs the worst case.
 
 The loss of agent i (Sec. 5): f_i(x) = (1/b_i) sum_j log(1 + exp(-L_j x^T z_j)) + ||x||^2 / 2, labels
 L_j = +-1 (NOTES-004, G4: the paper's 0/1 labels would make a sample's loss constant).
