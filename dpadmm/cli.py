@@ -93,8 +93,8 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
     return parser
 
 
-# dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s figures, Hu et al.'s figures
-PAPERS = ("003", "002", "001")
+# dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s, Hu et al.'s, Xiao et al.'s figures
+PAPERS = ("003", "002", "001", "004")
 
 
 def _paper_in(argv: Sequence[str]) -> str:
@@ -114,13 +114,15 @@ def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
                     "Kim's grid (algorithms x eps-bar x data sets x seeds) with the papers' data-dependent "
                     "sensitivity. --paper 002: Xu et al.'s Fig. 1 and Fig. 2 (ADMM, AccADMM, DP-ADMM, "
                     "DP-AccADMM on four LIBSVM sets). --paper 001: Hu et al.'s Figs. 1-3 (ADMM sharing over "
-                    "vertically split features against vertical SGD and scikit-learn, and under noise). The "
+                    "vertically split features against vertical SGD and scikit-learn, and under noise). "
+                    "--paper 004: Xiao et al.'s Figs. 2, B, C, D (decentralised local DP on UCI Adult). The "
                     "flags below are this paper's; add --paper to see another's.",
     )
     rep.add_argument("--paper", choices=PAPERS, default=PAPERS[0],
-                     help="003 (Ryu & Kim, DP-IADMM; default), 002 (Xu et al., DP-ADMM / DP-AccADMM) or 001 "
-                          "(Hu et al., ADMM sharing)")
-    {"001": _add_reproduce_001, "002": _add_reproduce_002, "003": _add_reproduce_003}[paper](rep)
+                     help="003 (Ryu & Kim, DP-IADMM; default), 002 (Xu et al., DP-ADMM / DP-AccADMM), 001 "
+                          "(Hu et al., ADMM sharing) or 004 (Xiao et al., decentralised local DP)")
+    {"001": _add_reproduce_001, "002": _add_reproduce_002, "003": _add_reproduce_003,
+     "004": _add_reproduce_004}[paper](rep)
     rep.add_argument("--report-only", action="store_true",
                      help="only rebuild the report from the completed cells")
     rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -216,8 +218,26 @@ def _add_reproduce_001(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
 
 
+def _add_reproduce_004(rep: argparse.ArgumentParser) -> None:
+    from dpadmm.decentral.reproduce import Grid
+
+    d = Grid()
+    rep.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
+    rep.add_argument("--data-dir", default=d.data_dir,
+                     help="folder with UCI Adult's adult.data and adult.test, e.g. ../shared/data/adult")
+    rep.add_argument("--figures", default=",".join(d.figures),
+                     help=f"comma-separated (default: {','.join(d.figures)})")
+    rep.add_argument("--seeds", type=int, default=d.seeds,
+                     help=f"runs per cell, each with its own graph and samples (default: {d.seeds})")
+    rep.add_argument("--rounds", type=int, default=d.rounds, help=f"iterations K (default: {d.rounds})")
+    rep.add_argument("--dtype", default=d.dtype, help=f"float64 or float32 (default: {d.dtype})")
+    rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
+
+
 def _reproduce(args: argparse.Namespace) -> int:
-    if args.paper == "001":
+    if args.paper == "004":
+        from dpadmm.decentral import reproduce
+    elif args.paper == "001":
         from dpadmm.sharing import reproduce
     elif args.paper == "002":
         from dpadmm.linadmm import reproduce
@@ -231,7 +251,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             out = Path(args.out)
             if not out.is_dir() or not any(out.iterdir()):
                 raise FileNotFoundError(f"{out} holds no reproduce runs")
-            if args.paper in ("001", "002"):
+            if args.paper in ("001", "002", "004"):
                 reproduce.write_report(out)
             else:
                 if not (out / "runs").is_dir():

@@ -123,8 +123,8 @@ def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) ->
     assert done.returncode == 2 and "rounds='10,x'" in done.stderr
     done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--datasets", "mnist", cwd=tmp_path)
     assert done.returncode == 2 and "datasets='mnist' is not allowed" in done.stderr
-    done = _dpadmm("reproduce", "--paper", "004", cwd=tmp_path)
-    assert done.returncode == 2 and "invalid choice: '004'" in done.stderr
+    done = _dpadmm("reproduce", "--paper", "005", cwd=tmp_path)
+    assert done.returncode == 2 and "invalid choice: '005'" in done.stderr
 
 
 def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path, binary_dir: Path) -> None:
