@@ -32,7 +32,7 @@ from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
 from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
 from strategies.nodes import Roster
-from strategies.rounds import run_rounds
+from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
 class GraphRouter(Strategy):
@@ -98,21 +98,11 @@ class GraphRouter(Strategy):
 
     def _accept(self, server_round: int, reply: Message, d: int) -> tuple[int, np.ndarray] | str:
         """(agent, iterate) of a valid reply, else the reason it is not."""
-        if reply.has_error():
-            return f"node {reply.metadata.src_node_id} failed: {reply.error.reason}"
-        try:
-            metrics = reply.content["metrics"]
-            agent, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
-            value = np.asarray(reply.content["arrays"][EXCHANGED_KEY].numpy(), dtype=np.float64)
-        except (KeyError, TypeError, ValueError) as err:
-            return f"malformed reply ({err!r})"
-        if computed_for != server_round:
-            return f"agent {agent} answered for iteration {computed_for}"
-        if not 0 <= agent < self.n:
-            return f"no agent {agent} in this run"
-        if value.shape != (d,) or not np.isfinite(value).all():
-            return f"agent {agent} sent an iterate of shape {value.shape} (expected ({d},), finite)"
-        return agent, value
+        got = read_reply(reply, server_round, self.n, EXCHANGED_KEY, "agent", "iteration")
+        if isinstance(got, str):
+            return got
+        agent, value = got
+        return vector_fault(value, d, "agent", agent) or (agent, value)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:

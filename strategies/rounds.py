@@ -1,7 +1,8 @@
 """The round loop of the strategies that run a fixed number of synchronous rounds (002's DPLinADMM, 001's
-ADMMSharing): send every holder its message, wait for the replies, aggregate, then the strategy's own
-after-round work (evaluation, records). Flower's own ``Strategy.start`` assumes FedAvg's shape
-(arrays in, arrays out, a client-side evaluation round every round), which these do not have.
+ADMMSharing, 004's GraphRouter): send every holder its message, wait for the replies, aggregate, then the
+strategy's own after-round work (evaluation, records); and the checks of a reply that carries one vector.
+Flower's own ``Strategy.start`` assumes FedAvg's shape (arrays in, arrays out, a client-side evaluation
+round every round), which these do not have.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import time
 from collections.abc import Callable
 from logging import INFO
 
-from flwr.app import ArrayRecord, ConfigRecord
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -38,3 +40,30 @@ def run_rounds(strategy: Strategy, grid: Grid, num_rounds: int, timeout: float,
     for line in io.StringIO(str(result)):
         log(INFO, "\t%s", line.strip("\n"))
     return result
+
+
+def read_reply(reply: Message, server_round: int, holders: int, key: str, who: str, unit: str
+               ) -> tuple[int, np.ndarray] | str:
+    """(the sender's id, its vector ``key``) of a reply that is no error, is for ``server_round`` and comes
+    from one of ``holders`` ids (``metrics["partition-id"]``); else the reason it is not, naming the sender
+    as ``who`` and the round as ``unit``."""
+    if reply.has_error():
+        return f"node {reply.metadata.src_node_id} failed: {reply.error.reason}"
+    try:
+        metrics = reply.content["metrics"]
+        sender, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
+        value = np.asarray(reply.content["arrays"][key].numpy(), dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as err:
+        return f"malformed reply ({err!r})"
+    if computed_for != server_round:
+        return f"{who} {sender} answered for {unit} {computed_for}"
+    if not 0 <= sender < holders:
+        return f"no {who} {sender} in this run"
+    return sender, value
+
+
+def vector_fault(value: np.ndarray, length: int, who: str, sender: int) -> str | None:
+    """Why ``value`` is not a finite vector of ``length`` entries (None if it is)."""
+    if value.shape != (length,) or not np.isfinite(value).all():
+        return f"{who} {sender} sent a vector of shape {value.shape} (expected ({length},), finite)"
+    return None

@@ -38,7 +38,7 @@ from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, IDS_DIGEST_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
 from strategies.nodes import Roster
-from strategies.rounds import run_rounds
+from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
 class ADMMSharing(Strategy):
@@ -129,27 +129,17 @@ class ADMMSharing(Strategy):
     def _accept(self, server_round: int, reply: Message, length: int, key: str
                 ) -> tuple[int, np.ndarray] | str:
         """(party, vector) of a valid reply, else the reason it is not."""
-        if reply.has_error():
-            return f"node {reply.metadata.src_node_id} failed: {reply.error.reason}"
-        try:
-            metrics = reply.content["metrics"]
-            party, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])
-            value = np.asarray(reply.content["arrays"][key].numpy(), dtype=np.float64)
-        except (KeyError, TypeError, ValueError) as err:
-            return f"malformed reply ({err!r})"
-        if computed_for != server_round:
-            return f"party {party} answered for round {computed_for}"
-        if not 0 <= party < self.parties:
-            return f"no party {party} in this run"
+        got = read_reply(reply, server_round, self.parties, key, "party", "round")
+        if isinstance(got, str):
+            return got
+        party, value = got
         if key == MESSAGE_KEY:  # before the length: a party of other samples holds another N, too
             try:
                 digest = str(reply.content["config"][IDS_DIGEST_KEY])
             except (KeyError, TypeError) as err:
                 return f"malformed reply: no digest of party {party}'s sample ids ({err!r})"
             self._check_aligned(party, digest)
-        if value.shape != (length,) or not np.isfinite(value).all():
-            return f"party {party} sent a vector of shape {value.shape} (expected ({length},), finite)"
-        return party, value
+        return vector_fault(value, length, "party", party) or (party, value)
 
     def _check_aligned(self, party: int, digest: str) -> None:
         """A ValueError, which stops the run, unless ``party``'s ids are the labels' ids in their order."""
