@@ -42,6 +42,9 @@ class GraphRouter(Strategy):
     agents' and are zeros here)."""
 
     def __init__(self, config: DecentralConfig, agents: Agents) -> None:
+        if config.exchange != "plain":
+            raise ValueError(f"exchange={config.exchange!r} runs in the engine only (dpadmm train): the "
+                             "router forwards iterates; use exchange='plain' on Flower")
         self.config = config
         self.adjacency = agents.adjacency[0]
         self.n = int(self.adjacency.shape[0])

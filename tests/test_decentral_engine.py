@@ -115,3 +115,19 @@ def test_an_agent_computes_its_row_from_its_view_alone(algorithm: str, changes: 
             rows.append(released[0, i])
         state, _ = engine.iterate(config, full.agents, state, [config.seed], k)
         torch.testing.assert_close(torch.stack(rows), state.x[0], rtol=0, atol=1e-12)
+
+
+def test_secret_sharing_gives_the_plain_run_up_to_the_fixed_point_resolution(adult: Dataset) -> None:
+    """Algorithm 3: the agents learn only the sum of all iterates; Algorithm 1 on the complete graph needs no
+    more, so the run is the plain one up to 2^-20 per value (N of them in a sum)."""
+    plain = _config(graph="complete", rounds=30, eval_every=10)
+    shared = dataclasses.replace(plain, exchange="secret")
+    ours = engine.run(shared, seeds=[0, 1], dataset=adult, write=False, progress=False)
+    theirs = engine.run(plain, seeds=[0, 1], dataset=adult, write=False, progress=False)
+    torch.testing.assert_close(ours.state.x, theirs.state.x, rtol=0, atol=1e-4)
+    assert not torch.equal(ours.state.x, theirs.state.x)  # the fixed-point sums are not the exact ones
+    for a, b in zip(ours.records[0], theirs.records[0], strict=True):
+        assert a["log-error"] == pytest.approx(b["log-error"], abs=1e-4)
+    with pytest.raises(ValueError, match="exchange='secret' \\(Algorithm 3\\) needs algorithm='ldp-admm' and "
+                                         "graph='complete'"):
+        _config(exchange="secret")

@@ -21,6 +21,7 @@ ALGORITHMS = ("ldp-admm", "ldp-dgd", "ldp-dgd-star", "dgd")
 WEIGHTS = ("random", "fixed")
 GRAPHS = ("random", "complete")
 NOISES = ("laplace", "none")
+EXCHANGES = ("plain", "secret")
 DATASETS = ("adult",)
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
@@ -55,6 +56,13 @@ class DecentralConfig(keys.Keyed):
         metadata={"help": "eta_k = step-decay^k, the step of Algorithms 2, 2* and dgd (the paper: 0.95 for "
                           "Algorithm 2 without noise, 0.93 for 2*, 0.9 for [45]); alpha_k = eta_k"},
     )
+    exchange: str = field(
+        default="plain",
+        metadata={"help": "plain (each agent sends its iterate to its neighbours) or secret (Algorithm 3: "
+                          "the agents learn only the sum of all iterates, by additive secret sharing in "
+                          "fixed point; ldp-admm on the complete graph, whose updates need only that sum; "
+                          "engine only)"},
+    )
     noise: str = field(default="laplace", metadata={"help": "laplace (rate beta_k per coordinate) or none"})
     noise_growth: float = field(
         default=1.02,
@@ -84,6 +92,7 @@ class DecentralConfig(keys.Keyed):
         allowed("weights", self.weights, WEIGHTS)
         allowed("graph", self.graph, GRAPHS)
         allowed("noise", self.noise, NOISES)
+        allowed("exchange", self.exchange, EXCHANGES)
         allowed("dataset", self.dataset, DATASETS)
         allowed("device", self.device, DEVICES)
         allowed("dtype", self.dtype, DTYPES)
@@ -101,6 +110,10 @@ class DecentralConfig(keys.Keyed):
         if self.algorithm == "ldp-dgd" and self.graph != "complete":
             raise ValueError("algorithm='ldp-dgd' (Algorithm 2) needs graph='complete': its most divergent "
                              "pair and average are global; on other graphs use ldp-dgd-star (Algorithm 2*)")
+        if self.exchange == "secret" and (self.algorithm != "ldp-admm" or self.graph != "complete"):
+            raise ValueError("exchange='secret' (Algorithm 3) needs algorithm='ldp-admm' and "
+                             "graph='complete': only there does every update need nothing but the sum of all "
+                             "iterates")
         if not (self.noise_growth >= 1 and math.isfinite(self.noise_growth)):
             raise ValueError(f"noise-growth={self.noise_growth!r} is not allowed; give a finite value >= 1")
         keys.require_seed(self.seed)

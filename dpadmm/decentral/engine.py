@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpadmm.data import Dataset
-from dpadmm.decentral import privacy, updates
+from dpadmm.decentral import privacy, secret, updates
 from dpadmm.decentral import problem as problems
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.privacy import noise
@@ -43,10 +44,30 @@ def dataset_of(config: DecentralConfig) -> Dataset:
 
 @dataclass
 class State:
-    """The exchanged iterates x [S, N, d] and Algorithm 1's duals (zeros for the others)."""
+    """The exchanged iterates x [S, N, d], Algorithm 1's duals (zeros for the others) and, with secret
+    sharing, the neighbour sums [S, N, d] of x as the agents learnt them (None: from x itself)."""
 
     x: torch.Tensor
     dual: torch.Tensor
+    sums: torch.Tensor | None = None
+
+
+SHARE_STREAM = 0x3C6EF372  # mixed into (seed, k): the shares of Algorithm 3, a stream of their own
+
+
+def secret_sums(config: DecentralConfig, x: torch.Tensor, seeds: Sequence[int], k: int
+                ) -> torch.Tensor | None:
+    """With ``exchange=secret``: each agent's sum of the others' iterates of iteration k, learnt by
+    Algorithm 3 (fixed-point additive shares of every x_j, the partial sums broadcast, the total
+    reconstructed; the agent subtracts its own), [S, N, d]; None for the plain exchange."""
+    if config.exchange != "secret":
+        return None
+    codec = secret.FixedPoint(agents=int(x.shape[1]))
+    totals = [secret.secure_sum(x[i].detach().cpu().numpy(), codec,
+                                np.random.Generator(np.random.PCG64([seed, k, SHARE_STREAM])))
+              for i, seed in enumerate(seeds)]
+    total = torch.from_numpy(np.stack(totals)).to(x).unsqueeze(1)  # [S, 1, d]
+    return total - x
 
 
 def _keyed(draw: Callable[[int, torch.Tensor], torch.Tensor], seeds: Sequence[int], agents: int,
@@ -63,6 +84,13 @@ def initial_state(agents: problems.Agents, seeds: Sequence[int]) -> State:
     x = _keyed(lambda s, ids: noise.gaussian(s, ids, 0, 0, (d,), ones, stream=noise.STREAM_START), seeds, n,
                agents.features)
     return State(x=x, dual=torch.zeros_like(x))
+
+
+def start(config: DecentralConfig, agents: problems.Agents, seeds: Sequence[int]) -> State:
+    """The first state of a run: x^0, zero duals, and with secret sharing the sums of x^0."""
+    state = initial_state(agents, seeds)
+    state.sums = secret_sums(config, state.x, seeds, 0)
+    return state
 
 
 def aggregator_weights(config: DecentralConfig, seeds: Sequence[int], k: int, like: torch.Tensor
@@ -92,7 +120,7 @@ def update(config: DecentralConfig, agents: problems.Agents, state: State, weigh
     step = config.step_decay**k
     if config.algorithm == "ldp-admm":
         grad = updates.gradient(features, labels, x)
-        return updates.admm_step(x, state.dual, grad, agents.adjacency, weights, config.penalty)
+        return updates.admm_step(x, state.dual, grad, agents.adjacency, weights, config.penalty, state.sums)
     if config.algorithm == "ldp-dgd":
         mean = x.mean(dim=1, keepdim=True).expand_as(x)
         return updates.dgd_step(x, updates.gradient(features, labels, mean), weights, step)
@@ -112,19 +140,20 @@ def release(config: DecentralConfig, agents: problems.Agents, state: State, seed
     return released.x + exchange_noise(config, seeds, k, state.x), released
 
 
-def dual(config: DecentralConfig, agents: problems.Agents, previous: torch.Tensor, x: torch.Tensor
-         ) -> torch.Tensor:
+def dual(config: DecentralConfig, agents: problems.Agents, previous: torch.Tensor, x: torch.Tensor,
+         sums: torch.Tensor | None = None) -> torch.Tensor:
     """Algorithm 1's duals after the exchange of x (unchanged for the other algorithms)."""
     if config.algorithm != "ldp-admm":
         return previous
-    return updates.admm_dual(previous, x, agents.adjacency, config.zeta)
+    return updates.admm_dual(previous, x, agents.adjacency, config.zeta, sums=sums)
 
 
 def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int
             ) -> tuple[State, updates.Released]:
     """Iteration k: every agent's release and, once all are exchanged, Algorithm 1's dual update."""
     x, released = release(config, agents, state, seeds, k)
-    return State(x=x, dual=dual(config, agents, state.dual, x)), released
+    sums = secret_sums(config, x, seeds, k)
+    return State(x=x, dual=dual(config, agents, state.dual, x, sums), sums=sums), released
 
 
 def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k: int,
@@ -182,7 +211,7 @@ def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset:
     d = int(problem.optimum.shape[-1])
     statement = privacy.statement(config, d) if config.private else None
     writers = seed_writers(config, seeds, statement, directories) if write else []  # privacy.json
-    state = initial_state(problem.agents, seeds)
+    state = start(config, problem.agents, seeds)
     spent = torch.zeros(state.x.shape[:2], dtype=torch.float64, device=state.x.device)
 
     def step(k: int) -> None:

@@ -49,34 +49,41 @@ def gradient(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> t
     return (features.transpose(-2, -1) @ weights.unsqueeze(-1)).squeeze(-1) + x
 
 
-def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+def neighbour_sums(x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
+    """sum_{j in N_i} x_j of every agent, [S, N, d], from the exchanged iterates."""
+    return adjacency.to(x.dtype) @ x
+
+
+def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor, sums: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """x^_i = (1/|N_i|) sum_{j in N_i} x_j, [S, N, d] (NOTES-004, G3: N - 1 becomes |N_i| off the complete
-    graph)."""
-    a = adjacency.to(x.dtype)
-    return (a @ x) / a.sum(dim=-1, keepdim=True)
+    graph); ``sums`` the neighbour sums as the agents learnt them (default: from x)."""
+    sums = neighbour_sums(x, adjacency) if sums is None else sums
+    return sums / adjacency.to(x.dtype).sum(dim=-1, keepdim=True)
 
 
 def admm_step(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency: torch.Tensor,
-              weights: torch.Tensor, penalty: float) -> Released:
+              weights: torch.Tensor, penalty: float, sums: torch.Tensor | None = None) -> Released:
     """Algorithm 1's x-update (eq. (6) in the notes' form, on any graph), before the noise:
     x_i^{k+1} = x_i^k + w ⊙ (x^_i^k - x_i^k) + (lambda_i^k - grad f_i(x_i^k)) / D, w in (0, 1)^d per agent
     (w = (N - 1) rho-bar / D, so that Gamma = D (1 - w): the random penalties of step 1). Term A is
-    uniform between x_i^k and x^_i^k in each coordinate when w ~ U(0, 1); alpha_k = 1/D."""
-    mean = neighbour_mean(x, adjacency)
+    uniform between x_i^k and x^_i^k in each coordinate when w ~ U(0, 1); alpha_k = 1/D. ``sums``: the
+    neighbour sums as the agents learnt them (by secret sharing, Algorithm 3; default: from x)."""
+    mean = neighbour_mean(x, adjacency, sums)
     offset = (dual - grad) / penalty
     return Released(x=x + weights * (mean - x) + offset, lo=torch.minimum(x, mean) + offset,
                     hi=torch.maximum(x, mean) + offset)
 
 
 def admm_dual(dual: torch.Tensor, x: torch.Tensor, adjacency: torch.Tensor, zeta: float,
-              printed: bool = False) -> torch.Tensor:
+              printed: bool = False, sums: torch.Tensor | None = None) -> torch.Tensor:
     """lambda_i^{k+1} = lambda_i^k + zeta sum_{j in N_i} (x_j^{k+1} - x_i^{k+1}), the sign that converges.
 
     004's Algorithm 1 prints a minus (``printed=True``), with which the iteration diverges for every zeta
     (NOTES-004, G1; a regression test shows both). The plus is the general form's
-    lambda <- lambda - zeta (sum_i A_i x_i - c) for the edge constraints."""
-    a = adjacency.to(x.dtype)
-    disagreement = a @ x - a.sum(dim=-1, keepdim=True) * x
+    lambda <- lambda - zeta (sum_i A_i x_i - c) for the edge constraints. ``sums`` as in :func:`admm_step`."""
+    sums = neighbour_sums(x, adjacency) if sums is None else sums
+    disagreement = sums - adjacency.to(x.dtype).sum(dim=-1, keepdim=True) * x
     return dual - zeta * disagreement if printed else dual + zeta * disagreement
 
 
