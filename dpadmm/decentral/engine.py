@@ -12,7 +12,9 @@ Metrics per evaluated iteration (``metrics.jsonl``): ``round``; ``log-error``, t
 ln(||x_i^k - x*|| / d) (the paper's "accuracy logarithm", natural log, NOTES-004 G13) and
 ``log-error-max`` (the worst agent); ``consensus`` (the largest ||x_i - x_j|| over edges); for a
 private run ``epsilon`` (the a-priori loss of every agent so far, sum of d alpha_k beta_k B, the
-guarantee); ``seconds`` and ``elapsed``.
+guarantee) and ``epsilon-ex-post`` / ``epsilon-ex-post-max`` (eq. (10)'s realised loss so far, the mean
+over agents and the largest: a diagnostic that depends on the agents' data); ``seconds`` and
+``elapsed``. With ``exchange=secret`` the agents learn only the sum of the iterates (Algorithm 3).
 """
 
 from __future__ import annotations
