@@ -131,3 +131,16 @@ def test_secret_sharing_gives_the_plain_run_up_to_the_fixed_point_resolution(adu
     with pytest.raises(ValueError, match="exchange='secret' \\(Algorithm 3\\) needs algorithm='ldp-admm' and "
                                          "graph='complete'"):
         _config(exchange="secret")
+
+
+@pytest.mark.parametrize(("algorithm", "changes"), [("ldp-admm", {}), ("dgd", {"step_decay": 0.9})])
+def test_a_target_epsilon_is_met_exactly(algorithm: str, changes: dict, adult: Dataset) -> None:
+    """Theorems 3.3 and 3.4's calibrations: the a-priori loss of the run is the target, and the noise
+    follows (a constant rate for Algorithm 1; beta_k proportional to 1/eta_k for the gradient methods)."""
+    config = _config(algorithm=algorithm, target_epsilon=2.0, rounds=20, eval_every=20, **changes)
+    last = engine.run(config, seeds=[0], dataset=adult, write=False, progress=False).records[0][-1]
+    assert last["epsilon"] == pytest.approx(2.0, rel=1e-12)
+    alphas, betas = privacy.schedule(config, 14)
+    products = [a * b for a, b in zip(alphas, betas, strict=True)]
+    assert max(products) == pytest.approx(min(products), rel=1e-12)  # every release costs eps / K
+    assert "calibrated to eps = 2" in privacy.statement(config, 14).summary()

@@ -64,6 +64,12 @@ class DecentralConfig(keys.Keyed):
                           "engine only)"},
     )
     noise: str = field(default="laplace", metadata={"help": "laplace (rate beta_k per coordinate) or none"})
+    target_epsilon: float = field(
+        default=0.0,
+        metadata={"help": "the a-priori epsilon the run must cost exactly: the Laplace rates are calibrated "
+                          "to it (Theorem 3.3: a constant beta = eps D / (B K d) for ldp-admm; Theorem 3.4: "
+                          "beta_k = eps / (d K eta_k B) otherwise); 0 = the noise-growth schedule"},
+    )
     noise_growth: float = field(
         default=1.02,
         metadata={"help": "beta_k = noise-growth^k, k = 1..K: the Laplace rate of the k-th release (scale "
@@ -114,6 +120,9 @@ class DecentralConfig(keys.Keyed):
             raise ValueError("exchange='secret' (Algorithm 3) needs algorithm='ldp-admm' and "
                              "graph='complete': only there does every update need nothing but the sum of all "
                              "iterates")
+        if not (0 <= self.target_epsilon < math.inf) or (self.target_epsilon and not self.private):
+            raise ValueError(f"target-epsilon={self.target_epsilon!r} is not allowed; give a finite value "
+                             ">= 0 (0 = the noise-growth schedule), with noise='laplace'")
         if not (self.noise_growth >= 1 and math.isfinite(self.noise_growth)):
             raise ValueError(f"noise-growth={self.noise_growth!r} is not allowed; give a finite value >= 1")
         keys.require_seed(self.seed)
@@ -131,10 +140,6 @@ class DecentralConfig(keys.Keyed):
     def covered(self) -> bool:
         """Whether B_inf is at least the proven 2/b_i, so that the stated epsilon is a guarantee."""
         return self.bound >= 2 / self.samples
-
-    def rate(self, k: int) -> float:
-        """beta_k, the Laplace rate of the k-th release (k = 1..K)."""
-        return self.noise_growth**k
 
     def alpha(self, k: int) -> float:
         """alpha_k, the factor of the gradient in the k-th update: 1/D (Algorithm 1), eta_k otherwise."""

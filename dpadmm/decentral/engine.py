@@ -110,7 +110,8 @@ def exchange_noise(config: DecentralConfig, seeds: Sequence[int], k: int, like: 
     if not config.private:
         return torch.zeros_like(like)
     _, agents, d = like.shape
-    scale = torch.full((agents,), 1 / config.rate(k), dtype=torch.float64, device=like.device)
+    scale = torch.full((agents,), 1 / privacy.schedule(config, d)[1][k - 1], dtype=torch.float64,
+                       device=like.device)
     return _keyed(lambda s, ids: noise.laplace(s, ids, k, 0, (d,), scale, stream=noise.STREAM_EXCHANGE),
                   seeds, agents, like)
 
@@ -166,7 +167,7 @@ def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k
     log_error = torch.log(distance / d)
     gaps = torch.cdist(state.x, state.x)  # [S, N, N]
     consensus = torch.where(problem.agents.adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
-    alphas, betas = privacy.schedule(config)
+    alphas, betas = privacy.schedule(config, d)
     records = []
     for s in range(state.x.shape[0]):
         record = {"round": k, "log-error": float(log_error[s].mean()),
@@ -187,7 +188,7 @@ def ex_post_step(config: DecentralConfig, x: torch.Tensor, released: updates.Rel
     shift = config.alpha(k) * config.bound
     # the interval is Term A's range when w ~ U(0, 1); with fixed weights the mean is one point
     lo, hi = (released.x, released.x) if config.weights == "fixed" else (released.lo, released.hi)
-    return privacy.ex_post(x, lo, hi, shift, config.rate(k)).sum(dim=-1)
+    return privacy.ex_post(x, lo, hi, shift, privacy.schedule(config, x.shape[-1])[1][k - 1]).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,8 @@ def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset:
 
 def summary(config: DecentralConfig, record: dict[str, Any]) -> str:
     """The line ``dpadmm train`` prints for the last evaluated iteration."""
-    noise = f"Laplace, beta_k = {config.noise_growth:g}^k" if config.private else "non-private"
+    noise = ("non-private" if not config.private else f"Laplace calibrated to eps = {config.target_epsilon:g}"
+             if config.target_epsilon else f"Laplace, beta_k = {config.noise_growth:g}^k")
     line = (f"{config.algorithm} ({config.weights} weights, {noise}, N={config.agents}, {config.graph} "
             f"graph, K={config.rounds}): log-error {record['log-error']:.4f} (worst agent "
             f"{record['log-error-max']:.4f}), consensus {record['consensus']:.4g}")

@@ -317,10 +317,17 @@ def gamma_eq11(omega: float, beta: float, shift: float) -> float:
 # --------------------------------------------------------------------------------------- a run's statement
 
 
-def schedule(config: DecentralConfig) -> tuple[list[float], list[float]]:
-    """(alpha_k, beta_k) of a run's K releases, k = 1..K."""
-    ks = range(1, config.rounds + 1)
-    return [config.alpha(k) for k in ks], [config.rate(k) for k in ks]
+def schedule(config: DecentralConfig, d: int) -> tuple[list[float], list[float]]:
+    """(alpha_k, beta_k) of a run's K releases of d coordinates, k = 1..K: beta_k = noise-growth^k, or with
+    ``target-epsilon`` the calibration of Theorem 3.3 (ldp-admm) or 3.4 (the others) that makes the run cost
+    exactly that epsilon."""
+    alphas = [config.alpha(k) for k in range(1, config.rounds + 1)]
+    if not config.target_epsilon:
+        return alphas, rates(config.rounds, config.noise_growth)
+    if config.algorithm == "ldp-admm":
+        beta = algorithm_1_rate(config.target_epsilon, config.penalty, config.bound, config.rounds, d)
+        return alphas, [beta] * config.rounds
+    return alphas, algorithm_2_rates(config.target_epsilon, alphas, config.bound, d)
 
 
 @dataclass(frozen=True)
@@ -351,7 +358,9 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: it is not "
                          "differentially private")
-    alphas, betas = schedule(config)
+    alphas, betas = schedule(config, d)
+    noise = (f"Laplace rates calibrated to eps = {config.target_epsilon:g}" if config.target_epsilon
+             else f"Laplace of rate beta_k = {config.noise_growth:g}^k per coordinate")
     proven = 2 / config.samples
     note = ("The sum over k of d alpha_k beta_k B_inf, against all other agents colluding, who see every "
             "exchanged iterate; neighbouring: one of the agent's samples replaced. Trusted: nobody. Not "
@@ -363,7 +372,7 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     return Statement(algorithm=config.algorithm, epsilon=worst_case(d, alphas, betas, config.bound),
                      releases=config.rounds, coordinates=d, bound=config.bound, proven_bound=proven,
                      covered=config.covered,
-                     noise=f"Laplace of rate beta_k = {config.noise_growth:g}^k per coordinate", note=note)
+                     noise=noise, note=note)
 
 
 def stated(config: DecentralConfig) -> Statement:
