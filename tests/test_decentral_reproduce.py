@@ -27,6 +27,8 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     report = (out / "summary.md").read_text()
     assert "## Fig. C" in report and "only 30% of [45]'s" in report and "## Fig. B" not in report
     assert (out / "fig-2.png").stat().st_size > 0 and not (out / "fig-B.png").exists()
+    assert (out / "fig-1.png").stat().st_size > 0  # gamma: no runs needed
+    assert "| 0.1 | 0.9526 / 0.9517 |" in report  # the notes' table: exact / eq. (11) at beta = 2
     before = (out / "curves.csv").read_text()
     run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
     assert (out / "curves.csv").read_text() == before

@@ -1,5 +1,8 @@
 """004's figures from ``dpadmm reproduce --paper 004``'s files (PNG files a person can open).
 
+``fig-1.png`` (004 Fig. 1): the amplification gamma of Theorem 2.3 against the interval length omega for
+several Laplace rates beta, alpha B = 0.001: the exact expectation (solid) and eq. (11) as printed (dotted).
+
 ``fig-<figure>.png``: the log-error against iterations, the mean over runs with the best-to-worst band
 (left), and for a private figure the cumulative privacy loss per agent (right): each method's a-priori
 loss (dashed, the guarantee) and its ex-post loss (solid, the mean over agents and runs; a diagnostic).
@@ -40,6 +43,26 @@ def figure(path: Path, name: str, methods: dict[str, dict[str, list[float]]]) ->
         axes[0][1].set_ylabel("cumulative epsilon")
         axes[0][1].legend(fontsize=7)
         axes[0][1].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def gamma(path: Path, table: dict[float, dict[float, tuple[float, float]]]) -> None:
+    """Fig. 1: gamma against omega, one line per beta (``table[beta][omega] = (exact, eq. (11))``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    colours = plt.get_cmap("viridis")
+    for i, (beta, row) in enumerate(sorted(table.items())):
+        omegas = sorted(row)
+        colour = colours(i / max(1, len(table) - 1))
+        ax.plot(omegas, [row[w][0] for w in omegas], color=colour, label=f"beta = {beta:g}")
+        ax.plot(omegas, [row[w][1] for w in omegas], color=colour, ls=":")
+    ax.set_xlabel("interval length omega")
+    ax.set_ylabel("gamma: expected ex-post / worst case")
+    ax.set_title("Fig. 1 (alpha B = 0.001): exact (solid), eq. (11) (dotted)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
