@@ -198,7 +198,7 @@ class ADMMSharing(Strategy):
             log(WARNING, "round %d: test scores of %d of %d parties; not evaluated", server_round,
                 len(answered), self.parties)
             return None
-        error = (scores * self.test_labels <= 0).to(scores.dtype).mean()
+        error = updates.error(scores, self.test_labels)[0]
         residual = torch.linalg.vector_norm(self.messages.sum(dim=1) - self.z)
         return MetricRecord({"round": server_round,
                              "test-log-loss": float(updates.loss(scores, self.test_labels)[0]),

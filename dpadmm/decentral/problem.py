@@ -22,7 +22,7 @@ import torch
 
 from dpadmm.data import Dataset
 from dpadmm.data.libsvm import normalise_rows
-from dpadmm.decentral import graphs
+from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
 
 DATA_STREAM = 0xBB67AE85  # mixed into the seed: which samples an agent gets, a stream of its own
@@ -69,16 +69,16 @@ def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int
 
 
 def optimum(features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """x* = argmin_x sum_i f_i(x) of each run, [S, d], from features [S, N, b, d] and labels [S, N, b]."""
+    """x* = argmin_x sum_i f_i(x) of each run, [S, d], from features [S, N, b, d] and labels [S, N, b]: Newton
+    with the gradient sum_i grad f_i (:func:`dpadmm.decentral.updates.gradient`) and its Hessian."""
     runs, agents, samples, d = features.shape
     z = features.reshape(runs, agents * samples, d)
     y = labels.reshape(runs, agents * samples).to(z.dtype)
     x = z.new_zeros((runs, d))
     eye = torch.eye(d, dtype=z.dtype, device=z.device)
     for _ in range(NEWTON_STEPS):
-        margins = y * (z @ x.unsqueeze(-1)).squeeze(-1)
-        p = torch.sigmoid(-margins)
-        grad = (z.transpose(1, 2) @ (-y * p).unsqueeze(-1)).squeeze(-1) / samples + agents * x
+        grad = updates.gradient(features, labels, x.unsqueeze(1).expand(-1, agents, -1)).sum(dim=1)
+        p = torch.sigmoid(-y * (z @ x.unsqueeze(-1)).squeeze(-1))
         hessian = (z.transpose(1, 2) * (p * (1 - p)).unsqueeze(1)) @ z / samples + agents * eye
         step = torch.linalg.solve(hessian, grad.unsqueeze(-1)).squeeze(-1)
         x = x - step

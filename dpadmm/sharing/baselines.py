@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from dpadmm.sharing import updates
@@ -28,9 +27,9 @@ from dpadmm.sharing.engine import Problem
 INIT_STD = 0.01  # the random start of vertical SGD: x_m ~ N(0, INIT_STD^2 I)
 
 
-def _pooled(blocks: torch.Tensor, mask: torch.Tensor, parties: Sequence[int]) -> np.ndarray:
+def _pooled(blocks: torch.Tensor, mask: torch.Tensor, parties: Sequence[int]) -> torch.Tensor:
     """The real columns of the given parties' padded blocks [M, n, d], side by side: [n, sum of widths]."""
-    return torch.cat([blocks[m][:, mask[m]] for m in parties], dim=1).cpu().numpy().astype(np.float64)
+    return torch.cat([blocks[m][:, mask[m]] for m in parties], dim=1)
 
 
 def centralised(problem: Problem, l2: float, parties: Sequence[int] | None = None) -> dict[str, float]:
@@ -43,15 +42,15 @@ def centralised(problem: Problem, l2: float, parties: Sequence[int] | None = Non
     held = problem.parties
     parties = list(range(held.blocks.shape[0])) if parties is None else list(parties)
     x, x_test = _pooled(held.blocks, held.mask, parties), _pooled(held.test_blocks, held.mask, parties)
-    y, y_test = problem.labels.cpu().numpy(), problem.test_labels.cpu().numpy()
-    fit = LogisticRegression(C=1 / (len(y) * l2), fit_intercept=False, tol=1e-10, max_iter=10_000).fit(x, y)
-    w = fit.coef_[0]
-    scores, test_scores = x @ w, x_test @ w
-    ends = np.cumsum([int(held.mask[m].sum()) for m in parties])[:-1]
-    return {"train-objective": float(np.logaddexp(0, -y * scores).mean() + 0.5 * l2 * w @ w),
-            "test-log-loss": float(np.logaddexp(0, -y_test * test_scores).mean()),
-            "test-error": float(np.mean(test_scores * y_test <= 0)),
-            "largest-block-norm": max(float(np.linalg.norm(block)) for block in np.split(w, ends))}
+    labels, test_labels = problem.labels, problem.test_labels
+    fit = LogisticRegression(C=1 / (len(labels) * l2), fit_intercept=False, tol=1e-10, max_iter=10_000)
+    w = torch.from_numpy(fit.fit(x.cpu().numpy(), labels.cpu().numpy()).coef_[0]).to(x)
+    scores, test_scores = (x @ w).unsqueeze(0), (x_test @ w).unsqueeze(0)
+    widths = [int(held.mask[m].sum()) for m in parties]
+    return {"train-objective": float(updates.objective(scores, labels, w.view(1, 1, -1), l2)[0]),
+            "test-log-loss": float(updates.loss(test_scores, test_labels)[0]),
+            "test-error": float(updates.error(test_scores, test_labels)[0]),
+            "largest-block-norm": max(float(torch.linalg.vector_norm(b)) for b in torch.split(w, widths))}
 
 
 def vertical_sgd(problem: Problem, l2: float, rates: Sequence[float], seeds: Sequence[int], epochs: int,
@@ -85,7 +84,7 @@ def vertical_sgd(problem: Problem, l2: float, rates: Sequence[float], seeds: Seq
         test = updates.scores(held.test_blocks, x).sum(dim=1)
         objective = updates.objective(train, labels, x, l2)
         test_loss = updates.loss(test, problem.test_labels)
-        error = (test * problem.test_labels <= 0).to(test.dtype).mean(dim=-1)
+        error = updates.error(test, problem.test_labels)
         for i in range(len(runs)):
             records[i].append({"epoch": epoch, "train-objective": float(objective[i]),
                                "test-log-loss": float(test_loss[i]), "test-error": float(error[i])})

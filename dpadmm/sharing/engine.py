@@ -195,7 +195,7 @@ def evaluate(problem: Problem, state: State, t: int, l2: float) -> list[dict[str
     test_scores = updates.scores(problem.parties.test_blocks, state.x).sum(dim=1)
     train = updates.objective(scores, problem.labels, state.x, l2)
     test = updates.loss(test_scores, problem.test_labels)
-    error = (test_scores * problem.test_labels <= 0).to(scores.dtype).mean(dim=-1)
+    error = updates.error(test_scores, problem.test_labels)
     residual = torch.linalg.vector_norm(state.messages.sum(dim=1) - state.z, dim=-1)
     return [{"round": t, "train-objective": float(train[s]), "test-log-loss": float(test[s]),
              "test-error": float(error[s]), "primal-residual": float(residual[s])} for s in range(len(train))]

@@ -130,11 +130,11 @@ def implied_epsilon(sigma: float, sensitivity: float, releases: int, delta: floa
     """The exact epsilon at ``delta`` of ``releases`` Gaussian releases of multiplier sigma / C: they compose
     to one release of multiplier (sigma / C) / sqrt(releases) (Gaussian differential privacy, Dong, Roth &
     Su 2022, Cor. 2.5); inf where it exceeds what dp-accounting resolves."""
-    import dp_accounting
+    from dpadmm.privacy.ledger import Release, single_release
 
     try:
-        return float(dp_accounting.get_epsilon_gaussian(multiplier(sigma, sensitivity) / math.sqrt(releases),
-                                                        delta))
+        composed = Release("gaussian", multiplier(sigma, sensitivity) / math.sqrt(releases))
+        return single_release(composed, delta)
     except (ValueError, OverflowError):
         return math.inf
 

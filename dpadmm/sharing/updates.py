@@ -27,6 +27,12 @@ def loss_gradient(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return -labels * torch.sigmoid(-labels * scores) / scores.shape[-1]
 
 
+def error(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The share of samples misclassified, per run: [S] from scores [S, N] and labels +-1 [N]. A score of 0
+    counts as an error for either class (no decision)."""
+    return (scores * labels <= 0).to(scores.dtype).mean(dim=-1)
+
+
 def objective(scores: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, l2: float) -> torch.Tensor:
     """F = l(sum_m D_m x_m) + l2 sum_m ||x_m||^2 / 2 (001 eq. (2)): [S] from x [S, M, d]."""
     return loss(scores, labels) + 0.5 * l2 * x.square().sum(dim=(-2, -1))
