@@ -120,7 +120,7 @@ def update(config: DecentralConfig, agents: problems.Agents, state: State, weigh
            k: int) -> updates.Released:
     """The configured algorithm's k-th update of every agent, before the noise."""
     x, features, labels = state.x, agents.features, agents.labels
-    step = config.step_decay**k
+    step = config.alpha(k)  # eta_k for the gradient methods (Algorithm 1 uses 1/D through penalty)
     if config.algorithm == "ldp-admm":
         grad = updates.gradient(features, labels, x)
         return updates.admm_step(x, state.dual, grad, agents.adjacency, weights, config.penalty, state.sums)
