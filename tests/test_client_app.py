@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +42,13 @@ def test_bad_node_configs_are_named(tmp_path: Path) -> None:
                                 "num-samples-total": 100}, num_classes=10)
     with pytest.raises(ValueError, match="10 partitions but num-agents=5"):
         agent_data_for(RunConfig(num_agents=5), {"partition-id": 0, "num-partitions": 10}, num_classes=10)
+
+
+def test_the_client_app_imports_no_accountant() -> None:
+    """A deployed SuperNode starts a ClientApp process per message: it must not pay the second that
+    dp-accounting (with SciPy's statistics) takes to import, which no client uses for a fixed epsilon."""
+    probe = ("import sys\nimport clients.client_app\n"
+             "print('dp_accounting' in sys.modules, 'scipy.stats' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.split() == ["False", "False"]

@@ -11,13 +11,13 @@ from scipy.stats import norm
 
 from dpadmm.privacy.ledger import (
     PLD_INTERVAL,
-    RELATION,
     Release,
     advanced_composition,
     basic_composition,
     calibrate_multiplier,
     ledger,
     pld_epsilon,
+    relation,
     single_release,
 )
 
@@ -50,7 +50,7 @@ def test_basic_and_advanced_composition_closed_forms() -> None:
 def test_a_sampled_release_is_dp_accountings_poisson_sampled_event() -> None:
     """The event algebra: sampling wraps the mechanism, a count composes it; amplification lowers epsilon."""
     sampled = Release("gaussian", 1.1, sampling=0.01)
-    direct = pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=PLD_INTERVAL)
+    direct = pld_privacy_accountant.PLDAccountant(relation(), value_discretization_interval=PLD_INTERVAL)
     direct.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
     assert pld_epsilon(sampled, 1000, 1e-5) == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
     assert pld_epsilon(sampled, 1000, 1e-5) < pld_epsilon(Release("gaussian", 1.1), 1000, 1e-5) / 10

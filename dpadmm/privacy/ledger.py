@@ -13,6 +13,10 @@ sensitivity under the family's neighbouring relation (one sample replaced, or ad
 The PLD of such a mechanism is that of one shifted pair of noise distributions whatever the
 relation, so it is composed with dp-accounting's add-or-remove accountant, the one that
 implements the Laplace PLD.
+
+``dp-accounting`` (with SciPy's statistics, over a second to import) is imported where it is used, so
+that a Flower ClientApp, which starts a process per message in a deployment and never composes
+events, does not pay for it.
 """
 
 from __future__ import annotations
@@ -21,17 +25,15 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dp_accounting
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
+if TYPE_CHECKING:
+    import dp_accounting
 
 # Discretisation of the PLD accountant: pessimistic (a valid upper bound) at any interval;
 # 1e-3 is within 1e-5 relative of 1e-4 on the papers' settings and ten times faster.
 PLD_INTERVAL = 1e-3
 CALIBRATION_INTERVAL = 1e-2  # coarser, so more pessimistic: the calibrated run meets its target
-RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 ACCOUNTANTS = ("pld", "rdp")
 MECHANISMS = ("laplace", "gaussian")
 
@@ -48,15 +50,26 @@ def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
     return (2.0 if neighbouring == "replace-one" else 1.0) * clip / total
 
 
+def relation() -> dp_accounting.NeighboringRelation:
+    """The neighbouring relation of every accountant: add-or-remove-one, the one with the Laplace PLD (the
+    module docstring says why this serves replace-one releases too)."""
+    import dp_accounting
+
+    return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
 def accountant(kind: str = "pld", interval: float = PLD_INTERVAL) -> dp_accounting.PrivacyAccountant:
-    """A fresh dp-accounting accountant: PLD (discretised at ``interval``) or RDP, for :data:`RELATION`.
+    """A fresh dp-accounting accountant: PLD (discretised at ``interval``) or RDP, for :func:`relation`.
 
     Every epsilon of the project (the families' ledgers and the baselines') comes from one of these.
     """
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     if kind == "pld":
-        return pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=interval)
+        return pld_privacy_accountant.PLDAccountant(relation(), value_discretization_interval=interval)
     if kind == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=RELATION)
+        return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation())
     raise ValueError(f"accountant={kind!r} is not allowed; choose one of {', '.join(ACCOUNTANTS)}")
 
 
@@ -84,6 +97,8 @@ class Release:
 
     def event(self, count: int = 1) -> dp_accounting.DpEvent:
         """dp-accounting's event for ``count`` such releases composed."""
+        import dp_accounting
+
         if self.mechanism == "laplace":
             one: dp_accounting.DpEvent = dp_accounting.LaplaceDpEvent(noise_multiplier=self.noise_multiplier)
         else:
@@ -172,6 +187,8 @@ def single_release(release: Release, delta: float) -> float:
         return pld_epsilon(release, 1, delta)
     if release.mechanism == "laplace":
         return 1.0 / release.noise_multiplier
+    import dp_accounting
+
     return float(dp_accounting.get_epsilon_gaussian(release.noise_multiplier, delta))
 
 
@@ -253,6 +270,8 @@ def calibrate_multiplier(mechanism: str, count: int, target_epsilon: float, delt
         raise ValueError(f"target-epsilon={target_epsilon:g} needs more than {1 / low:g} per "
                          f"release ({count} releases give {ceiling:.4g} there); ask for less, or set "
                          "epsilon directly")
+    import dp_accounting
+
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: accountant("pld", CALIBRATION_INTERVAL),
         lambda m: release(m).event(count),
