@@ -24,7 +24,9 @@ Where the agent's data come from, by node config:
 
 An ADMM-sharing (001) party: in simulation its column block of the configured data set; in
 deployment ``partition-id`` (its party, 0..M-1) and ``data-path``, its own ``.npz`` of sample ids
-and column block (:func:`dpadmm.data.vertical.read_party_file`).
+and column block (:func:`dpadmm.data.vertical.read_party_file`). A 004 agent: in simulation its
+samples of the run's draw; in deployment ``partition-id`` (its agent, 0..N-1) and ``data-path``, its
+own ``.npz`` of samples (:func:`dpadmm.decentral.problem.read_agent_file`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from clients.decentral import iterate_reply
+from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from clients.dpiadmm import answer_query, train_reply
 from clients.linadmm import gradient_reply
 from clients.sharing import round_reply, scores_reply
@@ -49,7 +51,7 @@ from dpadmm.data.partition import partition_contiguous
 from dpadmm.data.vertical import read_party_file, row_digest
 from dpadmm.decentral import engine as decentral_engine
 from dpadmm.decentral.config import DecentralConfig
-from dpadmm.decentral.problem import Agents, agent_view
+from dpadmm.decentral.problem import Agents, agent_view, read_agent_file
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
@@ -176,14 +178,29 @@ def sharing_party(config: SharingConfig, node_config: Mapping[str, Any]
 
 
 @lru_cache(maxsize=8)
-def decentral_agent(config: DecentralConfig, agent: int, num_partitions: int) -> Agents:
-    """What agent ``agent`` of 004 holds and knows (simulation: its samples of the run's draw, the public
-    graph)."""
+def decentral_partition(config: DecentralConfig, agent: int, num_partitions: int) -> Agents:
+    """What agent ``agent`` of 004 holds and knows in simulation: its samples of the run's draw, the public
+    graph."""
     if num_partitions != config.agents:
         raise ValueError(f"the federation has {num_partitions} SuperNodes but agents={config.agents}; run "
                          "one SuperNode per agent")
     dtype = decentral_engine.DTYPES[config.dtype]
     return agent_view(config, decentral_engine.dataset_of(config), agent, dtype)
+
+
+@lru_cache(maxsize=4)
+def decentral_file(config: DecentralConfig, agent: int, path: str) -> Agents:
+    """What agent ``agent`` of 004 holds and knows in deployment: its own file's samples, the public graph."""
+    return read_agent_file(config, agent, path, decentral_engine.DTYPES[config.dtype])
+
+
+def decentral_agent(config: DecentralConfig, node_config: Mapping[str, Any]) -> Agents:
+    """This agent's view: the device's own file when the node config names one (``data-path``), else its
+    samples of the configured data set."""
+    agent = int(node_config["partition-id"])
+    if "data-path" in node_config:
+        return decentral_file(config, agent, str(node_config["data-path"]))
+    return decentral_partition(config, agent, int(node_config["num-partitions"]))
 
 
 @app.evaluate()
@@ -196,18 +213,20 @@ def evaluate(msg: Message, context: Context) -> Message:
     return scores_reply(msg, context, parties, int(context.node_config["partition-id"]))
 
 
-@app.train()
+@app.train(mods=[secure_sum_mod])
 def train(msg: Message, context: Context) -> Message:
     """DP-IADMM: receive w, lambda_p and the last iterate, run E local updates, send z_p^{t+1}.
-    DP-ADMM / DP-AccADMM: receive the point, send the clipped gradient sum of this client's rows."""
+    DP-ADMM / DP-AccADMM: receive the point, send the clipped gradient sum of this client's rows.
+    004: release the agent's next iterate (with exchange=secret through SecAgg+, whose mod wraps this)."""
     chosen = from_run_config(context.run_config)
     partition_id = int(context.node_config["partition-id"])
     if isinstance(chosen, LinAdmmConfig):
         features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
         return gradient_reply(msg, chosen, features, labels, partition_id)
     if isinstance(chosen, DecentralConfig):
-        view = decentral_agent(chosen, partition_id, int(context.node_config["num-partitions"]))
-        return iterate_reply(msg, context, chosen, view, partition_id)
+        view = decentral_agent(chosen, context.node_config)
+        reply = sum_reply if chosen.exchange == "secret" else iterate_reply
+        return reply(msg, context, chosen, view, partition_id)
     if isinstance(chosen, SharingConfig):
         parties, digest = sharing_party(chosen, context.node_config)
         return round_reply(msg, context, chosen, parties, partition_id, digest)

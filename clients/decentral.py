@@ -1,19 +1,29 @@
 """An agent of paper 004 on Flower: its own samples, its private weights, noise and dual; its neighbours'
 iterates in, its own noisy iterate out.
 
-Each iteration k the router sends the agent x^{k-1} of itself and its neighbours. The agent first
-finishes iteration k - 1 (Algorithm 1's dual update, which needs the neighbours' x^{k-1}), then
-releases x^k with :func:`dpadmm.decentral.engine.release`, the engine's own function, on a view of
-the federation in which only its row holds data: its weights and noise come from its keyed streams
-(seed, agent, k), so a Flower run equals the engine's. Its dual stays in ``context.state``; nothing
-private leaves the agent.
+With ``exchange=plain``, each iteration k the router sends the agent x^{k-1} of itself and its
+neighbours. The agent first finishes iteration k - 1 (Algorithm 1's dual update, which needs the
+neighbours' x^{k-1}), then releases x^k with :func:`dpadmm.decentral.engine.release`, the engine's own
+function, on a view of the federation in which only its row holds data: its weights and noise come
+from its keyed streams (seed, agent, k), so a Flower run equals the engine's. Its dual stays in
+``context.state``; nothing private leaves the agent.
+
+With ``exchange=secret`` (:func:`sum_reply`) the server sends S^{k-1}, the sum of all agents' x^{k-1}
+(by SecAgg+: :func:`secure_sum_mod` runs Flower's ``secaggplus_mod`` around this handler), and the agent
+keeps its own x^{k-1} too; its neighbour sum is S^{k-1} - x_i^{k-1}, as in the engine's
+``exchange=secret``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat
 
 from dpadmm.decentral import engine
 from dpadmm.decentral.config import DecentralConfig
@@ -21,6 +31,7 @@ from dpadmm.decentral.problem import Agents
 from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
 
 DUAL, DUAL_ROUND = "decentral-dual", "decentral-dual-round"  # the agent's records in context.state
+OWN = "decentral-own"  # with exchange=secret: its own last iterate, beside the dual
 
 
 def _dual(context: Context, k: int, view: Agents, agent: int) -> torch.Tensor:
@@ -61,3 +72,52 @@ def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view:
     reply = ArrayRecord({EXCHANGED_KEY: Array(released[0, agent].cpu().numpy())})
     metrics = MetricRecord({"partition-id": agent, "server-round": k})
     return Message(content=RecordDict({"arrays": reply, "metrics": metrics}), reply_to=msg)
+
+
+def _own(context: Context, config: DecentralConfig, k: int, view: Agents, agent: int) -> torch.Tensor:
+    """The agent's own x^{k-1} as a view [1, N, d]: the keyed x^0 at the start, else the one it kept."""
+    x = view.features.new_zeros((1, view.features.shape[1], view.features.shape[-1]))
+    if k == 1:
+        x[0, agent] = engine.initial_state(view, [config.seed]).x[0, agent]
+        return x
+    held = context.state.config_records.get(DUAL_ROUND)
+    if held is None or int(held["round"]) != k - 2 or OWN not in context.state.array_records:
+        raise ValueError(f"agent {agent} holds no iterate of iteration {k - 1} (restarted, or it missed an "
+                         "iteration): Algorithm 1's agents must take part in every iteration")
+    x[0, agent] = torch.from_numpy(np.array(context.state.array_records[OWN]["x"].numpy(), copy=True))
+    return x
+
+
+def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Agents, agent: int) -> Message:
+    """Answer iteration k of the SecAgg+ form (a legacy fit message carrying S^{k-1}): finish k - 1 (the
+    dual), release x^k with :func:`dpadmm.decentral.engine.release` from the neighbour sum
+    S^{k-1} - x_i^{k-1}. The reply goes to ``secaggplus_mod``, which masks it; it must lie within
+    ``secagg-range``, else the agent stops the run rather than let SecAgg+ clip it."""
+    fit = recorddict_compat.recorddict_to_fitins(msg.content, keep_input=True)
+    k = int(fit.config["server-round"])
+    total = torch.from_numpy(np.array(parameters_to_ndarrays(fit.parameters)[0], copy=True))
+    x = _own(context, config, k, view, agent)
+    sums = total.to(x.dtype) - x  # [1, N, d]; only this agent's row is its neighbour sum
+    dual = _dual(context, k, view, agent)
+    if k > 1:
+        dual = engine.dual(config, view, dual, x, sums)  # iteration k - 1's
+    released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k)
+    mine = released[0, agent].cpu().numpy()
+    largest = float(np.abs(mine).max())
+    if largest > config.secagg_range:
+        raise ValueError(f"agent {agent}'s iterate of iteration {k} has a coordinate of size {largest:.4g}, "
+                         f"outside secagg-range={config.secagg_range:g}, which SecAgg+ would clip; raise it")
+    context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
+    context.state.array_records[OWN] = ArrayRecord({"x": Array(mine)})
+    context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
+    reply = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([mine]),
+                   num_examples=1, metrics={"partition-id": agent, "server-round": k})
+    return Message(content=recorddict_compat.fitres_to_recorddict(reply, keep_input=True), reply_to=msg)
+
+
+def secure_sum_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ workflow (those carrying its configs); every
+    other message passes through, so one ClientApp serves every family."""
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)

@@ -338,6 +338,18 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--parties", default="66,57",
                           help="comma-separated column counts of the parties' blocks (default: 66,57)")
     vertical.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
+    agents = steps.add_parser(
+        "agents", help="write the agents' sample files (004, decentralised local DP)",
+        description="Write agent-<i>.npz per agent (x: its rows of UCI Adult, the encoded columns in [0, 1]; "
+                    "y: labels 0/1) in --out, the rows the run of --seed draws, so that a deployment equals "
+                    "the simulation. Agent i's SuperNode reads its own file (node config partition-id=<i> "
+                    "data-path=<file>); the server holds no data (run config decentral.data-dir='').")
+    agents.add_argument("--data-dir", required=True, help="folder with adult.data and adult.test (or .gz)")
+    agents.add_argument("--agents", type=int, default=10, help="N, the number of agents (default: 10)")
+    agents.add_argument("--samples", type=int, default=100, help="b_i, the samples of each (default: 100)")
+    agents.add_argument("--seed", type=int, default=0,
+                        help="the run's seed, which draws the rows (default: 0)")
+    agents.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
 
 
 def _split(value: str) -> list[str]:
@@ -465,6 +477,15 @@ def _deploy(args: argparse.Namespace) -> int:
             print(f"  the server only: --run-config \"algorithm='admm-sharing' "
                   f"sharing.dataset='{args.dataset}' sharing.parties='{args.parties}' "
                   f"sharing.labels-path='{labels.resolve()}'\"")
+        elif args.step == "agents":
+            paths = deploy.agent_files(args.data_dir, args.agents, args.samples, args.seed, args.out)
+            for i, path in enumerate(paths):
+                print(path)
+                print(f"  agent {i}'s device only: --node-config \"partition-id={i} "
+                      f"data-path='{path.resolve()}'\"")
+            print(f"the server holds no data: --run-config \"algorithm='ldp-admm' "
+                  f"decentral.agents={args.agents} decentral.samples={args.samples} "
+                  f"decentral.seed={args.seed}\" with the graph's keys (decentral.graph, decentral.edges)")
     except (ValueError, OSError) as err:  # OSError: existing, missing or unwritable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

@@ -17,7 +17,8 @@ authentication) is only produced with ``insecure=True``, and then with a warning
 the model, the duals and each agent's z_p in clear text and lets any process join.
 
 For ADMM sharing (001, vertical learning) :func:`vertical_files` cuts a data set into the files
-a deployment starts from: one per party with its column block, and the server's labels.
+a deployment starts from: one per party with its column block, and the server's labels; for 004
+(decentralised local DP) :func:`agent_files` writes one file of samples per agent.
 """
 
 from __future__ import annotations
@@ -176,6 +177,19 @@ def vertical_files(dataset: str, data_dir: str | Path, parties: str, out: str | 
 
     widths = parse_parties(parties)
     return write_vertical_files(load_vertical(dataset, data_dir), widths, out)
+
+
+def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out: str | Path) -> list[Path]:
+    """The files of a 004 deployment: ``agent-<i>.npz`` for each of ``agents`` agents, its ``samples`` rows of
+    UCI Adult in ``data_dir`` as the run of ``seed`` draws them
+    (:func:`dpadmm.decentral.problem.write_agent_files`), so that a deployment on them equals the
+    simulation. Outside a test each agent's data would already live on its device."""
+    from dpadmm.data.adult import load_adult
+    from dpadmm.decentral.config import DecentralConfig
+    from dpadmm.decentral.problem import write_agent_files
+
+    config = DecentralConfig(graph="complete", agents=agents, samples=samples, seed=seed)
+    return write_agent_files(config, load_adult(data_dir), out)
 
 
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,

@@ -10,6 +10,7 @@ Flower app reads them from ``context.run_config`` (``[tool.flwr.app.config]``, o
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Self, TypeVar
 
@@ -83,6 +84,7 @@ def coerce(name: str, value: Any, type_name: Any) -> Any:
 
 RULES = {
     "> 0": lambda v: v > 0,
+    "finite and > 0": lambda v: 0 < v < math.inf,
     ">= 1": lambda v: v >= 1,
     "in (0, 1)": lambda v: 0 < v < 1,
 }

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
+from flwr.server import LegacyContext, ServerConfig
 from flwr.serverapp import Grid, ServerApp
 
 from dpadmm.data.vertical import read_labels_file, row_digest
@@ -29,6 +30,9 @@ from dpadmm.decentral import engine as decentral_engine
 from dpadmm.decentral import privacy as decentral_privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.privacy import Statement
+from dpadmm.decentral.problem import FEATURES, public_agents
+from dpadmm.decentral.problem import Agents as DecentralAgents
+from dpadmm.decentral.problem import Problem as DecentralProblem
 from dpadmm.decentral.problem import build as decentral_problem
 from dpadmm.families import from_run_config
 from dpadmm.iadmm import privacy
@@ -45,7 +49,7 @@ from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
-from strategies.decentral import GraphRouter
+from strategies.decentral import GraphRouter, SecureSum, secure_workflow
 from strategies.linadmm import DPLinADMM
 from strategies.sharing import ADMMSharing
 
@@ -58,7 +62,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = from_run_config(context.run_config)
     if isinstance(config, DecentralConfig):
-        decentral_main(grid, config)
+        decentral_main(grid, context, config)
     elif isinstance(config, SharingConfig):
         sharing_main(grid, config)
     elif isinstance(config, LinAdmmConfig):
@@ -83,27 +87,64 @@ def run_folder(config: Any, ledger: Ledger | Statement | None) -> Iterator[RunWr
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
 
 
-def decentral_main(grid: Grid, config: DecentralConfig) -> None:
+def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> None:
     """Paper 004: the ServerApp only routes the exchanged iterates along the graph (no server in the
-    algorithm). In simulation it also reads the data set, to evaluate the distance to x*; a deployment's
-    router would hold no data and report the consensus alone."""
-    problem = decentral_problem(config, decentral_engine.dataset_of(config), [config.seed],
-                                decentral_engine.DTYPES[config.dtype])
-    strategy = GraphRouter(config, problem.agents)
+    algorithm), or with ``exchange=secret`` sums them by SecAgg+ (:func:`decentral_secure`).
+
+    With ``data-dir`` (simulation) it also reads the data set, to evaluate the distance to x*; without
+    it (a deployment, whose agents read their own files) it holds no data and reports what the
+    exchanged iterates show: the consensus (and the a-priori epsilon)."""
+    dtype = decentral_engine.DTYPES[config.dtype]
+    problem = (decentral_problem(config, decentral_engine.dataset_of(config), [config.seed], dtype)
+               if config.data_dir else None)
+    agents = problem.agents if problem else public_agents(config, dtype)
+    statement = decentral_privacy.statement(config, FEATURES[config.dataset]) if config.private else None
+    if config.exchange == "secret":
+        decentral_secure(grid, context, config, agents, problem, statement)
+        return
+    strategy = GraphRouter(config, agents)
 
     def evaluate(writer: RunWriter, k: int, state: decentral_engine.State) -> None:
         if k % config.eval_every and k != config.rounds:
             return
-        record = {**decentral_engine.evaluate(config, problem, state, k)[0], "seconds": strategy.seconds,
-                  "elapsed": strategy.elapsed}
-        writer.record(record)
-        log(INFO, "dpadmm iteration %d/%d: log-error %.4f (worst agent %.4f), consensus %.4g", k,
-            config.rounds, record["log-error"], record["log-error-max"], record["consensus"])
+        record = (decentral_engine.evaluate(config, problem, state, k) if problem else
+                  decentral_engine.public_metrics(config, agents.adjacency, state.x, k))[0]
+        writer.record({**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed})
+        error = (f"log-error {record['log-error']:.4f} (worst agent {record['log-error-max']:.4f}), "
+                 if problem else "")
+        log(INFO, "dpadmm iteration %d/%d: %sconsensus %.4g", k, config.rounds, error, record["consensus"])
 
-    d = int(problem.optimum.shape[-1])
-    statement = decentral_privacy.statement(config, d) if config.private else None
     with run_folder(config, statement) as writer:  # privacy.json and the closing line: the statement
         strategy.start(grid=grid, evaluate_fn=lambda k, state: evaluate(writer, k, state))
+
+
+def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, agents: DecentralAgents,
+                     problem: DecentralProblem | None, statement: Statement | None) -> None:
+    """Algorithm 1's SecAgg+ form: the server holds only S^k, the sum of the agents' iterates, so it reports
+    the log-error of their average (``log-error-average``, when it holds the data set) and the a-priori
+    epsilon."""
+    n = int(agents.adjacency.shape[-1])
+    strategy = SecureSum(config, agents)
+
+    def evaluate(writer: RunWriter, k: int, total: torch.Tensor) -> None:
+        if k % config.eval_every and k != config.rounds:
+            return
+        record: dict[str, float] = {"round": k}
+        if problem:
+            average = (total / n).to(problem.optimum).unsqueeze(0)  # [1, d]
+            record["log-error-average"] = float(decentral_engine.log_error(problem.optimum, average)[0])
+            log(INFO, "dpadmm iteration %d/%d: log-error of the agents' average %.4f (SecAgg+: the server "
+                "holds only their sum)", k, config.rounds, record["log-error-average"])
+        else:
+            log(INFO, "dpadmm iteration %d/%d: summed by SecAgg+", k, config.rounds)
+        if config.private:
+            record["epsilon"] = decentral_engine.a_priori(config, FEATURES[config.dataset], k)
+        writer.record({**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed})
+
+    legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=config.rounds), strategy=strategy)
+    with run_folder(config, statement) as writer:
+        strategy.evaluate_fn = lambda k, total: evaluate(writer, k, total)
+        secure_workflow(config, n)(grid, legacy)
 
 
 def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:

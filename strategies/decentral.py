@@ -13,17 +13,40 @@ missing, failed, for another iteration or agent, of the wrong length or not fini
 a logged reason, and its neighbours get its last exchanged iterate again (a stale value: the
 algorithms are then no longer the paper's, which the log says). The agents' Algorithm-1 duals live
 with the agents (their Flower ``context.state``).
+
+With ``exchange=secret`` the server does not route but sums, by Flower's SecAgg+ (:class:`SecureSum`
+under :func:`secure_workflow`): the server-based form of Algorithm 1 on the complete graph (NOTES-004,
+section 7), a star whose centre needs only S^k = sum_j x_j^k. Each agent's neighbour sum is S^k - x_i^k,
+so the agents run exactly the engine's ``exchange=secret`` updates, with the sum computed by SecAgg+
+(pairwise masks, Shamir-shared seeds, stochastic quantisation) instead of the paper's Algorithm 3. The
+server learns S^k and no single iterate; every agent learns S^k too (it needs it), so against all other
+agents colluding the view, and the guarantee, are the plain exchange's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -139,3 +162,101 @@ class GraphRouter(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
+
+
+QUANTIZATION = 2**22  # SecAgg+'s levels per iterate coordinate (Flower's default)
+MODULUS = 2**32  # its masks' modulus (Flower's default): the sum of N quantised iterates must stay below
+
+
+class SecureSum(LegacyStrategy):
+    """The server of Algorithm 1's SecAgg+ form (``exchange=secret``): each iteration every agent uploads
+    x_i^k through SecAgg+ and the server gets only their average, from which it keeps S^k = N times it and
+    sends S^k to all agents next iteration. It starts from S^0, the sum of the keyed x^0 (data-free).
+
+    A Flower *legacy* strategy, because SecAgg+ runs as a legacy workflow (:func:`secure_workflow`).
+    Algorithm 1 needs every agent's iterate in every iteration: fewer replies, or a secure aggregation
+    that halts, stop the run with an error naming the iteration. After each iteration
+    ``evaluate_fn(k, S^k)`` is called."""
+
+    def __init__(self, config: DecentralConfig, agents: Agents,
+                 evaluate_fn: Callable[[int, torch.Tensor], None] | None = None) -> None:
+        if config.exchange != "secret" or config.algorithm != "ldp-admm":
+            raise ValueError(f"SecureSum runs exchange='secret' with algorithm='ldp-admm', not "
+                             f"exchange={config.exchange!r} with algorithm={config.algorithm!r}")
+        self.n = int(agents.adjacency.shape[-1])
+        if self.n * QUANTIZATION >= MODULUS:
+            raise ValueError(f"agents={self.n} is too many for SecAgg+'s modulus 2^32 with 2^22 levels; "
+                             f"exchange='secret' on Flower takes at most {MODULUS // QUANTIZATION - 1}")
+        self.config = config
+        self.evaluate_fn = evaluate_fn
+        self.total = engine.initial_state(agents, [config.seed]).x[0].sum(dim=0)  # S^0
+        self.summed = 0  # the last iteration whose sum arrived
+        self.started = 0.0
+        self.seconds = 0.0  # of the last iteration, from sending S^{k-1} to the sum S^k
+        self.elapsed = 0.0
+
+    def __repr__(self) -> str:
+        return f"SecureSum(N={self.n}, K={self.config.rounds})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters([self.total.cpu().numpy()])
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                      ) -> list[tuple[ClientProxy, FitIns]]:
+        """Every agent gets S^{k-1}; all N must be connected."""
+        if not client_manager.wait_for(self.n, timeout=int(self.config.node_timeout)):
+            raise RuntimeError(f"iteration {server_round}: {client_manager.num_available()} of the "
+                               f"{self.n} agents' nodes connected within node-timeout="
+                               f"{self.config.node_timeout:g} s; Algorithm 1 needs all of them")
+        self.started = time.perf_counter()
+        instruction = FitIns(parameters, {"server-round": server_round})
+        return [(proxy, instruction) for proxy in client_manager.sample(self.n, min_num_clients=self.n)]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException]
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """S^k = N times SecAgg+'s average of the agents' x_i^k."""
+        if failures or len(results) != self.n:
+            first = f"; the first failure: {failures[0]}" if failures else ""
+            raise RuntimeError(f"iteration {server_round}: {len(results)} of the {self.n} agents' iterates "
+                               f"were summed{first}; Algorithm 1 needs every agent's iterate")
+        average = parameters_to_ndarrays(results[0][1].parameters)[0]
+        self.total = torch.from_numpy(np.asarray(average, dtype=np.float64) * self.n)
+        self.summed = server_round
+        self.seconds = time.perf_counter() - self.started
+        self.elapsed += self.seconds
+        return ndarrays_to_parameters([self.total.numpy()]), {"agents": len(results)}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        """After iteration k: stop if its sum did not arrive (a halted SecAgg+), else ``evaluate_fn``."""
+        if server_round == 0:
+            return None
+        if self.summed != server_round:
+            raise RuntimeError(f"iteration {server_round}: the secure aggregation halted (see the log: too "
+                               "few agents answered a stage); Algorithm 1 needs every agent's iterate")
+        if self.evaluate_fn is not None:
+            self.evaluate_fn(server_round, self.total)
+        return None
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
+                           ) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+
+def secure_workflow(config: DecentralConfig, agents: int) -> DefaultWorkflow:
+    """Flower's workflow for :class:`SecureSum`: SecAgg+ with every agent holding a share of every other's
+    secrets (N shares) and N - 1 of them needed to unmask (so that an honest-but-curious server with N - 2
+    colluding agents learns no single iterate, as with Algorithm 3), unit weights, iterates in
+    [-``secagg-range``, ``secagg-range``]; no federated evaluation."""
+    def no_evaluation(grid: Grid, context: Context) -> None:
+        return None
+
+    secagg = SecAggPlusWorkflow(num_shares=agents, reconstruction_threshold=agents - 1, max_weight=1.0,
+                                clipping_range=config.secagg_range, quantization_range=QUANTIZATION,
+                                modulus_range=MODULUS, timeout=config.round_timeout)
+    return DefaultWorkflow(fit_workflow=secagg, evaluate_workflow=no_evaluation)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dpadmm.decentral.config import DecentralConfig
 from dpadmm.sharing.config import SharingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,6 +153,13 @@ def sharing_run_config(config: SharingConfig) -> str:
     """--run-config for an ADMM-sharing ``config``: `algorithm` and the family's table, sharing.<key>."""
     keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
     return "algorithm='admm-sharing' " + " ".join(f"sharing.{k}={toml_value(v)}" for k, v in keys.items())
+
+
+def decentral_run_config(config: DecentralConfig) -> str:
+    """--run-config for a 004 ``config``: `algorithm` and the family's table, decentral.<key>."""
+    keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
+    return f"algorithm='{config.algorithm}' " + " ".join(f"decentral.{k}={toml_value(v)}"
+                                                         for k, v in keys.items())
 
 
 def flower_app(tmp_path: Path, client_module: str) -> Path:

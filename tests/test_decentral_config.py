@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
     ({"noise_growth": 0.5}, "noise-growth=0.5 is not allowed; give a finite value >= 1"),
     ({"sensitivity": -0.01}, "sensitivity=-0.01 is not allowed; it must be >= 0 \\(0 = 2/b_i\\)"),
     ({"seed": -1}, "seed=-1 is not allowed"),
+    ({"x_step": "exact"}, "x-step='exact' \\(eq. \\(12\\)\\) is not allowed with algorithm='ldp-admm' and "
+                          "noise='laplace'; it needs algorithm='ldp-admm' and noise='none'"),
+    ({"x_step": "newton"}, "x-step='newton' is not allowed; choose one of linearised, exact"),
     ({"target_epsilon": 1.0, "noise": "none"}, "target-epsilon=1.0 is not allowed; give a finite value >= 0"),
 ])
 def test_a_bad_value_is_named(changes: dict, message: str) -> None:

@@ -41,8 +41,10 @@ def test_each_run_draws_its_samples_and_graph_and_its_optimum_is_exact(adult: Da
     assert float(total.abs().max()) < 1e-12
 
 
-def test_without_noise_algorithm_1_reaches_the_optimum_and_batches_equal_single_runs(adult: Dataset) -> None:
-    config = _config(noise="none", eval_every=50)
+@pytest.mark.parametrize("x_step", ["linearised", "exact"])
+def test_without_noise_algorithm_1_reaches_the_optimum_and_batches_equal_single_runs(x_step: str,
+                                                                                    adult: Dataset) -> None:
+    config = _config(noise="none", eval_every=50, x_step=x_step)
     both = engine.run(config, seeds=[0, 3], dataset=adult, write=False, progress=False)
     assert [r["round"] for r in both.records[0]] == [50, 100]
     assert all(r[-1]["log-error-max"] < -9 for r in both.records)  # linear convergence to x*
@@ -83,11 +85,14 @@ def test_the_gradient_methods_approach_the_optimum_without_noise(algorithm: str,
 
 
 def test_a_run_writes_its_metrics(tmp_path: Path, adult: Dataset) -> None:
-    engine.run(_config(rounds=3), dataset=adult, directories=[tmp_path / "run"], progress=False)
+    result = engine.run(_config(rounds=3), dataset=adult, directories=[tmp_path / "run"], progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    average = result.state.x.mean(dim=1)  # the agents' average, what a SecAgg+ server holds
+    expected = torch.log(torch.linalg.vector_norm(average - result.problem.optimum, dim=-1) / 14)
+    assert lines[-1]["log-error-average"] == pytest.approx(float(expected[0]), rel=1e-12)
     assert [r["round"] for r in lines] == [1, 2, 3]
-    assert set(lines[0]) == {"round", "log-error", "log-error-max", "consensus", "epsilon", "epsilon-ex-post",
-                             "epsilon-ex-post-max", *CLOCKS}
+    assert set(lines[0]) == {"round", "log-error", "log-error-max", "log-error-average", "consensus",
+                             "epsilon", "epsilon-ex-post", "epsilon-ex-post-max", *CLOCKS}
     statement = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert statement["covered"] and statement["releases"] == 3
 

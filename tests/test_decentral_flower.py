@@ -1,33 +1,40 @@
 """Paper 004 on Flower for real: `flwr run .` with one SuperNode per agent and a ServerApp that only routes
-the exchanged iterates along the graph equals the engine iteration by iteration."""
+the exchanged iterates along the graph equals the engine iteration by iteration; with exchange=secret
+Flower's SecAgg+ sums the iterates, and the agents' updates from that sum are the engine's."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.compat.common import recorddict_compat
+from flwr.supercore.task_identity import TaskIdentity
 
+from clients.decentral import secure_sum_mod, sum_reply
+from dpadmm.data.adult import load_adult
 from dpadmm.decentral import engine
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import agent_view
+from dpadmm.decentral.problem import build as build_problem
 from dpadmm.runs.results import read_metrics
-from tests.conftest import flwr_run, toml_value
-
-pytestmark = pytest.mark.slow
-
-
-def _run_config(config: DecentralConfig) -> str:
-    keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
-    return f"algorithm='{config.algorithm}' " + " ".join(f"decentral.{k}={toml_value(v)}"
-                                                         for k, v in keys.items())
+from strategies.decentral import SecureSum
+from tests.conftest import decentral_run_config, flwr_run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ldp-admm", "ldp-dgd-star"])
 def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, flwr_env: dict[str, str],
                                                              tmp_path: Path, binary_dir: Path) -> None:
     out = tmp_path / "flower"
     config = DecentralConfig(algorithm=algorithm, agents=5, edges=6, rounds=4, seed=3,
                              data_dir=str(binary_dir / "adult"), out=str(out))
-    output = flwr_run(flwr_env, _run_config(config), supernodes=5)
+    output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
     assert "dpadmm iteration 4/4: log-error" in output and "-LDP, pure, a priori" in output
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
@@ -35,3 +42,110 @@ def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, flw
     for ours, theirs in zip(flower, local, strict=True):
         for key in ("log-error", "log-error-max", "consensus", "epsilon"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
+
+
+@pytest.mark.slow
+def test_secagg_plus_run_equals_the_engine_up_to_its_quantisation(flwr_env: dict[str, str], tmp_path: Path,
+                                                                  binary_dir: Path) -> None:
+    """exchange=secret through a real `flwr run`: SecAgg+ (four stages an iteration, masks, Shamir shares)
+    delivers the sum, and the average's error follows the engine's exchange=secret run (Algorithm 3) to
+    within SecAgg+'s quantisation (steps of 2 * 32 / 2^22)."""
+    out = tmp_path / "secagg"
+    config = DecentralConfig(graph="complete", agents=5, exchange="secret", rounds=4, seed=3,
+                             data_dir=str(binary_dir / "adult"), out=str(out))
+    output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
+    assert output.count("Secure aggregation completed.") == 4 and "-LDP, pure, a priori" in output
+    flower = read_metrics(out)
+    local = engine.run(config, write=False, progress=False).records[0]
+    assert [r["round"] for r in flower] == [1, 2, 3, 4]
+    for ours, theirs in zip(flower, local, strict=True):
+        k = ours["round"]
+        assert ours["log-error-average"] == pytest.approx(theirs["log-error-average"], abs=1e-4), k
+        assert ours["epsilon"] == pytest.approx(theirs["epsilon"], rel=1e-12)
+
+
+@pytest.fixture
+def server_process() -> Iterator[None]:
+    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own)."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
+
+
+def _fit_message(total: np.ndarray, k: int) -> Message:
+    instruction = FitIns(ndarrays_to_parameters([total]), {"server-round": k})
+    content = recorddict_compat.fitins_to_recorddict(instruction, keep_input=True)
+    return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+def _context() -> Context:
+    return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+
+
+def _iterate(reply: Message) -> np.ndarray:
+    return parameters_to_ndarrays(recorddict_compat.recorddict_to_fitres(reply.content, True).parameters)[0]
+
+
+@pytest.mark.usefixtures("server_process")
+def test_the_agents_updates_from_the_sum_are_the_engines(binary_dir: Path) -> None:
+    """Five agents answering the server's S^{k-1} (each with its own context) release exactly the engine's
+    x^k of Algorithm 1 on the complete graph, whose neighbour sums are S - x_i; the server's S^0 is the sum
+    of the keyed x^0."""
+    config = DecentralConfig(graph="complete", agents=5, exchange="secret", rounds=3, seed=2,
+                             data_dir=str(binary_dir / "adult"))
+    dataset = load_adult(config.data_dir)
+    views = [agent_view(config, dataset, i) for i in range(config.agents)]
+    contexts = [_context() for _ in range(config.agents)]
+    server = SecureSum(config, views[0])
+    total = parameters_to_ndarrays(server.initialize_parameters(client_manager=None))[0]  # type: ignore[arg-type]
+    plain = dataclasses.replace(config, exchange="plain")
+    problem = build_problem(plain, dataset, [config.seed])
+    state = engine.start(plain, problem.agents, [config.seed])
+    assert np.allclose(total, state.x[0].sum(dim=0).numpy(), rtol=1e-14, atol=1e-14)
+    for k in range(1, config.rounds + 1):
+        released = np.stack([_iterate(sum_reply(_fit_message(total, k), contexts[i], config, views[i], i))
+                             for i in range(config.agents)])
+        state, _ = engine.iterate(plain, problem.agents, state, [config.seed], k)
+        np.testing.assert_allclose(released, state.x[0].numpy(), rtol=1e-11, atol=1e-12)
+        total = released.sum(axis=0)
+
+
+@pytest.mark.usefixtures("server_process")
+def test_an_agent_refuses_what_secagg_would_clip_and_a_missed_iteration(binary_dir: Path) -> None:
+    config = DecentralConfig(graph="complete", agents=5, exchange="secret", seed=2, secagg_range=0.5,
+                             data_dir=str(binary_dir / "adult"))
+    view = agent_view(config, load_adult(config.data_dir), 0)
+    total = np.zeros(14)
+    with pytest.raises(ValueError, match="outside secagg-range=0.5, which SecAgg"):
+        sum_reply(_fit_message(total, 1), _context(), config, view, 0)
+    with pytest.raises(ValueError, match="holds no iterate of iteration 2"):
+        sum_reply(_fit_message(total, 3), _context(), config, view, 0)
+
+
+def test_the_secure_sum_stops_when_an_iterate_is_missing(binary_dir: Path) -> None:
+    """Algorithm 1 needs every agent's iterate: a sum of fewer, or an iteration whose sum never arrived (a
+    halted SecAgg+), stops the run with the iteration named; 1024 agents overflow SecAgg+'s modulus."""
+    config = DecentralConfig(graph="complete", agents=5, exchange="secret",
+                             data_dir=str(binary_dir / "adult"))
+    view = agent_view(config, load_adult(config.data_dir), 0)
+    server = SecureSum(config, view)
+    ok = Status(code=Code.OK, message="")
+    results = [(None, FitRes(ok, ndarrays_to_parameters([np.ones(14)]), 1, {})) for _ in range(4)]
+    with pytest.raises(RuntimeError, match="iteration 3: 4 of the 5 agents' iterates were summed"):
+        server.aggregate_fit(3, results, [])  # type: ignore[arg-type]
+    server.aggregate_fit(3, [*results, results[0]], [])  # type: ignore[arg-type]
+    assert torch.equal(server.total, torch.full((14,), 5.0, dtype=torch.float64))
+    server.evaluate(3, ndarrays_to_parameters([]))
+    with pytest.raises(RuntimeError, match="iteration 4: the secure aggregation halted"):
+        server.evaluate(4, ndarrays_to_parameters([]))
+    many = DecentralConfig(graph="complete", agents=1024, samples=1, exchange="secret")
+    wide = type(view)(features=torch.zeros(1, 1024, 1, 14), labels=torch.zeros(1, 1024, 1),
+                      adjacency=torch.ones(1, 1024, 1024, dtype=torch.bool))
+    with pytest.raises(ValueError, match="agents=1024 is too many for SecAgg"):
+        SecureSum(many, wide)
+
+
+@pytest.mark.usefixtures("server_process")
+def test_the_mod_leaves_every_other_message_alone() -> None:
+    message = _fit_message(np.zeros(3), 1)
+    assert secure_sum_mod(message, _context(), lambda msg, context: msg) is message

@@ -3,6 +3,7 @@ identity, the fixed-parameter form) and the dual sign that converges."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,44 @@ def test_the_gradient_is_the_losss() -> None:
     x = torch.randn(2, 3, 4, generator=gen, dtype=F64, requires_grad=True)
     updates.loss(features, labels, x).sum().backward()
     torch.testing.assert_close(updates.gradient(features, labels, x.detach()), x.grad, rtol=0, atol=1e-14)
+
+
+def test_the_hessian_is_autograds() -> None:
+    gen = torch.Generator().manual_seed(2)
+    features = torch.randn(2, 3, 7, 4, generator=gen, dtype=F64)
+    labels = torch.where(torch.rand(2, 3, 7, generator=gen) < 0.5, -1.0, 1.0).to(F64)
+    x = torch.randn(2, 3, 4, generator=gen, dtype=F64)
+    full = torch.autograd.functional.hessian(lambda y: updates.loss(features, labels, y).sum(), x)
+    blocks = torch.stack([torch.stack([full[s, i, :, s, i, :] for i in range(3)]) for s in range(2)])
+    torch.testing.assert_close(updates.hessian(features, labels, x), blocks, rtol=0, atol=1e-14)
+
+
+def test_the_exact_step_is_the_argmin_of_eq_12() -> None:
+    """eq. (12) in the consensus form: x_i^{k+1} minimises f_i(x) - lambda_i^T x + (D/2)||x - v_i||^2 with
+    v_i Term A; against L-BFGS-B on that objective, agent by agent. At the same point the linearised step
+    differs (it uses grad f_i at x_i^k)."""
+    from scipy.optimize import minimize
+
+    gen = torch.Generator().manual_seed(5)
+    graph = graphs.random_connected(5, 6, seed=1)
+    features = torch.nn.functional.normalize(torch.rand(2, 5, 9, 4, generator=gen, dtype=F64), dim=-1)
+    labels = torch.where(torch.rand(2, 5, 9, generator=gen) < 0.5, -1.0, 1.0).to(F64)
+    x, dual = _iterates(10, agents=5, d=4), _iterates(11, agents=5, d=4)
+    w = torch.rand(x.shape, generator=gen, dtype=F64)
+    out = updates.admm_exact_step(x, dual, features, labels, graph.adjacency, w, 10.0)
+    centre = x + w * (updates.neighbour_mean(x, graph.adjacency) - x)
+    for s in range(2):
+        for i in range(5):
+            def objective(v: np.ndarray, s: int = s, i: int = i) -> float:
+                y = torch.from_numpy(v).view(1, 1, -1)
+                loss = updates.loss(features[s, i:i + 1].unsqueeze(0), labels[s, i:i + 1].unsqueeze(0), y)
+                flat = y.flatten()
+                return float(loss - dual[s, i] @ flat + 5.0 * (flat - centre[s, i]).square().sum())
+            found = minimize(objective, centre[s, i].numpy(), method="L-BFGS-B", tol=1e-14).x
+            np.testing.assert_allclose(out.x[s, i].numpy(), found, atol=1e-6)
+    linearised = updates.admm_step(x, dual, updates.gradient(features, labels, x), graph.adjacency, w, 10.0)
+    assert float((linearised.x - out.x).abs().max()) > 1e-3
+    assert torch.equal(out.lo, out.x) and torch.equal(out.hi, out.x)
 
 
 def test_algorithm_1s_term_a_lies_between_the_iterate_and_the_neighbour_mean() -> None:

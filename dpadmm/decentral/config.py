@@ -19,6 +19,7 @@ from dpadmm.keys import allowed
 # ldp-dgd-star: Algorithm 2* (any graph); dgd: noisy decentralised gradient descent, the baseline [45]
 ALGORITHMS = ("ldp-admm", "ldp-dgd", "ldp-dgd-star", "dgd")
 WEIGHTS = ("random", "fixed")
+X_STEPS = ("linearised", "exact")
 GRAPHS = ("random", "complete")
 NOISES = ("laplace", "none")
 EXCHANGES = ("plain", "secret")
@@ -44,6 +45,12 @@ class DecentralConfig(keys.Keyed):
                           "iteration, the paper's random local aggregator) or fixed (w = 1/2: the "
                           "fixed-parameter counterpart, Gamma = D/2, rho = D/(2|N_i|))"},
     )
+    x_step: str = field(
+        default="linearised",
+        metadata={"help": "linearised (Algorithm 1: f_i replaced by its gradient at x_i^k, a closed form) or "
+                          "exact (eq. (12): the argmin with f_i itself, by Newton's method; ldp-admm "
+                          "without noise, as the paper's Example (d))"},
+    )
     graph: str = field(default="random", metadata={
         "help": "random (connected, `edges` edges, a new graph per seed) or complete"})
     agents: int = field(default=10, metadata={"help": "N, the number of agents"})
@@ -60,8 +67,15 @@ class DecentralConfig(keys.Keyed):
         default="plain",
         metadata={"help": "plain (each agent sends its iterate to its neighbours) or secret (Algorithm 3: "
                           "the agents learn only the sum of all iterates, by additive secret sharing in "
-                          "fixed point; ldp-admm on the complete graph, whose updates need only that sum; "
-                          "engine only)"},
+                          "fixed point, in the engine; on Flower, Flower's SecAgg+ through the server, "
+                          "which learns only that sum and broadcasts it; ldp-admm on the complete graph, "
+                          "whose updates need only that sum)"},
+    )
+    secagg_range: float = field(
+        default=32.0,
+        metadata={"help": "c of Flower's SecAgg+ (exchange=secret on Flower): every iterate must lie in "
+                          "[-c, c] (an agent whose iterate does not stops the run rather than be clipped); "
+                          "the sum is quantised in steps of 2c / 2^22"},
     )
     noise: str = field(default="laplace", metadata={"help": "laplace (rate beta_k per coordinate) or none"})
     target_epsilon: float = field(
@@ -96,6 +110,7 @@ class DecentralConfig(keys.Keyed):
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("weights", self.weights, WEIGHTS)
+        allowed("x-step", self.x_step, X_STEPS)
         allowed("graph", self.graph, GRAPHS)
         allowed("noise", self.noise, NOISES)
         allowed("exchange", self.exchange, EXCHANGES)
@@ -104,6 +119,7 @@ class DecentralConfig(keys.Keyed):
         allowed("dtype", self.dtype, DTYPES)
         keys.require(self, ">= 1", "rounds", "samples", "eval_every")
         keys.require(self, "> 0", "penalty", "zeta", "node_timeout", "round_timeout")
+        keys.require(self, "finite and > 0", "secagg_range")
         if not self.sensitivity >= 0:
             raise ValueError(f"sensitivity={self.sensitivity!r} is not allowed; it must be >= 0 (0 = 2/b_i)")
         keys.require(self, "in (0, 1)", "step_decay")
@@ -116,6 +132,10 @@ class DecentralConfig(keys.Keyed):
         if self.algorithm == "ldp-dgd" and self.graph != "complete":
             raise ValueError("algorithm='ldp-dgd' (Algorithm 2) needs graph='complete': its most divergent "
                              "pair and average are global; on other graphs use ldp-dgd-star (Algorithm 2*)")
+        if self.x_step == "exact" and (self.algorithm != "ldp-admm" or self.private):
+            raise ValueError(f"x-step='exact' (eq. (12)) is not allowed with algorithm={self.algorithm!r} "
+                             f"and noise={self.noise!r}; it needs algorithm='ldp-admm' and noise='none' (its "
+                             "release's sensitivity and ex-post interval are not those of Theorem 2.2)")
         if self.exchange == "secret" and (self.algorithm != "ldp-admm" or self.graph != "complete"):
             raise ValueError("exchange='secret' (Algorithm 3) needs algorithm='ldp-admm' and "
                              "graph='complete': only there does every update need nothing but the sum of all "

@@ -9,8 +9,9 @@ then update their duals. Every run starts from x^0 ~ N(0, I) per agent (stream
 A run is a function of its configuration and seed.
 
 Metrics per evaluated iteration (``metrics.jsonl``): ``round``; ``log-error``, the mean over agents of
-ln(||x_i^k - x*|| / d) (the paper's "accuracy logarithm", natural log, NOTES-004 G13) and
-``log-error-max`` (the worst agent); ``consensus`` (the largest ||x_i - x_j|| over edges); for a
+ln(||x_i^k - x*|| / d) (the paper's "accuracy logarithm", natural log, NOTES-004 G13),
+``log-error-max`` (the worst agent) and ``log-error-average`` (of the agents' average, the one model
+a SecAgg+ server holds); ``consensus`` (the largest ||x_i - x_j|| over edges); for a
 private run ``epsilon`` (the a-priori loss of every agent so far, sum of d alpha_k beta_k B, the
 guarantee) and ``epsilon-ex-post`` / ``epsilon-ex-post-max`` (eq. (10)'s realised loss so far, the mean
 over agents and the largest: a diagnostic that depends on the agents' data); ``seconds`` and
@@ -121,6 +122,9 @@ def update(config: DecentralConfig, agents: problems.Agents, state: State, weigh
     """The configured algorithm's k-th update of every agent, before the noise."""
     x, features, labels = state.x, agents.features, agents.labels
     step = config.alpha(k)  # eta_k for the gradient methods (Algorithm 1 uses 1/D through penalty)
+    if config.algorithm == "ldp-admm" and config.x_step == "exact":
+        return updates.admm_exact_step(x, state.dual, features, labels, agents.adjacency, weights,
+                                       config.penalty, state.sums)
     if config.algorithm == "ldp-admm":
         grad = updates.gradient(features, labels, x)
         return updates.admm_step(x, state.dual, grad, agents.adjacency, weights, config.penalty, state.sums)
@@ -159,21 +163,42 @@ def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seed
     return State(x=x, dual=dual(config, agents, state.dual, x, sums), sums=sums), released
 
 
+def log_error(optimum: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """ln(||x - x*|| / d), the paper's accuracy logarithm, of iterates x [S, ..., d] against x* [S, d]."""
+    reference = optimum.view(optimum.shape[0], *([1] * (x.dim() - 2)), optimum.shape[-1])
+    return torch.log(torch.linalg.vector_norm(x - reference, dim=-1) / x.shape[-1])
+
+
+def a_priori(config: DecentralConfig, d: int, k: int) -> float:
+    """Every agent's a-priori loss after k releases of d coordinates (the guarantee, Theorem 2.2)."""
+    alphas, betas = privacy.schedule(config, d)
+    return privacy.worst_case(d, alphas[:k], betas[:k], config.bound)
+
+
+def public_metrics(config: DecentralConfig, adjacency: torch.Tensor, x: torch.Tensor, k: int
+                   ) -> list[dict[str, float]]:
+    """What anyone who sees the exchanged iterates x [S, N, d] can report after iteration k, per run:
+    ``consensus`` (the largest ||x_i - x_j|| over edges) and, for a private run, the a-priori ``epsilon``."""
+    gaps = torch.cdist(x, x)  # [S, N, N]
+    consensus = torch.where(adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
+    records = []
+    for s in range(x.shape[0]):
+        record = {"round": k, "consensus": float(consensus[s])}
+        if config.private:
+            record["epsilon"] = a_priori(config, int(x.shape[-1]), k)
+        records.append(record)
+    return records
+
+
 def evaluate(config: DecentralConfig, problem: problems.Problem, state: State, k: int,
              ex_post: torch.Tensor | None = None) -> list[dict[str, float]]:
     """The metrics of every run after iteration k; ``ex_post`` [S, N] is each agent's ex-post loss so far."""
-    d = state.x.shape[-1]
-    distance = torch.linalg.vector_norm(state.x - problem.optimum.unsqueeze(1), dim=-1)  # [S, N]
-    log_error = torch.log(distance / d)
-    gaps = torch.cdist(state.x, state.x)  # [S, N, N]
-    consensus = torch.where(problem.agents.adjacency, gaps, torch.zeros_like(gaps)).flatten(1).amax(dim=1)
-    alphas, betas = privacy.schedule(config, d)
+    errors = log_error(problem.optimum, state.x)  # [S, N]
+    average = log_error(problem.optimum, state.x.mean(dim=1))  # [S]
     records = []
-    for s in range(state.x.shape[0]):
-        record = {"round": k, "log-error": float(log_error[s].mean()),
-                  "log-error-max": float(log_error[s].max()), "consensus": float(consensus[s])}
-        if config.private:
-            record["epsilon"] = privacy.worst_case(d, alphas[:k], betas[:k], config.bound)
+    for s, public in enumerate(public_metrics(config, problem.agents.adjacency, state.x, k)):
+        record = {"round": k, "log-error": float(errors[s].mean()), "log-error-max": float(errors[s].max()),
+                  "log-error-average": float(average[s]), **public}
         if ex_post is not None:
             record["epsilon-ex-post"] = float(ex_post[s].mean())
             record["epsilon-ex-post-max"] = float(ex_post[s].max())

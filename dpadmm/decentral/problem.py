@@ -14,18 +14,23 @@ given N and |E| is generated in each run", 10 runs. Here both are functions of t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.adult import COLUMNS
 from dpadmm.data.libsvm import normalise_rows
+from dpadmm.data.node import load_node_data
 from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
 
 DATA_STREAM = 0xBB67AE85  # mixed into the seed: which samples an agent gets, a stream of its own
+FEATURES = {"adult": len(COLUMNS)}  # d of each data set: public, so a server without data knows it
 NEWTON_STEPS = 50  # at most; x* stops when the step is below 1e-15 (about 6 steps here)
 
 
@@ -54,32 +59,38 @@ class Problem:
     optimum: torch.Tensor
 
 
-def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [N, b, d] with unit rows, labels +-1 [N, b]) of one run."""
+def sample_rows(dataset: Dataset, agents: int, samples: int, seed: int) -> torch.Tensor:
+    """The training rows each agent of a run gets, [N, b]: N b distinct rows drawn uniformly."""
     total = agents * samples
     if total > dataset.num_train:
         raise ValueError(f"agents={agents} x samples={samples} = {total} rows, but {dataset.name} has "
                          f"{dataset.num_train} training rows")
     rng = np.random.Generator(np.random.PCG64([seed, DATA_STREAM]))
-    rows = torch.from_numpy(rng.choice(dataset.num_train, size=total, replace=False))
-    features = normalise_rows(dataset.x_train[rows]).view(agents, samples, -1)
-    labels = (2 * dataset.y_train[rows] - 1).view(agents, samples)
-    return features, labels
+    return torch.from_numpy(rng.choice(dataset.num_train, size=total, replace=False)).view(agents, samples)
+
+
+def own_samples(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An agent's samples as the algorithms use them, from the encoded rows x [..., b, d] and labels 0/1
+    [..., b]: rows scaled to unit norm, labels +-1. An agent computes this from its own rows alone."""
+    return normalise_rows(x.reshape(-1, x.shape[-1])).view(x.shape), 2 * y - 1
+
+
+def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N, b, d] with unit rows, labels +-1 [N, b]) of one run."""
+    rows = sample_rows(dataset, agents, samples, seed)
+    return own_samples(dataset.x_train[rows], dataset.y_train[rows])
 
 
 def optimum(features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """x* = argmin_x sum_i f_i(x) of each run, [S, d], from features [S, N, b, d] and labels [S, N, b]: Newton
-    with the gradient sum_i grad f_i (:func:`dpadmm.decentral.updates.gradient`) and its Hessian."""
-    runs, agents, samples, d = features.shape
-    z = features.reshape(runs, agents * samples, d)
-    y = labels.reshape(runs, agents * samples).to(z.dtype)
-    x = z.new_zeros((runs, d))
-    eye = torch.eye(d, dtype=z.dtype, device=z.device)
+    with the sums of the agents' gradients and Hessians (:mod:`dpadmm.decentral.updates`)."""
+    runs, agents, _, d = features.shape
+    x = features.new_zeros((runs, d))
     for _ in range(NEWTON_STEPS):
-        grad = updates.gradient(features, labels, x.unsqueeze(1).expand(-1, agents, -1)).sum(dim=1)
-        p = torch.sigmoid(-y * (z @ x.unsqueeze(-1)).squeeze(-1))
-        hessian = (z.transpose(1, 2) * (p * (1 - p)).unsqueeze(1)) @ z / samples + agents * eye
+        every = x.unsqueeze(1).expand(-1, agents, -1)
+        grad = updates.gradient(features, labels, every).sum(dim=1)
+        hessian = updates.hessian(features, labels, every).sum(dim=1)
         step = torch.linalg.solve(hessian, grad.unsqueeze(-1)).squeeze(-1)
         x = x - step
         if float(step.abs().max()) < 1e-15:
@@ -102,16 +113,75 @@ def build(config: DecentralConfig, dataset: Dataset, seeds: Sequence[int], dtype
 
 def agent_view(config: DecentralConfig, dataset: Dataset, agent: int, dtype: torch.dtype = torch.float64
                ) -> Agents:
-    """What agent ``agent`` of the run ``config.seed`` holds and knows, as one run of all N agents: its own
-    samples in its row (the other rows zero) and the whole graph, which is public. The engine's functions
-    compute its row from this exactly as from the full federation."""
+    """What agent ``agent`` of the run ``config.seed`` holds and knows, in simulation: its samples of the
+    run's draw (:func:`own_view`)."""
+    _check_agent(config, agent)
+    features, labels = agents_samples(dataset, config.agents, config.samples, config.seed)
+    return own_view(config, agent, features[agent], labels[agent], dtype)
+
+
+def own_view(config: DecentralConfig, agent: int, features: torch.Tensor, labels: torch.Tensor,
+             dtype: torch.dtype = torch.float64) -> Agents:
+    """Agent ``agent``'s view as one run of all N agents: its own samples (features [b, d] with unit rows,
+    labels +-1 [b]) in its row, the other rows zero, and the whole graph, which is public. The engine's
+    functions compute its row from this exactly as from the full federation. b must be ``samples``:
+    the guarantee's B_inf = 2/b_i assumes it."""
+    _check_agent(config, agent)
+    if features.shape[0] != config.samples:
+        raise ValueError(f"agent {agent} holds {features.shape[0]} samples but the run has samples="
+                         f"{config.samples}; every agent needs exactly that many (B_inf = 2/b_i assumes it)")
+    if features.shape[1] != FEATURES[config.dataset]:
+        raise ValueError(f"agent {agent}'s samples have {features.shape[1]} columns; {config.dataset} has "
+                         f"{FEATURES[config.dataset]}")
+    all_features = features.new_zeros((config.agents, *features.shape))
+    all_labels = labels.new_zeros((config.agents, *labels.shape))
+    all_features[agent], all_labels[agent] = features, labels
+    adjacency = graphs.build(config.graph, config.agents, config.edges, config.seed).adjacency
+    return Agents(features=all_features.unsqueeze(0).to(dtype), labels=all_labels.unsqueeze(0).to(dtype),
+                  adjacency=adjacency.unsqueeze(0))
+
+
+def public_agents(config: DecentralConfig, dtype: torch.dtype = torch.float64) -> Agents:
+    """What everyone knows of a run: the graph and the dimension d, with no samples (b = 0): the view of a
+    deployed server, which holds no data."""
+    adjacency = graphs.build(config.graph, config.agents, config.edges, config.seed).adjacency
+    d = FEATURES[config.dataset]
+    return Agents(features=torch.zeros((1, config.agents, 0, d), dtype=dtype),
+                  labels=torch.zeros((1, config.agents, 0), dtype=dtype), adjacency=adjacency.unsqueeze(0))
+
+
+def agent_file_name(agent: int) -> str:
+    return f"agent-{agent}.npz"
+
+
+def read_agent_file(config: DecentralConfig, agent: int, path: str | os.PathLike,
+                    dtype: torch.dtype = torch.float64) -> Agents:
+    """A deployed agent's view from its own file (node config ``data-path``): an .npz with ``x`` [b, d],
+    the encoded columns in [0, 1] (:mod:`dpadmm.data.adult`), and ``y`` [b], labels 0/1
+    (:func:`dpadmm.data.node.load_node_data` reads and checks it)."""
+    x, y = load_node_data(path)
+    if int(y.max()) > 1:
+        raise ValueError(f"data-path {path}: label {int(y.max())}; the labels must be 0 or 1")
+    features, labels = own_samples(x, y)
+    return own_view(config, agent, features, labels, dtype)
+
+
+def write_agent_files(config: DecentralConfig, dataset: Dataset, out: str | os.PathLike) -> list[Path]:
+    """One file per agent (``agent-<i>.npz``, :func:`read_agent_file`'s layout) holding its samples of the
+    run ``config.seed``'s draw, so that a deployment on them equals the simulation and the engine. Existing
+    files are refused."""
+    folder = Path(out).expanduser()
+    rows = sample_rows(dataset, config.agents, config.samples, config.seed)
+    paths = [folder / agent_file_name(i) for i in range(config.agents)]
+    taken = [str(p) for p in paths if p.exists()]
+    if taken:
+        raise FileExistsError(f"{taken[0]} exists; give an empty --out folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, own in zip(paths, rows, strict=True):
+        np.savez(path, x=dataset.x_train[own].numpy(), y=dataset.y_train[own].numpy().astype(np.int64))
+    return paths
+
+
+def _check_agent(config: DecentralConfig, agent: int) -> None:
     if not 0 <= agent < config.agents:
         raise ValueError(f"partition-id={agent} is not allowed; it must be in 0..{config.agents - 1}")
-    features, labels = agents_samples(dataset, config.agents, config.samples, config.seed)
-    mine = torch.zeros(config.agents, dtype=torch.bool)
-    mine[agent] = True
-    features = torch.where(mine.view(-1, 1, 1), features, torch.zeros_like(features))
-    labels = torch.where(mine.view(-1, 1), labels, torch.zeros_like(labels))
-    adjacency = graphs.build(config.graph, config.agents, config.edges, config.seed).adjacency
-    return Agents(features=features.unsqueeze(0).to(dtype), labels=labels.unsqueeze(0).to(dtype),
-                  adjacency=adjacency.unsqueeze(0))

@@ -1,0 +1,90 @@
+"""dpadmm.decentral.problem: an agent's view in simulation, from its own file in deployment, and a server's
+view without data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpadmm.cli import main
+from dpadmm.data import Dataset
+from dpadmm.data.adult import load_adult
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import (
+    agent_view,
+    agents_samples,
+    public_agents,
+    read_agent_file,
+    write_agent_files,
+)
+
+
+@pytest.fixture(scope="module")
+def adult(binary_dir: Path) -> Dataset:
+    return load_adult(binary_dir / "adult")
+
+
+def test_an_agent_file_gives_the_simulated_agents_view(tmp_path: Path, adult: Dataset) -> None:
+    """The deployed agent reading agent-<i>.npz knows exactly what the simulated agent i knows: its samples of
+    the seed's draw (unit rows, labels +-1) in its row, zeros elsewhere, the public graph."""
+    config = DecentralConfig(agents=4, edges=4, seed=3)
+    paths = write_agent_files(config, adult, tmp_path)
+    assert [p.name for p in paths] == [f"agent-{i}.npz" for i in range(4)]
+    features, labels = agents_samples(adult, 4, 100, 3)
+    for i, path in enumerate(paths):
+        own, simulated = read_agent_file(config, i, path), agent_view(config, adult, i)
+        for got, expected in ((own.features, simulated.features), (own.labels, simulated.labels),
+                              (own.adjacency, simulated.adjacency)):
+            assert torch.equal(got, expected)
+        assert torch.equal(own.features[0, i], features[i]) and own.features[0, i - 1].abs().sum() == 0
+        assert set(own.labels[0, i].tolist()) == {-1.0, 1.0}
+        assert torch.equal(own.labels[0, i], labels[i].double())
+    with pytest.raises(FileExistsError, match="agent-0.npz exists; give an empty --out folder"):
+        write_agent_files(config, adult, tmp_path)
+
+
+@pytest.mark.parametrize(("arrays", "message"), [
+    ({"x": np.full((99, 14), 0.5), "y": np.zeros(99, dtype=np.int64)},
+     "agent 1 holds 99 samples but the run has samples=100"),
+    ({"x": np.full((100, 13), 0.5), "y": np.zeros(100, dtype=np.int64)},
+     "agent 1's samples have 13 columns; adult has 14"),
+    ({"x": np.full((100, 14), 0.5), "y": np.full(100, 2)}, "label 2; the labels must be 0 or 1"),
+    ({"x": np.full((100, 14), 1.5), "y": np.zeros(100, dtype=np.int64)}, "float x must lie in \\[0, 1\\]"),
+])
+def test_a_bad_agent_file_is_named(tmp_path: Path, arrays: dict, message: str) -> None:
+    path = tmp_path / "agent-1.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=message):
+        read_agent_file(DecentralConfig(agents=4, edges=4), 1, path)
+
+
+def test_an_agent_outside_the_run_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agent.npz"
+    np.savez(path, x=np.full((100, 14), 0.5), y=np.zeros(100, dtype=np.int64))
+    with pytest.raises(ValueError, match="partition-id=4 is not allowed; it must be in 0..3"):
+        read_agent_file(DecentralConfig(agents=4, edges=4), 4, path)
+
+
+def test_the_servers_view_holds_no_samples_and_the_graph(adult: Dataset) -> None:
+    config = DecentralConfig(agents=5, edges=6, seed=2)
+    public = public_agents(config)
+    assert public.features.shape == (1, 5, 0, 14) and public.labels.shape == (1, 5, 0)
+    assert torch.equal(public.adjacency, agent_view(config, adult, 0).adjacency)
+
+
+def test_cli_writes_the_agents_files_and_says_where_they_go(tmp_path: Path, binary_dir: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "files"
+    argv = ["deploy", "agents", "--data-dir", str(binary_dir / "adult"), "--agents", "3", "--seed", "7",
+            "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"partition-id=2 data-path='{(out / 'agent-2.npz').resolve()}'" in printed
+    assert "decentral.agents=3 decentral.samples=100 decentral.seed=7" in printed
+    config = DecentralConfig(graph="complete", agents=3, seed=7)
+    assert read_agent_file(config, 2, out / "agent-2.npz").features.shape == (1, 3, 100, 14)
+    assert main(argv) == 2
+    assert "agent-0.npz exists" in capsys.readouterr().err
