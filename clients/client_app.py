@@ -44,7 +44,7 @@ from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from clients.dpiadmm import answer_query, train_reply
 from clients.linadmm import gradient_reply
 from clients.sharing import round_reply, scores_reply
-from dpadmm.data import NUM_CLASSES, NUM_FEATURES
+from dpadmm.data import NUM_CLASSES, NUM_FEATURES, Dataset
 from dpadmm.data.libsvm import load_binary
 from dpadmm.data.node import load_node_data
 from dpadmm.data.partition import partition_contiguous
@@ -177,6 +177,14 @@ def sharing_party(config: SharingConfig, node_config: Mapping[str, Any]
     return sharing_partition(config, partition_id, int(node_config["num-partitions"]))
 
 
+@lru_cache(maxsize=2)
+def decentral_dataset(name: str, data_dir: str) -> Dataset:
+    """The data set simulated agents draw their samples from, read once per worker process: a worker serves
+    many agents in turn (more than :func:`decentral_partition` keeps), and reading UCI Adult takes half a
+    second."""
+    return decentral_engine.load_dataset(name, data_dir)
+
+
 @lru_cache(maxsize=8)
 def decentral_partition(config: DecentralConfig, agent: int, num_partitions: int) -> Agents:
     """What agent ``agent`` of 004 holds and knows in simulation: its samples of the run's draw, the public
@@ -185,7 +193,7 @@ def decentral_partition(config: DecentralConfig, agent: int, num_partitions: int
         raise ValueError(f"the federation has {num_partitions} SuperNodes but agents={config.agents}; run "
                          "one SuperNode per agent")
     dtype = decentral_engine.DTYPES[config.dtype]
-    return agent_view(config, decentral_engine.dataset_of(config), agent, dtype)
+    return agent_view(config, decentral_dataset(config.dataset, config.data_dir), agent, dtype)
 
 
 @lru_cache(maxsize=4)

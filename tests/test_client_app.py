@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from clients.client_app import agent_data_for
+from clients.client_app import agent_data_for, decentral_agent, decentral_dataset
+from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 
@@ -52,3 +53,14 @@ def test_the_client_app_imports_no_accountant() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           check=True, cwd=Path(__file__).resolve().parents[1])
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_a_worker_serving_many_agents_reads_the_data_set_once(binary_dir: Path) -> None:
+    """A simulation worker serves agents in turn, more than it keeps views of: it must not read UCI Adult
+    again for each (that made an iteration of 10 agents take 5.7 s instead of 0.2 s)."""
+    decentral_dataset.cache_clear()
+    config = DecentralConfig(data_dir=str(binary_dir / "adult"))
+    for agent in [*range(10), 0]:
+        view = decentral_agent(config, {"partition-id": agent, "num-partitions": 10})
+        assert float(view.features[0, agent].abs().sum()) > 0
+    assert decentral_dataset.cache_info().misses == 1

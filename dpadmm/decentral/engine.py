@@ -38,11 +38,18 @@ from dpadmm.runs.loop import seed_writers, timed_rounds
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def dataset_of(config: DecentralConfig) -> Dataset:
-    """The configured data set."""
+def load_dataset(name: str, data_dir: str) -> Dataset:
+    """Data set ``name`` (a value of the ``dataset`` key) from ``data_dir``."""
     from dpadmm.data.adult import load_adult
 
-    return load_adult(config.data_dir)
+    if name != "adult":
+        raise ValueError(f"dataset={name!r} is not allowed; choose adult")
+    return load_adult(data_dir)
+
+
+def dataset_of(config: DecentralConfig) -> Dataset:
+    """The configured data set."""
+    return load_dataset(config.dataset, config.data_dir)
 
 
 @dataclass
