@@ -185,11 +185,9 @@ def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out:
     (:func:`dpadmm.decentral.problem.write_agent_files`), so that a deployment on them equals the
     simulation. Outside a test each agent's data would already live on its device."""
     from dpadmm.data.adult import load_adult
-    from dpadmm.decentral.config import DecentralConfig
     from dpadmm.decentral.problem import write_agent_files
 
-    config = DecentralConfig(graph="complete", agents=agents, samples=samples, seed=seed)
-    return write_agent_files(config, load_adult(data_dir), out)
+    return write_agent_files(load_adult(data_dir), agents, samples, seed, out)
 
 
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,

@@ -31,7 +31,7 @@ def test_an_agent_file_gives_the_simulated_agents_view(tmp_path: Path, adult: Da
     """The deployed agent reading agent-<i>.npz knows exactly what the simulated agent i knows: its samples of
     the seed's draw (unit rows, labels +-1) in its row, zeros elsewhere, the public graph."""
     config = DecentralConfig(agents=4, edges=4, seed=3)
-    paths = write_agent_files(config, adult, tmp_path)
+    paths = write_agent_files(adult, 4, 100, 3, tmp_path)
     assert [p.name for p in paths] == [f"agent-{i}.npz" for i in range(4)]
     features, labels = agents_samples(adult, 4, 100, 3)
     for i, path in enumerate(paths):
@@ -43,7 +43,7 @@ def test_an_agent_file_gives_the_simulated_agents_view(tmp_path: Path, adult: Da
         assert set(own.labels[0, i].tolist()) == {-1.0, 1.0}
         assert torch.equal(own.labels[0, i], labels[i].double())
     with pytest.raises(FileExistsError, match="agent-0.npz exists; give an empty --out folder"):
-        write_agent_files(config, adult, tmp_path)
+        write_agent_files(adult, 4, 100, 3, tmp_path)
 
 
 @pytest.mark.parametrize(("arrays", "message"), [

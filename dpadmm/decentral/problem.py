@@ -31,7 +31,6 @@ from dpadmm.decentral.config import DecentralConfig
 
 DATA_STREAM = 0xBB67AE85  # mixed into the seed: which samples an agent gets, a stream of its own
 FEATURES = {"adult": len(COLUMNS)}  # d of each data set: public, so a server without data knows it
-NEWTON_STEPS = 50  # at most; x* stops when the step is below 1e-15 (about 6 steps here)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,16 +85,13 @@ def optimum(features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """x* = argmin_x sum_i f_i(x) of each run, [S, d], from features [S, N, b, d] and labels [S, N, b]: Newton
     with the sums of the agents' gradients and Hessians (:mod:`dpadmm.decentral.updates`)."""
     runs, agents, _, d = features.shape
-    x = features.new_zeros((runs, d))
-    for _ in range(NEWTON_STEPS):
-        every = x.unsqueeze(1).expand(-1, agents, -1)
-        grad = updates.gradient(features, labels, every).sum(dim=1)
-        hessian = updates.hessian(features, labels, every).sum(dim=1)
-        step = torch.linalg.solve(hessian, grad.unsqueeze(-1)).squeeze(-1)
-        x = x - step
-        if float(step.abs().max()) < 1e-15:
-            break
-    return x
+
+    def every(x: torch.Tensor) -> torch.Tensor:
+        return x.unsqueeze(1).expand(-1, agents, -1)
+
+    return updates.newton(lambda x: updates.gradient(features, labels, every(x)).sum(dim=1),
+                          lambda x: updates.hessian(features, labels, every(x)).sum(dim=1),
+                          features.new_zeros((runs, d)), tol=1e-15)
 
 
 def build(config: DecentralConfig, dataset: Dataset, seeds: Sequence[int], dtype: torch.dtype = torch.float64,
@@ -166,13 +162,14 @@ def read_agent_file(config: DecentralConfig, agent: int, path: str | os.PathLike
     return own_view(config, agent, features, labels, dtype)
 
 
-def write_agent_files(config: DecentralConfig, dataset: Dataset, out: str | os.PathLike) -> list[Path]:
-    """One file per agent (``agent-<i>.npz``, :func:`read_agent_file`'s layout) holding its samples of the
-    run ``config.seed``'s draw, so that a deployment on them equals the simulation and the engine. Existing
-    files are refused."""
+def write_agent_files(dataset: Dataset, agents: int, samples: int, seed: int, out: str | os.PathLike
+                      ) -> list[Path]:
+    """One file per agent (``agent-<i>.npz``, :func:`read_agent_file`'s layout) holding its ``samples`` rows
+    of the draw of a run with ``seed``, so that a deployment on them equals the simulation and the engine.
+    Existing files are refused."""
     folder = Path(out).expanduser()
-    rows = sample_rows(dataset, config.agents, config.samples, config.seed)
-    paths = [folder / agent_file_name(i) for i in range(config.agents)]
+    rows = sample_rows(dataset, agents, samples, seed)
+    paths = [folder / agent_file_name(i) for i in range(agents)]
     taken = [str(p) for p in paths if p.exists()]
     if taken:
         raise FileExistsError(f"{taken[0]} exists; give an empty --out folder")

@@ -18,6 +18,7 @@ L_j = +-1 (NOTES-004, G4: the paper's 0/1 labels would make a sample's loss cons
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,26 @@ def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor, sums: torch.Tensor 
     return sums / adjacency.to(x.dtype).sum(dim=-1, keepdim=True)
 
 
+def term_a(x: torch.Tensor, mean: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1's Term A, x_i^k + w ⊙ (x^_i^k - x_i^k): the random convex combination of the agent's
+    iterate and its neighbour mean (w ~ U(0, 1) per coordinate, or 1/2)."""
+    return x + weights * (mean - x)
+
+
+def newton(residual: Callable[[torch.Tensor], torch.Tensor], jacobian: Callable[[torch.Tensor], torch.Tensor],
+           start: torch.Tensor, steps: int = 50, tol: float = 1e-14) -> torch.Tensor:
+    """The root of ``residual`` (a gradient, [..., d]) by Newton's method with its ``jacobian`` [..., d, d],
+    batched; at most ``steps`` steps, stopping once every step is below ``tol`` (about 6 steps here: the
+    objectives of this family are smooth and strongly convex)."""
+    point = start
+    for _ in range(steps):
+        step = torch.linalg.solve(jacobian(point), residual(point).unsqueeze(-1)).squeeze(-1)
+        point = point - step
+        if float(step.abs().max()) < tol:
+            break
+    return point
+
+
 def admm_step(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency: torch.Tensor,
               weights: torch.Tensor, penalty: float, sums: torch.Tensor | None = None) -> Released:
     """Algorithm 1's x-update (eq. (6) in the notes' form, on any graph), before the noise:
@@ -80,11 +101,8 @@ def admm_step(x: torch.Tensor, dual: torch.Tensor, grad: torch.Tensor, adjacency
     neighbour sums as the agents learnt them (by secret sharing, Algorithm 3; default: from x)."""
     mean = neighbour_mean(x, adjacency, sums)
     offset = (dual - grad) / penalty
-    return Released(x=x + weights * (mean - x) + offset, lo=torch.minimum(x, mean) + offset,
+    return Released(x=term_a(x, mean, weights) + offset, lo=torch.minimum(x, mean) + offset,
                     hi=torch.maximum(x, mean) + offset)
-
-
-EXACT_STEPS = 50  # Newton steps of the exact x-update at most; it stops when a step is below 1e-14
 
 
 def admm_exact_step(x: torch.Tensor, dual: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
@@ -96,16 +114,11 @@ def admm_exact_step(x: torch.Tensor, dual: torch.Tensor, features: torch.Tensor,
     is :func:`admm_step`'s with grad f_i taken at the new point; solved by Newton's method (the objective
     is strongly convex, curvature >= 1 + D). The paper's Example (d) runs it without noise; the mean of
     its release is a nonlinear function of Term A, so the interval is the point itself."""
-    mean = neighbour_mean(x, adjacency, sums)
-    centre = x + weights * (mean - x)
-    point = centre + (dual - gradient(features, labels, centre)) / penalty  # the linearised step, to start
+    centre = term_a(x, neighbour_mean(x, adjacency, sums), weights)
     eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    for _ in range(EXACT_STEPS):
-        residual = gradient(features, labels, point) + penalty * (point - centre) - dual
-        step = torch.linalg.solve(hessian(features, labels, point) + penalty * eye, residual.unsqueeze(-1))
-        point = point - step.squeeze(-1)
-        if float(step.abs().max()) < 1e-14:
-            break
+    point = newton(lambda y: gradient(features, labels, y) + penalty * (y - centre) - dual,
+                   lambda y: hessian(features, labels, y) + penalty * eye,
+                   centre + (dual - gradient(features, labels, centre)) / penalty)  # from the linearised step
     return Released(x=point, lo=point, hi=point)
 
 
