@@ -26,25 +26,36 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dpadmm.families import DEFAULT, Family, family_of
+from dpadmm.iadmm.config import main_job, requested
 
 _T = TypeVar("_T")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, family: Family) -> None:
+    """One flag per configuration field. A flag left out is None, so that the default family can tell the
+    flags given from those left out (:func:`dpadmm.iadmm.config.requested`)."""
+    main = main_job() if family is DEFAULT else None
     for f in dataclasses.fields(family.config):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
+        default = f"{f.default!r}"
+        if main is not None and getattr(main, f.name) != f.default:
+            default = (f"{getattr(main, f.name)!r}; the papers' {f.default!r} with --epsilon or another "
+                       "--algorithm")
+        help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             type_name = f.type if isinstance(f.type, str) else f.type.__name__
             kind = {"int": int, "float": float}.get(type_name, str)
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text,
-                                metavar=f.name.upper())
+            parser.add_argument(flag, type=kind, default=None, help=help_text, metavar=f.name.upper())
 
 
 def _config_from(args: argparse.Namespace, family: Family) -> Any:
-    return family.config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(family.config)})
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(family.config)
+             if getattr(args, f.name) is not None}
+    if family is DEFAULT:
+        return requested({name.replace("_", "-"): value for name, value in given.items()})
+    return family.config(**given)
 
 
 def _family_in(argv: Sequence[str]) -> Family:
@@ -502,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "deploy":
         return _deploy(args)
     try:
-        family_of(args.algorithm)  # an unknown algorithm: the error names every family's
+        family_of(args.algorithm or DEFAULT.config().algorithm)  # an unknown one: the error names all
         config = _config_from(args, family)
     except ValueError as err:
         parser.error(str(err))
@@ -538,6 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
         print(f"metrics: {(result.directory / 'metrics.jsonl').resolve()}")
+        if result.ledger:
+            from dpadmm.iadmm.privacy import headline
+
+            print(headline(result.ledger, last["test-error"]))
     return 0
 
 

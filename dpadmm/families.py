@@ -22,7 +22,7 @@ from typing import Any
 from dpadmm.decentral.config import ALGORITHMS as DECENTRAL_ALGORITHMS
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm.config import ALGORITHMS as IADMM_ALGORITHMS
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, from_app_config
 from dpadmm.linadmm.config import ALGORITHMS as LINADMM_ALGORITHMS
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.sharing.config import ALGORITHMS as SHARING_ALGORITHMS
@@ -63,9 +63,8 @@ def from_run_config(run_config: Mapping[str, Any]) -> Any:
     """The configuration of the family that ``run_config["algorithm"]`` picks, from its own keys."""
     algorithm = str(run_config.get("algorithm", DEFAULT.config().algorithm))
     family = family_of(algorithm)
-    if family is DEFAULT:
-        return family.config.from_mapping({k: v for k, v in run_config.items()
-                                           if "." not in k})
+    if family is DEFAULT:  # the main job, or the papers' defaults (dpadmm.iadmm.config.requested)
+        return from_app_config({k: v for k, v in run_config.items() if "." not in k})
     prefix = f"{family.name}."
     own = {k[len(prefix):]: v for k, v in run_config.items() if k.startswith(prefix)}
     return family.config.from_mapping({**own, "algorithm": algorithm})

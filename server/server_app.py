@@ -215,6 +215,7 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
         Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
+    last: dict[str, Any] = {}  # the last evaluated round's record, for the closing line
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0 or not (server_round % config.eval_every == 0 or server_round == config.rounds):
@@ -227,6 +228,7 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
         if strategy.last_report is not None:
             record["privacy-spent"] = strategy.last_report.privacy_spent
         writer.record(record, w)
+        last.update(record)
         log(INFO, "dpadmm round %d/%d: test error %.4f, train loss %.4f, consensus violation %.4g",
             server_round, config.rounds, record["test-error"], record["train-loss"],
             record.get("consensus-violation", float("nan")))
@@ -238,6 +240,8 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
     finally:
         writer.close()
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+    if ledger and last:
+        log(INFO, "dpadmm: %s", privacy.headline(ledger, last["test-error"]))
     if ledger:
         log(INFO, "dpadmm: privacy spent, the largest over agents (they took part in %d to %d rounds): "
             "eps = %.4g at delta = %g (PLD)", min(strategy.taken), max(strategy.taken),

@@ -8,15 +8,30 @@ import tomllib
 
 import pytest
 
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, requested
 from tests.conftest import ROOT
 
 
-def test_pyproject_run_config_equals_the_dataclass_defaults() -> None:
+def test_pyproject_run_config_is_the_main_job() -> None:
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     app_config = {k: v for k, v in app_config.items() if not isinstance(v, dict)}  # others' tables apart
-    assert app_config == RunConfig().to_mapping()
-    assert RunConfig.from_mapping(app_config) == RunConfig()
+    assert app_config == main_job().to_mapping()
+    assert from_app_config(app_config) == main_job()
+    assert main_job().target_epsilon == 8.0 and main_job().sampling_rate < 1
+
+
+def test_an_eps_bar_or_another_algorithm_starts_from_the_papers_defaults() -> None:
+    """Left out, a key takes the main job's value; give epsilon (eps-bar per local step) or another
+    algorithm and every key left out takes the papers' default, so those configurations run as before."""
+    assert requested({}) == main_job()
+    assert requested({"rounds": 3}) == dataclasses.replace(main_job(), rounds=3)
+    assert requested({"epsilon": 0.5}) == RunConfig(epsilon=0.5)
+    assert requested({"algorithm": "objp"}) == RunConfig(algorithm="objp")
+    app = main_job().to_mapping()
+    assert from_app_config({**app, "epsilon": 0.5, "rounds": 3}) == RunConfig(epsilon=0.5, rounds=3)
+    assert from_app_config({**app, "seed": 4}) == dataclasses.replace(main_job(), seed=4)
+    with pytest.raises(ValueError, match="unknown configuration key 'epochs'"):
+        from_app_config({**app, "epochs": 3})
 
 
 def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
@@ -71,6 +86,15 @@ def test_readme_documents_every_key() -> None:
         ({"mechanism": "gaussian", "sensitivity": "data-dependent"},
          "mechanism='gaussian' is not allowed with sensitivity='data-dependent'"),
         ({"mechanism": "uniform"}, "mechanism='uniform' is not allowed; choose one of laplace, gaussian"),
+        ({"sampling-rate": 0}, "sampling-rate=0.0 is not allowed; it must be in (0, 1]"),
+        ({"sampling-rate": 1.5}, "sampling-rate=1.5 is not allowed; it must be in (0, 1]"),
+        ({"sampling-rate": 0.1}, "sampling-rate=0.1 is not allowed with neighbouring='replace-one'"),
+        ({"sampling-rate": 0.1, "neighbouring": "add-remove", "algorithm": "outp"},
+         "sampling-rate=0.1 is not allowed with algorithm='outp'"),
+        ({"sampling-rate": 0.1, "neighbouring": "add-remove", "sensitivity": "data-dependent"},
+         "sampling-rate=0.1 is not allowed with sensitivity='data-dependent'"),
+        ({"sampling-rate": 0.1, "neighbouring": "add-remove", "model": "mlp", "batch-size": 8},
+         "sampling-rate=0.1 is not allowed with batch-size=8"),
         ({"batch-size": 16}, "batch-size=16 is not allowed with model='logistic', whose closed-form"),
         ({"batch-size": -1, "model": "mlp"}, "batch-size=-1 is not allowed; it must be >= 0"),
         ({"model": "resnet"}, "model='resnet' is not allowed; choose one of logistic, cnn, mlp, custom"),

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from dpadmm.families import ALGORITHMS, FAMILIES, family_of, from_run_config
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.keys import key
 from dpadmm.linadmm.config import LinAdmmConfig
 from tests.conftest import ROOT
@@ -25,8 +25,9 @@ def _flat_app_config() -> dict[str, object]:
     return flat
 
 
-def test_the_default_run_config_is_todays_default_job() -> None:
-    assert from_run_config(_flat_app_config()) == RunConfig()
+def test_the_default_run_config_is_the_main_job() -> None:
+    assert from_run_config(_flat_app_config()) == main_job()
+    assert from_run_config({**_flat_app_config(), "epsilon": 0.5}) == RunConfig(epsilon=0.5)
 
 
 def test_another_familys_keys_come_from_its_table() -> None:

@@ -21,6 +21,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models.logistic import AgentData, clip_factors, probabilities
 from dpadmm.models.modules import MLP, LogisticRegression, Params
+from dpadmm.models.oracles import poisson_rows
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
 
@@ -51,8 +52,9 @@ def _config(**overrides: object) -> RunConfig:
 
 
 def _explicit(config: RunConfig, module: nn.Module, z: Params, data: AgentData,
-              rows: list[list[int]] | None = None) -> Params:
-    """(1/I) (I_p/B_p) sum_i clip(grad l_i(z_p)) + (2 beta/P) z_p, one sample at a time with autograd.
+              rows: list[list[int]] | None = None, scale: float | None = None) -> Params:
+    """(1/I) (I_p/B_p) sum_i clip(grad l_i(z_p)) + (2 beta/P) z_p, one sample at a time with autograd
+    (``scale`` in place of (1/I) (I_p/B_p): a Poisson sample's 1/(qI)).
 
     The module's own parameters are overwritten with z_p and differentiated by
     ``torch.autograd.grad``, so nothing of ``torch.func`` or the oracle is reused.
@@ -74,9 +76,9 @@ def _explicit(config: RunConfig, module: nn.Module, z: Params, data: AgentData,
             factor = min(1.0, config.clip_norm / float(size))
             for name, g in zip(names, grads, strict=True):
                 out[name][p] += factor * g
-        scale = count / len(chosen) / data.total
+        factor = count / len(chosen) / data.total if scale is None else scale
         for name in out:
-            out[name][p] = out[name][p] * scale + 2 * config.beta / config.num_agents * z[name][p]
+            out[name][p] = out[name][p] * factor + 2 * config.beta / config.num_agents * z[name][p]
     return out
 
 
@@ -191,7 +193,8 @@ def test_minibatch_rows_are_distinct_real_rows_and_keyed() -> None:
     size = 3
     config = _config(batch_size=size)
     oracle = local.oracle(config, data, MLP(J, K, hidden=HIDDEN))
-    rows, factor = oracle._batch(1, 1)
+    rows, taken, factor = oracle._batch(1, 1)
+    assert taken is None
     assert rows is not None and rows.shape == (data.num_agents, size)
     for p, count in enumerate(COUNTS):
         chosen = rows[p].tolist()
@@ -201,9 +204,9 @@ def test_minibatch_rows_are_distinct_real_rows_and_keyed() -> None:
         else:
             assert sorted(chosen[:count]) == list(range(count)) and min(chosen[count:]) >= count
         assert float(factor[p]) == pytest.approx(count / min(size, count) / TOTAL, rel=1e-15)
-    again, _ = local.oracle(config, data, MLP(J, K, hidden=HIDDEN))._batch(1, 1)
+    again = local.oracle(config, data, MLP(J, K, hidden=HIDDEN))._batch(1, 1)[0]
     assert torch.equal(rows, again)
-    alone, _ = local.oracle(config, data.select(slice(2, 3)), MLP(J, K, hidden=HIDDEN))._batch(1, 1)
+    alone = local.oracle(config, data.select(slice(2, 3)), MLP(J, K, hidden=HIDDEN))._batch(1, 1)[0]
     assert torch.equal(alone[0], rows[2])
     others = [oracle._batch(t, e)[0] for t, e in ((1, 2), (2, 1), (3, 2))]
     other_seed = local.oracle(_config(batch_size=size, seed=1), data, MLP(J, K, hidden=HIDDEN))
@@ -221,7 +224,7 @@ def test_minibatch_gradient_is_the_rescaled_clipped_sum_over_its_rows(mechanism:
     z = _params(module, data.num_agents)
     config = _config(batch_size=4, mechanism=mechanism)
     oracle = local.oracle(config, data, module)
-    rows, _ = oracle._batch(2, 3)
+    rows = oracle._batch(2, 3)[0]
     assert rows is not None
     g, _ = oracle.gradient(z, 2, 3)
     expected = _explicit(config, module, z, data, rows.tolist())
@@ -340,7 +343,7 @@ def test_factorized_clipping_equals_the_per_sample_autograd_loop(mechanism: str,
         assert 0.1 < _clipped_fraction(config, module, z, data) < 0.9
         oracle = local.oracle(config, data, module)
         g, _ = oracle.gradient(z, t=2, e=1)
-        rows, _ = oracle._batch(2, 1)
+        rows = oracle._batch(2, 1)[0]
         expected = _explicit(config, module, z, data, None if rows is None else rows.tolist())
         for name in expected:
             torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
@@ -371,3 +374,86 @@ def test_factorized_clipping_refuses_what_it_cannot_factorise() -> None:
     module = Twice()
     with pytest.raises(ValueError, match="layer fc is applied twice in one forward pass"):
         local.oracle(config, _data(), module).gradient(_params(module, len(COUNTS)), t=1, e=1)
+
+
+# ----- Poisson subsampling (sampling-rate q) -----
+
+def _sampled(**overrides: object) -> RunConfig:
+    values = {"sampling_rate": 0.4, "neighbouring": "add-remove", "mechanism": "gaussian", **overrides}
+    return _config(**values)
+
+
+def test_poisson_rows_take_each_sample_with_probability_q_from_the_keyed_stream() -> None:
+    """Sample i of agent p is taken iff u_i(seed, p, t, e) < q; an agent alone (a Flower client) takes the
+    same; over many steps each sample is taken a fraction q of the time; padding rows never are."""
+    data, q = _data(), 0.4
+    rows, taken = poisson_rows([0], data, 2, 3, q)
+    u = noise.uniform(0, data.agents, 2, 3, noise.STREAM_BATCH, data.x.shape[1])
+    for p, count in enumerate(COUNTS):
+        expected = [i for i in range(count) if u[p, i] < q]
+        assert rows[0, p][taken[0, p]].tolist() == expected
+    alone_rows, alone_taken = poisson_rows([0], data.select(slice(2, 3)), 2, 3, q)
+    assert alone_rows[0, 0][alone_taken[0, 0]].tolist() == rows[0, 2][taken[0, 2]].tolist()
+    both_rows, both_taken = poisson_rows([0, 9], data, 2, 3, q)
+    assert torch.equal(both_rows[0][both_taken[0]], rows[0][taken[0]])
+    assert not torch.equal(both_rows[1][both_taken[1]], rows[0][taken[0]])  # another seed, another sample
+    counts = torch.zeros(data.num_agents, data.x.shape[1], dtype=torch.float64)
+    steps = 400
+    for t in range(1, steps + 1):
+        r, k = poisson_rows([0], data, t, 1, q)
+        counts.scatter_add_(1, r[0], k[0].double())
+    real = torch.arange(data.x.shape[1]) < data.counts.unsqueeze(1)
+    frequency = counts[real] / steps
+    assert (frequency - q).abs().max() < 5 * (q * (1 - q) / steps) ** 0.5  # 23 samples, 5 sd each
+    assert counts[~real].sum() == 0
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
+def test_a_modules_poisson_gradient_is_the_clipped_sum_over_its_sample_over_qi(mechanism: str) -> None:
+    data, module = _data(), MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    config = _sampled(mechanism=mechanism)
+    oracle = local.oracle(config, data, module)
+    rows, taken, factor = oracle._batch(2, 3)
+    assert rows is not None and taken is not None
+    assert torch.equal(factor, torch.full_like(factor, 1 / (0.4 * TOTAL)))
+    g, scale = oracle.gradient(z, 2, 3)
+    chosen = [rows[p][taken[p]].tolist() for p in range(data.num_agents)]
+    expected = _explicit(config, module, z, data, chosen, scale=1 / (0.4 * TOTAL))
+    for name in g:
+        torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
+    sensitivity = clipped_sensitivity(1.0, TOTAL, "add-remove") / 0.4
+    torch.testing.assert_close(scale, torch.full_like(scale, sensitivity / 0.5), rtol=1e-15, atol=0)
+
+
+def test_the_logistic_poisson_gradient_is_the_clipped_sum_over_its_sample_over_qi() -> None:
+    """The gathered batch against a loop over the taken samples (outer products, clipped to L2 norm C), for
+    one run and for two runs batched, each with its own seed's sample."""
+    data, q = _data(), 0.4
+    config = _sampled(model="logistic", clip_norm=0.5)
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(2, data.num_agents, J, K, generator=gen, dtype=torch.float64)
+
+    def explicit(run: int, seed: int) -> torch.Tensor:
+        rows, taken = poisson_rows([seed], data, 2, 1, q)
+        out = 2 * config.beta / config.num_agents * z[run].clone()
+        for p in range(data.num_agents):
+            for i in rows[0, p][taken[0, p]].tolist():
+                x, y = data.x[p, i], data.y[p, i]
+                term = torch.outer(x, torch.softmax(x @ z[run, p], dim=0) - y)
+                out[p] += min(1.0, 0.5 / float(term.norm())) * term / (q * TOTAL)
+        return out
+
+    single = local.oracle(dataclasses.replace(config, seed=4), data)
+    g, scale = single.gradient(z[0], 2, 1)
+    torch.testing.assert_close(g, explicit(0, 4), rtol=1e-12, atol=1e-14)
+    assert scale.shape == (data.num_agents,)
+    assert torch.allclose(scale, torch.tensor(0.5 / (q * TOTAL) / 0.5, dtype=torch.float64))
+    batched = local.oracle(config, data, seeds=[4, 8])
+    both, scales = batched.gradient(z, 2, 1)
+    torch.testing.assert_close(both[0], explicit(0, 4), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(both[1], explicit(1, 8), rtol=1e-12, atol=1e-14)
+    assert scales.shape == (2, data.num_agents)
+    alone, _ = local.oracle(dataclasses.replace(config, seed=4), data.select(slice(1, 2))).gradient(
+        z[0, 1:2], 2, 1)
+    torch.testing.assert_close(alone[0], g[1], rtol=1e-12, atol=1e-15)  # a Flower client's own step

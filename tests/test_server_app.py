@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import flwr_run, toml_value
 
@@ -22,8 +22,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """The main job (Poisson-subsampled Gaussian objective perturbation, budget-first), two rounds: it says
+    its whole-run guarantee, and every round's w equals the engine's (the sampled mode on Flower)."""
     out = tmp_path / "default-run"
-    output = flwr_run(flwr_env, f"rounds=2 out='{out}'", supernodes=10)
+    output = flwr_run(flwr_env, f"rounds=2 out='{out}' save-weights=true", supernodes=10)
     for t in (1, 2):
         assert f"dpadmm round {t}/2: test error" in output
     records = read_metrics(out)
@@ -32,8 +34,19 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
     rounds = read_jsonl(out / "rounds.jsonl")  # the operator's report of every round
     assert [r["replied"] for r in rounds] == [list(range(10))] * 2
     assert 0 < rounds[0]["privacy_spent"] < rounds[1]["privacy_spent"] == records[1]["privacy-spent"]
-    assert "privacy (objpm, laplace noise, clipped sensitivity" in output  # the ledger's summary
-    assert json.loads((out / "privacy.json").read_text())["whole_run"]["releases"] == 20
+    assert "privacy (objpm, gaussian noise, clipped sensitivity" in output  # the ledger's summary
+    ledger = json.loads((out / "privacy.json").read_text())
+    assert ledger["whole_run"]["releases"] == 20 and ledger["neighbouring"] == "add-remove"
+    assert ledger["whole_run"]["epsilon_pld"] == pytest.approx(8.0, rel=0.01)
+    assert f"test error {records[-1]['test-error']:.4f}; privacy: (eps = " in output
+    assert "for the whole run (20 releases), per agent" in output
+
+    config = dataclasses.replace(main_job(), rounds=2, out=str(tmp_path / "engine"), save_weights=True)
+    engine_w = np.load(engine.run(config, progress=False).directory / "weights.npz")
+    flower_w = np.load(out / "weights.npz")
+    assert flower_w.files == engine_w.files == ["round-1", "round-2"]
+    for key in flower_w.files:
+        np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-5, atol=1e-12)
 
 
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])

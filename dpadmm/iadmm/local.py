@@ -186,14 +186,16 @@ def gradient_spec(config: RunConfig) -> GradientSpec:
                         clip=config.clip_norm if config.clipped else None, norm=config.clip_norm_type,
                         noise=1.0 / config.epsilon if config.private else None,
                         neighbouring=config.neighbouring,
-                        batch_size=config.batch_size, seed=config.seed, per_sample=config.per_sample)
+                        batch_size=config.batch_size, sampling=config.sampling_rate, seed=config.seed,
+                        per_sample=config.per_sample)
 
 
 def oracle(config: RunConfig, data: AgentData, module: nn.Module | None = None, *, vectorize: bool = True,
-           budget: int = PER_SAMPLE_BUDGET) -> Oracle:
-    """The oracle of a run: the closed-form logistic one (``module=None``), else ``module``'s."""
+           budget: int = PER_SAMPLE_BUDGET, seeds: Sequence[int] | None = None) -> Oracle:
+    """The oracle of a run: the closed-form logistic one (``module=None``; ``seeds`` batches runs), else
+    ``module``'s."""
     if module is None:
-        return LogisticOracle(gradient_spec(config), data)
+        return LogisticOracle(gradient_spec(config), data, seeds)
     if config.model == "logistic":
         # The configuration's checks (no OutP, clipped sensitivity, minibatch rules) are those of
         # its model: a module run under model='logistic' would escape them.
@@ -226,4 +228,4 @@ def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain:
                          "[P, J, K] without seeds, [S, P, J, K] with S seeds")
     if config.algorithm == "outp":
         return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
-    return objective_perturbation_round(config, oracle(config, data), w, lam, z_chain, t, seeds)
+    return objective_perturbation_round(config, oracle(config, data, seeds=seeds), w, lam, z_chain, t, seeds)

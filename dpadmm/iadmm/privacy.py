@@ -2,7 +2,8 @@
 
 Theorem 1 of 003 makes one local iterate z^{t,e+1} eps-bar-DP. A round releases the average
 of E such iterates (post-processing of E releases), and a run releases T rounds, so the
-whole run is the composition of E*T Laplace mechanisms per agent (T Gaussian ones for OutP).
+whole run is the composition of E*T Laplace mechanisms per agent (T Gaussian ones for OutP);
+with Poisson subsampling at rate q each is the subsampled mechanism (add-remove neighbours).
 This module turns a configuration into that :class:`~dpadmm.privacy.ledger.Release` and its
 counts, says in words what the ledger covers (the calibration, the neighbouring relation,
 whether the sensitivity is a bound or computed from the data), and calibrates eps-bar for a
@@ -41,8 +42,9 @@ def release_of(config: RunConfig) -> tuple[Release, int]:
     """(the release, releases per round) of one agent under ``config``."""
     if config.algorithm == "outp":
         return Release("gaussian", outp_multiplier(config.epsilon, config.outp_delta, config.neighbouring)), 1
-    # The objective perturbation: noise of scale Delta / epsilon, in the mechanism's norm.
-    return Release(config.mechanism, 1.0 / config.epsilon), config.steps
+    # The objective perturbation: noise of scale Delta / epsilon, in the mechanism's norm; each step reads a
+    # Poisson sample at rate q of the agent's data (q = 1: all of it).
+    return Release(config.mechanism, 1.0 / config.epsilon, config.sampling_rate), config.steps
 
 
 def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | None = None) -> Ledger:
@@ -65,17 +67,18 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
                 "per-sample gradient has L2 norm <= I_p (MNIST: <= 40).")
     elif config.sensitivity == "clipped":
         calibration, covered = "clipped", True
-        form = "2C/I" if config.neighbouring == "replace-one" else "C/I"
+        q = config.sampling_rate
+        form = "2C/I" if config.neighbouring == "replace-one" else ("C/I" if q == 1 else "C/(qI)")
         norm = config.clip_norm_type.upper()
         scale_name = "b" if mechanism == "laplace" else "sigma"
         batch = " x I_p / B_p" if config.batch_size else ""  # minibatches of B_p = min(B, I_p) samples
         if total_samples:
-            value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring)
+            value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring) / q
             sens = (f"{norm}: {form}{batch} = {value:.6g}{batch} "
-                    f"(C = {config.clip_norm:g}, I = {total_samples})")
+                    f"(C = {config.clip_norm:g}, I = {total_samples}{f', q = {q:g}' if q < 1 else ''})")
             scale = f"{scale_name} = Delta / eps-bar = {value / config.epsilon:.6g}{batch}"
         else:
-            sens = f"{norm}: {form}{batch} (C = {config.clip_norm:g})"
+            sens = f"{norm}: {form}{batch} (C = {config.clip_norm:g}{f', q = {q:g}' if q < 1 else ''})"
             scale = f"{scale_name} = Delta / eps-bar"
         note = (f"Per-sample gradients clipped to {norm} norm {config.clip_norm:g}: Delta = {form}{batch} "
                 "bounds every step whatever the data, and the step's output depends on the data only "
@@ -84,7 +87,12 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
                    "each step is the Gaussian mechanism (noise multiplier 1 / epsilon) followed by "
                    "post-processing.")
                 + (f" Minibatches of B = {config.batch_size} (B_p = min(B, I_p) samples of agent p) are not "
-                   "credited with amplification by subsampling." if batch else ""))
+                   "credited with amplification by subsampling." if batch else "")
+                + (f" Each step takes each sample independently with probability q = {q:g} and scales the "
+                   "clipped sum by 1/(qI): it is the Poisson-subsampled mechanism, and the epsilons above "
+                   "credit the amplification (dp-accounting's PoissonSampledDpEvent) for one sample added "
+                   "or removed. The samples, like the noise, come from streams keyed by the run's seed: "
+                   "the guarantee holds against whoever does not know the seed." if q < 1 else ""))
     else:
         calibration, covered = "data-dependent", False
         sens = "eq. (9b): max_i ||x_i||_1 ||h_i - y_i||_1 / I over the agent's data, each step"
@@ -107,7 +115,7 @@ def calibrate(config: RunConfig) -> RunConfig:
         return config
     release, per_round = release_of(config)
     multiplier = calibrate_multiplier(release.mechanism, per_round * config.rounds, config.target_epsilon,
-                                      config.delta)
+                                      config.delta, release.sampling)
     if config.algorithm == "outp":
         epsilon = outp_multiplier(1.0, config.outp_delta, config.neighbouring) / multiplier
     else:
@@ -130,3 +138,14 @@ def spent(config: RunConfig, rounds: int) -> float:
         return 0.0
     release, per_round = release_of(config)
     return cached_pld_epsilon(release, per_round * rounds, config.delta)
+
+
+def headline(ledger: Ledger, test_error: float) -> str:
+    """The one line a run ends with: its test error and its whole-run guarantee, with what the guarantee
+    is about (the full statement is the ledger's summary)."""
+    run = ledger.whole_run
+    covered = "" if ledger.covered else " (NOT COVERED: data-dependent noise scale, nominal only)"
+    return (f"test error {test_error:.4f}; privacy: (eps = {run.epsilon_pld:.3g}, delta = {run.delta:g}) "
+            f"for the whole run ({run.releases} releases), {ledger.holder}, neighbouring data sets differ "
+            f"in one sample ({ledger.neighbouring}), against everyone who sees what the agent sends, the "
+            f"server included{covered}")

@@ -22,17 +22,24 @@ With a minibatch of B_p = min(B, I_p) samples the gradient is rescaled by I_p / 
 an unbiased estimate of the full one, and so is its sensitivity (I_p is fixed between
 replace-one neighbours, so the scale is still data-independent; no amplification by
 subsampling is claimed).
+
+With Poisson subsampling at rate q (:func:`poisson_rows`) each step takes each sample
+independently with probability q and the clipped sum is scaled by 1/(qI), its expectation's
+1/I: one sample added or removed moves it by at most C/(qI), and the step is the
+Poisson-subsampled mechanism whose amplification the ledger credits (add-or-remove
+neighbours; DP-SGD's sampling, Abadi et al. 2016).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity
+from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities
 from dpadmm.models.modules import Params, numel
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
@@ -58,6 +65,7 @@ class GradientSpec:
     noise: float | None = None  # noise scale / sensitivity (1 / eps-bar); None = no noise
     neighbouring: str = "replace-one"  # the relation of the sensitivity (2C/I or C/I)
     batch_size: int = 0  # samples per step, drawn from the keyed stream of ``seed``; 0 = full batch
+    sampling: float = 1.0  # Poisson rate q of each step's samples (keyed stream of ``seed``); 1 = all
     seed: int = 0
     per_sample: str = "vmap"  # a module's per-sample clipping: vmap or factorized
 
@@ -76,18 +84,45 @@ def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     return -(y * torch.log_softmax(out, dim=-1)).sum()
 
 
-class LogisticOracle:
-    """g = (1/I) X_p^T (H - Y) + (2 beta/P) z (eq. (63) of 003) and the Laplace scale of eq. (9a)."""
+def poisson_rows(seeds: Sequence[int], data: AgentData, t: int, e: int,
+                 rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Poisson samples of step (t, e) for every run and agent: (rows, taken), both [S, P, B].
 
-    def __init__(self, spec: GradientSpec, data: AgentData):
+    Sample i of agent p enters independently with probability q = ``rate``: when the keyed
+    uniform u_i(seed, p, t, e) of stream ``STREAM_BATCH`` is below q. So a Flower client and the
+    engine take the same samples, and who is taken depends on the seed alone, never on the
+    data. ``rows`` lists each sample's taken rows first; B is the largest sample over runs and
+    agents (at least 1), and the rows after a smaller sample have ``taken`` False.
+    """
+    width = data.x.shape[1]
+    real = torch.arange(width, device=data.x.device) < data.counts.unsqueeze(1)  # [P, Imax]
+    taken = torch.stack([noise.uniform(s, data.agents, t, e, noise.STREAM_BATCH, width).to(real.device) < rate
+                         for s in seeds]) & real
+    size = max(int(taken.sum(dim=-1).max()), 1)
+    rows = torch.argsort((~taken).to(torch.int8), dim=-1, stable=True)[..., :size]
+    return rows, torch.take_along_dim(taken, rows, dim=-1)
+
+
+class LogisticOracle:
+    """g = (1/I) X_p^T (H - Y) + (2 beta/P) z (eq. (63) of 003) and the Laplace scale of eq. (9a).
+
+    ``seeds`` are the runs of a batched z [S, P, J, K], whose Poisson samples each come from
+    their own seed's stream (None: one run of ``spec.seed``).
+    """
+
+    def __init__(self, spec: GradientSpec, data: AgentData, seeds: Sequence[int] | None = None):
         self.spec = spec
         self.data = data
         self.agents = data.agents
+        self.seeds = [spec.seed] if seeds is None else list(seeds)
+        self._rows = torch.empty(0, dtype=data.x.dtype, device=data.x.device)  # the sampled rows of x, reused
 
     def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(g, noise scale per agent [(S,) P]) at z [(S,) P, J, K]; the scale is None without noise."""
         spec, data = self.spec, self.data
         scale, reg = 1.0 / data.total, spec.beta / spec.num_agents
+        if spec.sampling < 1:
+            return self._sampled(z, t, e)
         if spec.data_dependent:
             g, delta = gradient_and_sensitivity(data, z, scale=scale, reg=reg)
             return g, delta * spec.noise
@@ -95,6 +130,43 @@ class LogisticOracle:
         if spec.noise is None:
             return g, None
         delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring)
+        return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
+
+    def _sampled(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """g = (1/(qI)) sum_{i in the step's Poisson sample} clip(x_i (h_i - y_i)^T) + (2 beta/P) z, and
+        the scale (C/(qI)) / eps-bar.
+
+        The samples are gathered into a batch of their own ([S P, B, J]; the rows after a smaller
+        sample get h = y = 0, so they add nothing) and the dense products run on it: about q of the
+        full batch's work, and no fused kernel's block structure to build for data used once.
+        """
+        spec, data = self.spec, self.data
+        rows, taken = poisson_rows(self.seeds, data, t, e, spec.sampling)  # [S, P, B]
+        if z.shape[:-2].numel() != rows.shape[0] * rows.shape[1]:
+            raise ValueError(f"z of shape {tuple(z.shape)} does not match the oracle's seeds {self.seeds}")
+        width = data.x.shape[1]
+        index = (rows + torch.arange(data.num_agents, device=rows.device).view(1, -1, 1) * width).flatten()
+
+        def gather(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+            """[P, Imax, ...] -> [S P, B, ...], whole rows at a time."""
+            out = torch.index_select(v.reshape(-1, *v.shape[2:]), 0, index, out=out)
+            return out.view(-1, rows.shape[-1], *v.shape[2:])
+
+        if self._rows.numel() < index.numel() * data.x.shape[2]:  # a fresh 40 MB array costs 4x its copy in
+            self._rows = data.x.new_empty(index.numel() * data.x.shape[2])  # page faults (MNIST, 2 seeds)
+        x = gather(data.x, self._rows[:index.numel() * data.x.shape[2]].view(index.numel(), -1))
+        keep = taken.to(data.x.dtype).view(-1, rows.shape[-1], 1)
+        batch = AgentData(x=x, y=gather(data.y) * keep, counts=keep.sum(dim=(1, 2)),
+                          x_l1=gather(data.x_l1), x_l2=gather(data.x_l2),
+                          agents=data.agents.repeat(len(self.seeds)), total=data.total, fused=False)
+        flat = z.reshape(-1, *z.shape[-2:])
+        probs = probabilities(batch.x, flat) * keep  # rows not taken: h = y = 0, so their term is zero
+        scale = 1.0 / (spec.sampling * data.total)
+        g = gradient(batch, flat, scale=scale, reg=spec.beta / spec.num_agents, probs=probs, clip=spec.clip,
+                     norm=spec.norm).view_as(z)
+        if spec.noise is None:
+            return g, None
+        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring) / spec.sampling
         return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
 
 
@@ -157,9 +229,11 @@ class ModuleOracle:
     def gradient(self, z: Params, t: int, e: int) -> tuple[Params, torch.Tensor | None]:
         """(g, noise scale per agent [P]) at z (dict of [P, ...] tensors); the scale is None without noise."""
         spec, data = self.spec, self.data
-        rows, factor = self._batch(t, e)
+        rows, taken, factor = self._batch(t, e)
         x = data.x if rows is None else torch.take_along_dim(data.x, rows.unsqueeze(-1), dim=1)
         y = data.y if rows is None else torch.take_along_dim(data.y, rows.unsqueeze(-1), dim=1)
+        if taken is not None:
+            y = y * taken.unsqueeze(-1).to(y.dtype)  # rows not taken: y = 0, no loss, zero gradient
         sums = self._sum(z, x, y)
         reg = 2.0 * spec.beta / spec.num_agents
         g = {k: sums[k].mul_(_expand(factor, sums[k])).add_(z[k], alpha=reg) for k in z}
@@ -168,22 +242,27 @@ class ModuleOracle:
         delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring)
         return g, factor * (data.total * delta * spec.noise)
 
-    def _batch(self, t: int, e: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The rows of step (t, e) per agent ([P, B], None for all) and the factor of the sum per agent.
+    def _batch(self, t: int, e: int) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The rows of step (t, e) per agent ([P, B], None for all), which of them are taken ([P, B], None
+        for all) and the factor of the sum per agent.
 
-        Full batch: 1/I (eq. (63)). Minibatch: B_p = min(B, I_p) rows drawn without
-        replacement from the keyed stream (seed, agent, t, e), factor I_p / (B_p I).
+        Full batch: 1/I (eq. (63)). Poisson sample at rate q (:func:`poisson_rows`): 1/(qI).
+        Minibatch: B_p = min(B, I_p) rows drawn without replacement from the keyed stream
+        (seed, agent, t, e), factor I_p / (B_p I).
         """
-        data, size = self.data, self.spec.batch_size
+        data, size, rate = self.data, self.spec.batch_size, self.spec.sampling
         counts = data.counts
+        if rate < 1:
+            rows, taken = poisson_rows([self.spec.seed], data, t, e, rate)
+            return rows[0], taken[0], torch.full_like(counts, 1.0 / (rate * data.total))
         if not size or size >= data.x.shape[1]:
-            return None, torch.full_like(counts, 1.0 / data.total)
+            return None, None, torch.full_like(counts, 1.0 / data.total)
         keys = noise.uniform(self.spec.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
         keys = keys.to(data.x.device)
         padding = torch.arange(data.x.shape[1], device=keys.device).unsqueeze(0) >= counts.unsqueeze(1)
         keys[padding] = 2.0  # real rows (keys < 1) first; an agent with I_p < B also gets zero rows
         rows = keys.argsort(dim=1)[:, :size]
-        return rows, counts / (counts.clamp(max=size) * data.total)
+        return rows, None, counts / (counts.clamp(max=size) * data.total)
 
     def _sum(self, z: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
         """The agents' (clipped) per-sample gradients summed over their rows, chunk by chunk."""

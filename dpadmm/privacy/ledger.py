@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,7 +117,7 @@ class Guarantee:
     releases: int
     delta: float  # the delta every epsilon below is stated at
     epsilon_pld: float  # dp-accounting's PLD accountant (the number to quote)
-    epsilon_rdp: float  # dp-accounting's RDP accountant
+    epsilon_rdp: float  # dp-accounting's RDP accountant (nan where it has no bound: subsampled Laplace)
     epsilon_basic: float  # basic composition
     epsilon_advanced: float  # advanced composition (Dwork, Rothblum & Vadhan 2010)
 
@@ -154,7 +155,8 @@ class Ledger:
         for g in (self.per_step, self.per_round, self.whole_run):
             lines.append(f"  per {g.scope:<10} ({g.releases} release{'s' if g.releases > 1 else ''}): "
                          f"eps = {g.epsilon_pld:.4g} (PLD); basic {g.epsilon_basic:.4g}, "
-                         f"advanced {g.epsilon_advanced:.4g}, RDP {g.epsilon_rdp:.4g}")
+                         f"advanced {g.epsilon_advanced:.4g}, RDP "
+                         + ("n/a" if math.isnan(g.epsilon_rdp) else f"{g.epsilon_rdp:.4g}"))
         lines.append(f"  sensitivity {self.sensitivity}; noise {self.noise_scale}")
         lines.append(f"  {self.note}")
         return "\n".join(lines)
@@ -174,10 +176,21 @@ def cached_pld_epsilon(release: Release, count: int, delta: float) -> float:
 
 
 def rdp_epsilon(release: Release, count: int, delta: float) -> float:
-    """epsilon at delta of ``count`` composed releases, by the RDP accountant."""
+    """epsilon at delta of ``count`` composed releases, by the RDP accountant; nan for a Poisson-sampled
+    Laplace release, for which dp-accounting's RDP accountant has no bound."""
+    if release.mechanism == "laplace" and release.sampling < 1:
+        return math.nan
     tracker = accountant("rdp")
     tracker.compose(release.event(count))
-    return float(tracker.get_epsilon(delta))
+    # dp-accounting logs a warning for every order whose sampled-Gaussian term it cannot compute and leaves
+    # out (the bound stays valid over the others): five lines per call for q = 0.1 and sigma near 1.
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        return float(tracker.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
 
 
 def single_release(release: Release, delta: float) -> float:
@@ -256,9 +269,13 @@ def calibrate_multiplier(mechanism: str, count: int, target_epsilon: float, delt
 
     low, high = MULTIPLIER_RANGE
     floor = pld_epsilon(release(high), count, delta, CALIBRATION_INTERVAL)
-    if target_epsilon < floor:
+    # A sampled release with the largest multiplier has an epsilon below the discretisation (0): the
+    # accountant cannot tell targets below its interval apart, so they are refused, not met in name only.
+    smallest = floor if floor > 0 else CALIBRATION_INTERVAL
+    if target_epsilon < smallest:
         raise ValueError(f"target-epsilon={target_epsilon:g} is not achievable with {count} "
-                         f"releases at delta={delta:g}; the smallest achievable value is {floor:.4g}")
+                         f"releases at delta={delta:g}; the smallest achievable value is {smallest:.4g}"
+                         + ("" if floor > 0 else " (the accountant's resolution)"))
     # Bracket the root: step the multiplier down from the largest, 8x at a time, to the first whose epsilon
     # reaches the target. A PLD is the slower to build the smaller its multiplier (Gaussian at 0.05: ~10 s)
     # and brentq evaluates both ends of its bracket, so the small end of the range is reached only if needed.
