@@ -232,6 +232,7 @@ def test_a_sampled_laplace_ledger_equals_a_first_principles_computation(eps_bar:
     assert run.epsilon_pld == pytest.approx(reference, rel=0.01, abs=2e-3)
     assert run.epsilon_pld < eps_bar * steps  # amplified: below the unsampled composition
     assert math.isnan(run.epsilon_rdp) and "RDP n/a" in privacy.ledger(config).summary()
+    assert privacy.ledger(config).to_dict()["whole_run"]["epsilon_rdp"] is None  # JSON null, not NaN
 
 
 def test_a_sampled_ledger_states_the_relation_the_rate_and_the_trust() -> None:

@@ -144,7 +144,12 @@ class Ledger:
     holder: str = "per agent"  # whose records the guarantee is about: each agent's, or all of them
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The ledger as JSON values: an epsilon an accountant has no bound for (nan) is null."""
+        out = dataclasses.asdict(self)
+        for scope in ("per_step", "per_round", "whole_run"):
+            out[scope] = {k: None if isinstance(v, float) and math.isnan(v) else v
+                          for k, v in out[scope].items()}
+        return out
 
     def summary(self) -> str:
         """A few lines a person reads at the end of a run."""
