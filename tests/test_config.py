@@ -12,26 +12,33 @@ from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, requested
 from tests.conftest import ROOT
 
 
-def test_pyproject_run_config_is_the_main_job() -> None:
+def test_pyproject_run_config_is_the_papers_defaults_under_the_main_preset() -> None:
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     app_config = {k: v for k, v in app_config.items() if not isinstance(v, dict)}  # others' tables apart
-    assert app_config == main_job().to_mapping()
+    assert app_config == {"preset": "main", **RunConfig().to_mapping()}
+    assert RunConfig.from_mapping({k: v for k, v in app_config.items() if k != "preset"}) == RunConfig()
     assert from_app_config(app_config) == main_job()
+    assert from_app_config({**app_config, "preset": "papers"}) == RunConfig()
     assert main_job().target_epsilon == 8.0 and main_job().sampling_rate < 1
 
 
 def test_an_eps_bar_or_another_algorithm_starts_from_the_papers_defaults() -> None:
     """Left out, a key takes the main job's value; give epsilon (eps-bar per local step) or another
-    algorithm and every key left out takes the papers' default, so those configurations run as before."""
+    algorithm and every key left out takes the papers' default, so those configurations run as before.
+    Through a Flower run config, a configuration on the papers' side is exactly what it says."""
     assert requested({}) == main_job()
     assert requested({"rounds": 3}) == dataclasses.replace(main_job(), rounds=3)
     assert requested({"epsilon": 0.5}) == RunConfig(epsilon=0.5)
     assert requested({"algorithm": "objp"}) == RunConfig(algorithm="objp")
-    app = main_job().to_mapping()
-    assert from_app_config({**app, "epsilon": 0.5, "rounds": 3}) == RunConfig(epsilon=0.5, rounds=3)
+    assert requested({"rounds": 3}, preset="papers") == RunConfig(rounds=3)
+    app = {"preset": "main", **RunConfig().to_mapping()}
+    papers_side = {"epsilon": 0.5, "rounds": 3, "mechanism": "gaussian", "clip-norm": 1.0}
+    assert from_app_config({**app, **papers_side}) == RunConfig.from_mapping(papers_side)
     assert from_app_config({**app, "seed": 4}) == dataclasses.replace(main_job(), seed=4)
     with pytest.raises(ValueError, match="unknown configuration key 'epochs'"):
         from_app_config({**app, "epochs": 3})
+    with pytest.raises(ValueError, match="preset='paper' is not allowed; choose one of main, papers"):
+        from_app_config({**app, "preset": "paper"})
 
 
 def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:

@@ -28,6 +28,7 @@ def _flat_app_config() -> dict[str, object]:
 def test_the_default_run_config_is_the_main_job() -> None:
     assert from_run_config(_flat_app_config()) == main_job()
     assert from_run_config({**_flat_app_config(), "epsilon": 0.5}) == RunConfig(epsilon=0.5)
+    assert from_run_config({**_flat_app_config(), "preset": "papers"}) == RunConfig()
 
 
 def test_another_familys_keys_come_from_its_table() -> None:

@@ -110,7 +110,8 @@ def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[
                        dtype="float32", out=str(tmp_path / "flower"), save_weights=True)
     keys = ("dataset", "data-dir", "num-agents", "rounds", "seed", "dtype", "out", "save-weights")
     mapping = config.to_mapping()
-    output = flwr_run(flwr_env, " ".join(f"{k}={toml_value(mapping[k])}" for k in keys), supernodes=195,
+    given = " ".join(f"{k}={toml_value(mapping[k])}" for k in keys)
+    output = flwr_run(flwr_env, f"preset='papers' {given}", supernodes=195,
                       federation=("client-resources-num-cpus=1",))
     assert "dpadmm round 2/2: test error" in output
     assert [r["replied"] for r in read_jsonl(tmp_path / "flower" / "rounds.jsonl")] == [list(range(195))] * 2

@@ -342,29 +342,38 @@ def main_job() -> RunConfig:
     return RunConfig(**MAIN_JOB)
 
 
-def requested(given: Mapping[str, Any]) -> RunConfig:
-    """The configuration a user asks for with the kebab-case keys ``given``: the main job with them, or, when
-    they give ``epsilon`` (the papers' eps-bar per local step) or another ``algorithm`` than the main job's,
-    the papers' defaults with them.
+PRESETS = ("main", "papers")
+
+
+def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
+    """The configuration a user asks for with the kebab-case keys ``given``: the main job with them, or the
+    papers' defaults with them when ``preset`` is "papers", or when they give ``epsilon`` (the papers'
+    eps-bar per local step) or another ``algorithm`` than the main job's.
 
     So every configuration that states its eps-bar or algorithm, as the papers' do, runs exactly as it did
     before the main job became budget-first, and the keys a user leaves out never mix the two.
     """
-    papers = "epsilon" in given or given.get("algorithm", MAIN_JOB["algorithm"]) != MAIN_JOB["algorithm"]
+    allowed("preset", preset, PRESETS)
+    papers = (preset == "papers" or "epsilon" in given
+              or given.get("algorithm", MAIN_JOB["algorithm"]) != MAIN_JOB["algorithm"])
     base = {} if papers else main_job().to_mapping()
     return RunConfig.from_mapping({**base, **given})
 
 
 def from_app_config(run_config: Mapping[str, Any]) -> RunConfig:
-    """:func:`requested` for a Flower run config: pyproject.toml's values (the main job) with the user's
-    ``--run-config`` over them. The keys the user gave are those whose value differs from pyproject's
-    (an ``epsilon`` equal to the main job's 1.0 is not told apart from the default: it keeps the main
-    job)."""
-    defaults = main_job().to_mapping()
-    return requested({k: v for k, v in run_config.items() if k not in defaults or not _same(v, defaults[k])})
+    """:func:`requested` for a Flower run config: pyproject.toml's values with the user's ``--run-config``
+    over them. pyproject.toml holds the papers' defaults and ``preset = "main"``; the keys the user gave
+    are those whose value differs from the papers' default. So a configuration on the papers' side is
+    exactly the run config; on the main job's side, a key set to its papers' default is not told apart
+    from one left out (``preset='papers'`` says it: the run config exactly)."""
+    values = dict(run_config)
+    preset = str(values.pop("preset", "main"))
+    papers = RunConfig().to_mapping()
+    return requested({k: v for k, v in values.items() if k not in papers or not _same(v, papers[k])}, preset)
 
 
 def _same(value: Any, default: Any) -> bool:
+    """Whether a run-config value equals a default (TOML and flwr give ints for floats, strings for inf)."""
     try:
         return value == default or (isinstance(default, float) and float(value) == default)
     except (TypeError, ValueError):
