@@ -38,14 +38,13 @@ class AgentData:
     x_l2: torch.Tensor  # [P, Imax] ||x_i||_2, precomputed for L2 clipping (the Gaussian variant)
     agents: torch.Tensor  # [P] int64 agent ids (the keys of the noise streams)
     total: int  # I, the number of samples over all agents (a public parameter)
-    fused: bool = True  # False: never the fused kernel (a batch gathered for one step: its blocks cost more)
 
     @cached_property
     def blocks(self) -> native.Blocks | None:
         """The nonzeros of x by blocks of rows and columns (:func:`dpadmm.native.column_blocks`), built on
-        first use, for the fused gradient; None where that kernel does not run (CUDA, no C compiler), x
-        is too dense for it, or ``fused`` is False."""
-        return native.column_blocks(self.x, max_density=SPARSE_ENOUGH) if self.fused else None
+        first use, for the fused gradient; None where that kernel does not run (CUDA, no C compiler) or
+        x is too dense for it."""
+        return native.column_blocks(self.x, max_density=SPARSE_ENOUGH)
 
     @property
     def num_agents(self) -> int:

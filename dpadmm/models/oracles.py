@@ -120,9 +120,9 @@ class LogisticOracle:
     def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(g, noise scale per agent [(S,) P]) at z [(S,) P, J, K]; the scale is None without noise."""
         spec, data = self.spec, self.data
-        scale, reg = 1.0 / data.total, spec.beta / spec.num_agents
         if spec.sampling < 1:
             return self._sampled(z, t, e)
+        scale, reg = 1.0 / data.total, spec.beta / spec.num_agents
         if spec.data_dependent:
             g, delta = gradient_and_sensitivity(data, z, scale=scale, reg=reg)
             return g, delta * spec.noise
@@ -137,8 +137,9 @@ class LogisticOracle:
         the scale (C/(qI)) / eps-bar.
 
         The samples are gathered into a batch of their own ([S P, B, J]; the rows after a smaller
-        sample get h = y = 0, so they add nothing) and the dense products run on it: about q of the
-        full batch's work, and no fused kernel's block structure to build for data used once.
+        sample get h = y = 0, so they add nothing) and the dense products run on it (given h, the
+        gradient never builds the fused kernel's block structure, which would cost more than it
+        saves on rows used once): about q of the full batch's products.
         """
         spec, data = self.spec, self.data
         rows, taken = poisson_rows(self.seeds, data, t, e, spec.sampling)  # [S, P, B]
@@ -158,7 +159,7 @@ class LogisticOracle:
         keep = taken.to(data.x.dtype).view(-1, rows.shape[-1], 1)
         batch = AgentData(x=x, y=gather(data.y) * keep, counts=keep.sum(dim=(1, 2)),
                           x_l1=gather(data.x_l1), x_l2=gather(data.x_l2),
-                          agents=data.agents.repeat(len(self.seeds)), total=data.total, fused=False)
+                          agents=data.agents.repeat(len(self.seeds)), total=data.total)
         flat = z.reshape(-1, *z.shape[-2:])
         probs = probabilities(batch.x, flat) * keep  # rows not taken: h = y = 0, so their term is zero
         scale = 1.0 / (spec.sampling * data.total)
