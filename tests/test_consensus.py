@@ -36,3 +36,20 @@ def test_dual_update_and_violation() -> None:
     torch.testing.assert_close(new[1], torch.full((2, 2), 1.5, dtype=torch.float64))
     # sum_p |w - z_p|_1 / P = (4 * 2 + 4 * 1) / 2
     assert consensus_violation(w, z) == pytest.approx(6.0)
+
+
+def test_with_a_constant_rho_the_global_model_extrapolates_the_agents_average() -> None:
+    """(4a) and (4c) from the zero start: w^{t+1} = 2 zbar^t - zbar^{t-1}, whatever rho (the identity
+    benchmarks/compare_dp_terms.py measures the cost of under noise)."""
+    gen = torch.Generator().manual_seed(0)
+    agents, shape, rho = 5, (4, 3), 0.37
+    lam = torch.zeros(agents, *shape, dtype=torch.float64)
+    averages = [torch.zeros(shape, dtype=torch.float64)]  # zbar^0 = 0
+    z = torch.zeros(agents, *shape, dtype=torch.float64)
+    for _ in range(6):
+        w = global_update(z, lam, rho)
+        if len(averages) > 1:
+            torch.testing.assert_close(w, 2 * averages[-1] - averages[-2], rtol=1e-9, atol=1e-9)
+        z = torch.randn(agents, *shape, generator=gen, dtype=torch.float64)  # any releases
+        lam = dual_update(lam, w, z, rho)
+        averages.append(z.mean(dim=0))
