@@ -6,6 +6,7 @@ on random inputs; then the E-step round (chain, average, noise) and its batching
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -190,3 +191,20 @@ def test_a_batch_of_runs_needs_one_seed_per_run() -> None:
         agent_round(config, data, w[None], lam[None], z[None], 1, seeds=[0, 1])
     with pytest.raises(ValueError, match="does not match seeds"):
         agent_round(config, data, w, lam, z, 1, seeds=[0])
+
+
+@pytest.mark.parametrize("algorithm", ["objpm", "objt"])
+def test_a_global_local_start_is_the_chain_started_at_w(algorithm: str) -> None:
+    """local-start=global: the round is the papers' round with z^{t,1} = w^{t+1} for every agent, whatever
+    the agents' last iterates were; outp refuses it."""
+    config = RunConfig(algorithm=algorithm, epsilon=0.3, local_steps=3 if algorithm == "objpm" else 0,
+                       num_agents=4, seed=3)
+    data = _data()
+    w, lam, z = _state(4, 2)
+    restarted = agent_round(dataclasses.replace(config, local_start="global"), data, w, lam, z, 5)
+    chained = agent_round(config, data, w, lam, w.expand_as(z).clone(), 5)
+    torch.testing.assert_close(restarted.z_sent, chained.z_sent, rtol=0, atol=0)
+    torch.testing.assert_close(restarted.z_last, chained.z_last, rtol=0, atol=0)
+    assert not torch.equal(restarted.z_sent, agent_round(config, data, w, lam, z, 5).z_sent)
+    with pytest.raises(ValueError, match="local-start='global' is not allowed with algorithm='outp'"):
+        RunConfig(algorithm="outp", local_start="global")

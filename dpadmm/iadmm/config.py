@@ -31,6 +31,7 @@ NEIGHBOURING = ("replace-one", "add-remove")
 MECHANISMS = ("laplace", "gaussian")
 PER_SAMPLE = ("vmap", "factorized")
 TRUST_RADII = ("paper", "reference")
+LOCAL_STARTS = ("chain", "global")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -141,6 +142,12 @@ class RunConfig(keys.Keyed):
         metadata={"help": "samples per local step for a module model (drawn from a keyed stream); "
                           "0 = full batch, as in the papers"},
     )
+    local_start: str = field(
+        default="chain",
+        metadata={"help": "where a round's E local steps start: chain (the agent's last local iterate, line "
+                          "16 of 003 Algorithm 1) or global (the round's w^{t+1}, as FedAvg restarts every "
+                          "client; not in the papers)"},
+    )
     sampling_rate: float = field(
         default=1.0,
         metadata={"help": "Poisson rate q: each local step takes each sample independently with "
@@ -188,6 +195,10 @@ class RunConfig(keys.Keyed):
         allowed("noise-generator", self.noise_generator, GENERATORS)
         allowed("per-sample", self.per_sample, PER_SAMPLE)
         allowed("trust-radius", self.trust_radius, TRUST_RADII)
+        allowed("local-start", self.local_start, LOCAL_STARTS)
+        if self.local_start != "chain" and self.algorithm == "outp":
+            raise ValueError(f"local-start={self.local_start!r} is not allowed with algorithm='outp', whose "
+                             "one step starts from its last output; leave it 'chain'")
         if self.trust_radius != "paper" and self.algorithm != "objt":
             raise ValueError(f"trust-radius={self.trust_radius!r} is not allowed with algorithm="
                              f"{self.algorithm!r}: the trust radius is objt's; leave it 'paper'")

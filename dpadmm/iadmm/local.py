@@ -118,7 +118,8 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
                                  t: int, seeds: Sequence[int] | None = None) -> LocalResult:
     """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM, for any model.
 
-    Starting from the last local iterate z^{t,1} = z^{t-1,E+1}, take E steps of eq. (8)
+    Starting from the last local iterate z^{t,1} = z^{t-1,E+1} (or, with ``local-start = "global"``,
+    from w^{t+1}, as FedAvg restarts every client from the global model), take E steps of eq. (8)
     (or 000's trust-region eq. (9) for objt), each with fresh noise of scale Delta / eps
     (eq. (9a); Laplace, or Gaussian with ``mechanism="gaussian"``), and release the average
     of the E iterates. The oracle gives g and Delta / eps: the papers' logistic regression
@@ -134,9 +135,12 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
         eta = schedules.eta(t, config.prox_scale)
         step = lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)  # noqa: E731
     draw = noise.gaussian if config.mechanism == "gaussian" else noise.laplace
-    z = z_chain
     if not isinstance(w, Mapping):
         w = w.unsqueeze(-3)  # broadcast over the agents (a module's [...] broadcasts against [P, ...])
+    # Line 16: the chain continues from the last local iterate; local-start=global restarts it at w^{t+1}
+    z = z_chain
+    if config.local_start == "global":
+        z = tree_map(lambda w_, z_: w_.expand_as(z_).clone(), w, z_chain)
     no_noise = tree_map(lambda _: 0.0, z)
     total = tree_map(torch.zeros_like, z)
     # [(S,) P] for logistic regression's tensors, [P] for a module's parameters
