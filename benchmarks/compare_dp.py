@@ -104,9 +104,10 @@ REFERENCE_METHODS = ("dpiadmm", "dpsgd")
 # split (the direction DP-SGD steps along), so eta^t = a / sqrt(t) is DP-SGD's lr = a / (P sqrt(t)):
 # a = 400 on MNIST is lr 40 falling to 12.6, and DP-SGD's MNIST grid spans lr 1 to 40 to cover it; on
 # FEMNIST (P = 195, unequal writers) a in {1000, 4000} is lr about 5 to 20 falling to 1.6 to 6.5, against
-# DP-SGD's constant {1, 4, 16}. rho^t is
-# constant (custom preset, c2 = 0): the eq. (24) presets (c1 = 2 on MNIST) pull every local step back to
-# w so hard that ten rounds learn little (docs/results/compare/README.md).
+# DP-SGD's constant {1, 4, 16}. rho^t is constant (custom preset, c2 = 0): the eq. (24) presets (c1 = 2
+# on MNIST) pull every local step back to w so hard that ten rounds learn little. And a round's local
+# steps start either where the agent's chain stopped (the papers' line 16) or at w, as FedAvg's clients
+# do (``local-start``); docs/results/compare/README.md says what each choice gave.
 
 
 def _iadmm(rounds: int, local_steps: int, rate: float, prox_scale: float, rho: float,
