@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dpadmm import keys
@@ -381,12 +381,7 @@ def from_app_config(run_config: Mapping[str, Any]) -> RunConfig:
     values = dict(run_config)
     preset = str(values.pop("preset", "main"))
     papers = RunConfig().to_mapping()
-    return requested({k: v for k, v in values.items() if k not in papers or not _same(v, papers[k])}, preset)
-
-
-def _same(value: Any, default: Any) -> bool:
-    """Whether a run-config value equals a default (TOML and flwr give ints for floats, strings for inf)."""
-    try:
-        return value == default or (isinstance(default, float) and float(value) == default)
-    except (TypeError, ValueError):
-        return False
+    types = {key(f.name): f.type for f in fields(RunConfig)}
+    # a value as TOML or flwr gives it (ints for floats, "inf" strings) is compared once coerced to its field
+    given = {k: v for k, v in values.items() if k not in papers or keys.coerce(k, v, types[k]) != papers[k]}
+    return requested(given, preset)

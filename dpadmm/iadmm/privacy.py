@@ -73,7 +73,7 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
         scale_name = "b" if mechanism == "laplace" else "sigma"
         batch = " x I_p / B_p" if config.batch_size else ""  # minibatches of B_p = min(B, I_p) samples
         if total_samples:
-            value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring) / q
+            value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring, q)
             sens = (f"{norm}: {form}{batch} = {value:.6g}{batch} "
                     f"(C = {config.clip_norm:g}, I = {total_samples}{f', q = {q:g}' if q < 1 else ''})")
             scale = f"{scale_name} = Delta / eps-bar = {value / config.epsilon:.6g}{batch}"

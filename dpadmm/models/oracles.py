@@ -167,7 +167,7 @@ class LogisticOracle:
                      norm=spec.norm).view_as(z)
         if spec.noise is None:
             return g, None
-        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring) / spec.sampling
+        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring, spec.sampling)
         return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
 
 

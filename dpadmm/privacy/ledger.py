@@ -39,8 +39,9 @@ ACCOUNTANTS = ("pld", "rdp")
 MECHANISMS = ("laplace", "gaussian")
 
 
-def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
-    """Sensitivity of a clipped mean gradient: 2C/I if one sample is replaced, C/I if added or removed.
+def clipped_sensitivity(clip: float, total: int, neighbouring: str, sampling: float = 1.0) -> float:
+    """Sensitivity of a clipped mean gradient: 2C/I if one sample is replaced, C/I if added or removed;
+    C/(qI) for the sum over a Poisson sample at rate q scaled by 1/(qI) (add-remove only).
 
     Replacing sample i changes sum_i clip(g_i) / I by the difference of two terms of norm
     <= C each; adding or removing changes it by one such term. (I is the public sample
@@ -48,7 +49,7 @@ def clipped_sensitivity(clip: float, total: int, neighbouring: str) -> float:
     as stated; in the L2 norm it is the Delta_2 of a Gaussian mechanism (002's c/n is the
     add-remove value).
     """
-    return (2.0 if neighbouring == "replace-one" else 1.0) * clip / total
+    return (2.0 if neighbouring == "replace-one" else 1.0) * clip / (sampling * total)
 
 
 def relation() -> dp_accounting.NeighboringRelation:
