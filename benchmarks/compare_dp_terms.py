@@ -39,20 +39,17 @@ from pathlib import Path
 import torch
 
 from benchmarks.compare_dp import (
-    AGENTS,
     DATASETS,
     GRIDS,
-    ROOT,
     Context,
+    add_data_arguments,
     current_runs,
     errors,
-    evaluation_split,
     iadmm_config,
+    load_context,
     load_runs,
 )
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
-from dpadmm.iadmm.federation import load_for
 
 MODELS = ("w^T", "zbar^{T-1}", "zbar^T", "zlast^T")
 
@@ -76,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/compare")
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--mnist-dir", default=str(ROOT.parent / "shared" / "data" / "mnist"))
-    parser.add_argument("--femnist-dir", default=str(ROOT.parent / "shared" / "data" / "femnist"))
+    add_data_arguments(parser)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -101,10 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         keys = sorted(e for d, e in chosen if d == dataset)
         if not keys:
             continue
-        data_dir = str(Path(args.mnist_dir if dataset == "mnist" else args.femnist_dir).resolve())
-        data = load_for(RunConfig(dataset=dataset, data_dir=data_dir, num_agents=AGENTS[dataset]))
-        val, test = evaluation_split(data.num_test)
-        ctx = Context(dataset, data_dir, data, val, test, out)
+        ctx = load_context(dataset, args, out)
         for eps in keys:
             params = chosen[(dataset, eps)]
             result = measure(ctx, params, eps, seeds)
