@@ -60,11 +60,18 @@ def family_of(algorithm: str) -> Family:
 
 
 def from_run_config(run_config: Mapping[str, Any]) -> Any:
-    """The configuration of the family that ``run_config["algorithm"]`` picks, from its own keys."""
+    """The configuration of the family that ``run_config["algorithm"]`` picks, from its own keys.
+
+    A ValueError about one of another family's keys names it as the run config does
+    (``linadmm.rounds=0 is not allowed; ...``)."""
     algorithm = str(run_config.get("algorithm", DEFAULT.config().algorithm))
     family = family_of(algorithm)
     if family is DEFAULT:  # the main job, or the papers' defaults (dpadmm.iadmm.config.requested)
         return from_app_config({k: v for k, v in run_config.items() if "." not in k})
     prefix = f"{family.name}."
     own = {k[len(prefix):]: v for k, v in run_config.items() if k.startswith(prefix)}
-    return family.config.from_mapping({**own, "algorithm": algorithm})
+    try:
+        return family.config.from_mapping({**own, "algorithm": algorithm})
+    except ValueError as error:
+        named = str(error).split("=")[0] in own
+        raise ValueError(f"{prefix}{error}" if named else f"{error} (in the {family.name}.* keys)") from None

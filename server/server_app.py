@@ -13,9 +13,9 @@ same run again with ``out`` naming that folder resumes it from the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,21 @@ CHECKPOINT = "checkpoint.pt"
 app = ServerApp()
 
 
+class RunConfigError(ValueError):
+    """A run config key whose value is not allowed. The ServerApp has logged the key, the value and what
+    is allowed on one line; raising ends the run as failed, Flower's way for an app: the run's status
+    becomes ``finished:failed`` with this message as its details (``flwr ls``), and Flower logs its exit
+    code (700 in a simulation, 201 under a SuperLink). ``flwr run --stream`` itself exits 0 whatever the
+    run's outcome (flwr 1.41's CLI ends when the log stream ends)."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    config = from_run_config(context.run_config)
+    try:
+        config = configured(context.run_config)
+    except ValueError as error:
+        log(ERROR, "dpadmm: the run config is not allowed: %s", error)
+        raise RunConfigError(str(error)) from None  # Flower prints this short traceback, not the checks'
     if isinstance(config, DecentralConfig):
         decentral_main(grid, context, config)
     elif isinstance(config, SharingConfig):
@@ -68,7 +80,14 @@ def main(grid: Grid, context: Context) -> None:
     elif isinstance(config, LinAdmmConfig):
         linadmm_main(grid, config)
     else:
-        iadmm_main(grid, privacy.calibrate(config))
+        iadmm_main(grid, config)
+
+
+def configured(run_config: Mapping[str, Any]) -> Any:
+    """The family's configuration of ``run_config``, checked (DP-IADMM's also calibrated, which refuses
+    budgets it cannot meet): every ``ValueError`` here is the user's key, not a fault of the run."""
+    config = from_run_config(run_config)
+    return privacy.calibrate(config) if isinstance(config, RunConfig) else config
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -49,6 +50,18 @@ def binary_dir() -> Path:
     if not (SHARED_DATA / "a9a" / "a9a.gz").exists():
         pytest.skip(f"the LIBSVM data sets were not found in {SHARED_DATA}")
     return SHARED_DATA
+
+
+def flat_app_config() -> dict[str, object]:
+    """pyproject.toml's run config as Flower flattens it (nested tables become dotted keys)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat: dict[str, object] = {}
+    for name, value in config.items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def _pids_with_env(name: str, value: str) -> list[int]:

@@ -2,37 +2,23 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import pytest
 
 from dpadmm.families import ALGORITHMS, FAMILIES, family_of, from_run_config
 from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.keys import key
 from dpadmm.linadmm.config import LinAdmmConfig
-from tests.conftest import ROOT
-
-
-def _flat_app_config() -> dict[str, object]:
-    """pyproject.toml's run config as Flower flattens it (nested tables become dotted keys)."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    flat: dict[str, object] = {}
-    for name, value in config.items():
-        if isinstance(value, dict):
-            flat.update({f"{name}.{k}": v for k, v in value.items()})
-        else:
-            flat[name] = value
-    return flat
+from tests.conftest import flat_app_config
 
 
 def test_the_default_run_config_is_the_main_job() -> None:
-    assert from_run_config(_flat_app_config()) == main_job()
-    assert from_run_config({**_flat_app_config(), "epsilon": 0.5}) == RunConfig(epsilon=0.5)
-    assert from_run_config({**_flat_app_config(), "preset": "papers"}) == RunConfig()
+    assert from_run_config(flat_app_config()) == main_job()
+    assert from_run_config({**flat_app_config(), "epsilon": 0.5}) == RunConfig(epsilon=0.5)
+    assert from_run_config({**flat_app_config(), "preset": "papers"}) == RunConfig()
 
 
 def test_another_familys_keys_come_from_its_table() -> None:
-    values = {**_flat_app_config(), "algorithm": "dp-accadmm", "linadmm.rounds": 7, "rounds": 99}
+    values = {**flat_app_config(), "algorithm": "dp-accadmm", "linadmm.rounds": 7, "rounds": 99}
     config = from_run_config(values)
     assert isinstance(config, LinAdmmConfig) and config.algorithm == "dp-accadmm"
     assert config.rounds == 7 and config.delta == 1e-3  # its own keys and defaults, not DP-IADMM's
@@ -41,7 +27,7 @@ def test_another_familys_keys_come_from_its_table() -> None:
 def test_an_unknown_algorithm_names_every_familys() -> None:
     with pytest.raises(ValueError, match="algorithm='sgd' is not allowed; choose one of iadmm, objp, objpm, "
                                          "objt, outp, dp-admm, dp-accadmm"):
-        from_run_config({**_flat_app_config(), "algorithm": "sgd"})
+        from_run_config({**flat_app_config(), "algorithm": "sgd"})
     assert tuple(a for f in FAMILIES for a in f.algorithms) == ALGORITHMS
     assert [family_of(a).name for a in ("objt", "dp-admm")] == ["iadmm", "linadmm"]
     assert key("graph_alpha") == "graph-alpha"

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 
 from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.runs.results import read_jsonl, read_metrics
-from tests.conftest import flwr_run, toml_value
+from server import server_app
+from tests.conftest import ROOT, flat_app_config, flwr_run, toml_value
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +53,49 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
     assert flower_w.files == engine_w.files == ["round-1", "round-2"]
     for key in flower_w.files:
         np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-5, atol=1e-12)
+
+
+def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) -> None:
+    """`flwr run . --run-config "epsilon=-1"`: one line names the key, the value and what is allowed, the
+    configuration checks' own frames are not printed, and the run's status is failed (`flwr run` itself
+    exits 0 whatever the run's outcome: Flower's CLI, see server_app.RunConfigError)."""
+    output = flwr_run(flwr_env, "epsilon=-1")
+    message = "epsilon=-1.0 is not allowed; it must be > 0 (inf = non-private)"
+    lines = [line for line in output.splitlines() if "dpadmm:" in line]
+    assert len(lines) == 1 and lines[0].endswith(f"dpadmm: the run config is not allowed: {message}"), lines
+    assert "dpadmm/iadmm/config.py" not in output and "round 1" not in output
+    flwr = Path(sys.executable).parent / "flwr"  # this environment's, as flwr_run's
+    listed = subprocess.run([str(flwr), "ls", "--format", "json"], cwd=ROOT, env=flwr_env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    [run] = json.loads(listed.stdout)["runs"]
+    assert run["status"] == "finished:failed" and run["status-details"].endswith(message)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"target-epsilon": 1e-9}, "target-epsilon=1e-09 is not achievable with 100 releases"),
+    ({"algorithm": "dp-admm", "linadmm.rounds": 0}, "linadmm.rounds=0 is not allowed; it must be >= 1"),
+    ({"algorithm": "admm-sharing", "sharing.rho": "x"}, "sharing.rho='x' is not allowed; expected a"),
+    ({"algorithm": "ldp-admm", "decentral.graph": "ring"},
+     "decentral.graph='ring' is not allowed; choose one of random, complete"),
+    ({"algorithm": "sgd"}, "algorithm='sgd' is not allowed; choose one of iadmm,"),
+])
+def test_every_familys_bad_key_ends_the_serverapp_with_one_line(keys: dict[str, object],
+                                                                 message: str) -> None:
+    """The ServerApp's main for each family (the same path `flwr run` takes, without the processes)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    flower = logging.getLogger("flwr")
+    flower.addHandler(handler)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**flat_app_config(), **keys})
+    try:
+        with pytest.raises(server_app.RunConfigError, match=re.escape(message)):
+            server_app.main(None, context)
+    finally:
+        flower.removeHandler(handler)
+    assert [r.levelno for r in records] == [logging.ERROR]
+    assert records[0].getMessage().startswith(f"dpadmm: the run config is not allowed: {message}")
 
 
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])
