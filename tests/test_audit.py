@@ -19,7 +19,7 @@ def test_clipped_calibration_holds_and_the_attack_is_strong(epsilon: float) -> N
 
 
 def test_the_papers_data_dependent_calibration_is_not_eps_bar_dp() -> None:
-    """A finding, documented in the README: the realised epsilon of one step exceeds eps-bar."""
+    """A finding (docs/families/iadmm.md, "Audit"): the realised epsilon of one step exceeds eps-bar."""
     config = RunConfig(epsilon=1.0, sensitivity="data-dependent")
     scale = audit_local_step(config, "scale")
     assert scale.epsilon_lower_bound > 5.0  # measured: 8.59 with 100,000 trials

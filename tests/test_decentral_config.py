@@ -45,11 +45,6 @@ def test_the_papers_schedule_and_the_family() -> None:
     assert from_run_config(run_config) == DecentralConfig(agents=5, edges=6)
 
 
-def test_readme_documents_every_key() -> None:
-    readme = (ROOT / "README.md").read_text()
-    missing = [key for key in DecentralConfig().to_mapping() if f"| `{key}` |" not in readme]
-    assert not missing, f"README.md does not document {missing}"
-
 
 def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
     """[tool.flwr.app.config.decentral] is every key but `algorithm`, which is the app's top-level one."""

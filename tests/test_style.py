@@ -1,6 +1,6 @@
 """The code base stays ruff-clean (the rules are in pyproject.toml) and keeps the house's layout.
 
-The layout (README, "Layout"): shared floors (``dpadmm.privacy``, ``dpadmm.models``, ``dpadmm.data``,
+The layout (docs/architecture.md): shared floors (``dpadmm.privacy``, ``dpadmm.models``, ``dpadmm.data``,
 ``dpadmm.runs``, ``dpadmm.native``) import no family; families (``dpadmm.iadmm``, ...) import the
 floors; nothing imports in a circle, counting imports inside functions too.
 """

@@ -339,9 +339,9 @@ class RunConfig(keys.Keyed):
 # of E = 10 steps, a constant rho and eta^t = 400 / sqrt(t) (the kind of configuration the comparison with
 # DP-SGD + FedAvg tunes, docs/results/compare/), eps-bar calibrated so that the whole run is (8, 1e-5)-DP
 # per agent for one sample added or removed. q = 0.2 and rho = 0.001 were picked among eight settings by
-# their test error on the embedded data over seeds 0-2 (the README says so). The papers' configuration
-# (eps-bar per local step, full batches, Laplace, the eq. (24) presets) is the dataclass's defaults: what
-# a configuration that gives `epsilon` or another algorithm starts from.
+# their test error on the embedded data over seeds 0-2 (docs/getting-started.md says so). The papers'
+# configuration (eps-bar per local step, full batches, Laplace, the eq. (24) presets) is the dataclass's
+# defaults: what a configuration that gives `epsilon` or another algorithm starts from.
 MAIN_JOB: dict[str, Any] = {
     "algorithm": "objpm", "rounds": 10, "local_steps": 10, "target_epsilon": 8.0, "delta": 1e-5,
     "mechanism": "gaussian", "clip_norm": 1.0, "sampling_rate": 0.2, "neighbouring": "add-remove",

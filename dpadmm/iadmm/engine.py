@@ -83,7 +83,7 @@ def run(
     """Train with every agent batched; record (and write) one metrics dict per evaluated round.
 
     Each dict has ``round``, ``test-error``, ``train-loss``, ``consensus-violation``
-    (sum_p |w - z_p| / P), ``noise-magnitude`` (mean |noise| over agents, steps and
+    (``sum_p |w - z_p| / P``), ``noise-magnitude`` (mean ``|noise|`` over agents, steps and
     coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
     ``module`` trains that network instead of ``config.model`` (its parameters start from
     :func:`dpadmm.models.modules.initial_parameters` with the config's seed); ``vectorize=False``

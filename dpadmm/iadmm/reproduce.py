@@ -13,7 +13,7 @@ a run depends on the seed (full batches, zero start), so more seeds would repeat
 The runs use the papers' calibration, ``sensitivity="data-dependent"`` (eq. (9b) evaluated
 on the agent's own data), because the point is to reproduce their numbers; the privacy
 columns of the report are therefore nominal: Theorem 1 does not cover that calibration
-(see the README's privacy section and :mod:`dpadmm.iadmm.audit`). ``dpadmm train`` keeps the
+(see the privacy section of docs/families/iadmm.md and :mod:`dpadmm.iadmm.audit`). ``dpadmm train`` keeps the
 covered, clipped default.
 
 Layout of ``out``::
@@ -306,7 +306,8 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
         "numbers (T = 20,000). Privacy: epsilon at delta = "
         f"{delta:g} per agent by dp-accounting's PLD accountant, per local step / per round (E steps) / "
         "whole run (T rounds). The runs use the papers' data-dependent sensitivity (eq. (9b)), which "
-        "Theorem 1 does not cover: these privacy values are **nominal** (see the README's privacy section).",
+        "Theorem 1 does not cover: these privacy values are **nominal** (see the privacy section of "
+        "docs/families/iadmm.md).",
         "",
     ]
     machines = sorted({record.get("machine", "?") for _, record, _ in cells})
