@@ -133,9 +133,10 @@ class RunConfig(keys.Keyed):
     )
     noise_generator: str = field(
         default="philox",
-        metadata={"help": "philox (counter-based, bit-identical on CPU and CUDA) or torch (torch's CPU "
-                          "generator seeded per agent, round and step from Philox: ~50x faster for large "
-                          "models, same numbers on every execution path of one torch build)"},
+        metadata={"help": "philox (counter-based, bit-identical on CPU and CUDA; a fused C kernel on CPUs, a "
+                          "compiled kernel on GPUs) or torch (torch's CPU generator seeded per agent, round "
+                          "and step from Philox: the same numbers on every execution path of one torch "
+                          "build, not Philox's)"},
     )
     batch_size: int = field(
         default=0,
