@@ -230,3 +230,19 @@ def test_every_familys_page_lists_its_keys_from_the_code(family: Family) -> None
     assert f"```{{dpadmm-keys}} {family.config.__module__}.{family.config.__name__}" in page
     for field in dataclasses.fields(family.config):
         assert field.metadata.get("help"), f"{family.config.__name__}.{field.name} has no help text"
+
+
+def test_the_equations_cite_functions_the_api_reference_documents() -> None:
+    """Each ``{py:func}`` of a family page names a function that exists, in a module the API reference
+    documents (so the link resolves), and stands outside the math (MathJax would print it as text)."""
+    documented = set(re.findall(r"automodule:: (\S+)", (ROOT / "docs" / "reference" / "api.md").read_text()))
+    for page in sorted((ROOT / "docs" / "families").glob("*.md")):
+        text = page.read_text()
+        cited = set(re.findall(r"\{py:func\}`([^`]+)`", text))
+        assert len(cited) >= 5, f"{page.name} cites {len(cited)} functions"
+        for target in cited:
+            module, _, name = target.rpartition(".")
+            assert module in documented, f"{page.name}: {module} is not in docs/reference/api.md"
+            assert callable(getattr(importlib.import_module(module), name, None)), f"{page.name}: {target}"
+        for math in re.findall(r"\$\$(.*?)\$\$", text, re.S):
+            assert "{py:" not in math, f"{page.name}: a role inside display math: {math.strip()[:80]}"
