@@ -631,8 +631,6 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the in-process Grid's per-round log lines
-    # dp-accounting's RDP orders that do not converge (the ledger's RDP column; the comparison uses PLD)
-    logging.getLogger("absl").setLevel(logging.ERROR)
     grids = QUICK_GRIDS if args.quick else GRIDS
     runs = load_runs(out / "runs.jsonl")
     started = time.perf_counter()

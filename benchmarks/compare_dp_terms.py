@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import statistics
 import time
 from pathlib import Path
@@ -77,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    logging.getLogger("absl").setLevel(logging.ERROR)
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",") if s]
     chosen = {(r["dataset"], r["epsilon"]): r["params"] for r in current_runs(list(load_runs(
         out / "runs.jsonl").values()), GRIDS) if r["method"] == "dpiadmm" and r["phase"] == "report"}

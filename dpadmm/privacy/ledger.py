@@ -187,13 +187,14 @@ def rdp_epsilon(release: Release, count: int, delta: float) -> float:
     if release.mechanism == "laplace" and release.sampling < 1:
         return math.nan
     tracker = accountant("rdp")
-    tracker.compose(release.event(count))
     # dp-accounting logs a warning for every order whose sampled-Gaussian term it cannot compute and leaves
-    # out (the bound stays valid over the others): five lines per call for q = 0.1 and sigma near 1.
+    # out (the bound stays valid over the others): five lines per call for q = 0.1 and sigma near 1. It
+    # computes the terms when the event is composed.
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)
     try:
+        tracker.compose(release.event(count))
         return float(tracker.get_epsilon(delta))
     finally:
         absl.setLevel(level)
