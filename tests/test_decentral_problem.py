@@ -33,6 +33,7 @@ def test_an_agent_file_gives_the_simulated_agents_view(tmp_path: Path, adult: Da
     config = DecentralConfig(agents=4, edges=4, seed=3)
     paths = write_agent_files(adult, 4, 100, 3, tmp_path)
     assert [p.name for p in paths] == [f"agent-{i}.npz" for i in range(4)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in paths]  # renamed into place
     features, labels = agents_samples(adult, 4, 100, 3)
     for i, path in enumerate(paths):
         own, simulated = read_agent_file(config, i, path), agent_view(config, adult, i)

@@ -96,3 +96,11 @@ def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if x.size and (x.min() < 0 or x.max() > 1):
         raise ValueError(f"data-path {path}: float x must lie in [0, 1] (or give uint8 pixels 0..255)")
     return x, y
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write a device's ``.npz`` file atomically: written beside it, then renamed into place, so an
+    interrupted write never leaves a partial file that a SuperNode would read as a corrupt one."""
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.node import write_npz
 
 MNIST_4V9_DIGITS = (4, 9)
 MNIST_4V9_TRAIN = 11791  # 5,842 fours and 5,949 nines in MNIST's training file (a public count)
@@ -256,13 +257,7 @@ def write_vertical_files(dataset: Dataset, widths: Sequence[int], out: str | os.
     out.mkdir(parents=True, exist_ok=True)
     ids, test_ids = np.arange(dataset.num_train), np.arange(len(dataset.y_test))
     for m, path in enumerate(paths[:-1]):
-        _save(path, ids=ids, x=blocks[m].numpy(), test_ids=test_ids, x_test=test_blocks[m].numpy())
-    _save(paths[-1], ids=ids, y=dataset.y_train.numpy(), test_ids=test_ids, y_test=dataset.y_test.numpy())
+        write_npz(path, ids=ids, x=blocks[m].numpy(), test_ids=test_ids, x_test=test_blocks[m].numpy())
+    write_npz(paths[-1], ids=ids, y=dataset.y_train.numpy(), test_ids=test_ids, y_test=dataset.y_test.numpy())
     return paths
 
-
-def _save(path: Path, **arrays: np.ndarray) -> None:
-    """Write an .npz atomically (a partial file would be read as a corrupt one)."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)

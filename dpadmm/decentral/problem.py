@@ -25,7 +25,7 @@ import torch
 from dpadmm.data import Dataset
 from dpadmm.data.adult import COLUMNS
 from dpadmm.data.libsvm import normalise_rows
-from dpadmm.data.node import load_node_data
+from dpadmm.data.node import load_node_data, write_npz
 from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
 
@@ -175,7 +175,7 @@ def write_agent_files(dataset: Dataset, agents: int, samples: int, seed: int, ou
         raise FileExistsError(f"{taken[0]} exists; give an empty --out folder")
     folder.mkdir(parents=True, exist_ok=True)
     for path, own in zip(paths, rows, strict=True):
-        np.savez(path, x=dataset.x_train[own].numpy(), y=dataset.y_train[own].numpy().astype(np.int64))
+        write_npz(path, x=dataset.x_train[own].numpy(), y=dataset.y_train[own].numpy().astype(np.int64))
     return paths
 
 
