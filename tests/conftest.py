@@ -181,8 +181,8 @@ def flower_app(tmp_path: Path, client_module: str) -> Path:
     app = tmp_path / "test-app"
     app.mkdir()
     shutil.copy(ROOT / "tests" / f"{client_module}.py", app / f"{client_module}.py")
-    text = (ROOT / "pyproject.toml").read_text()
-    config = text[text.index("[tool.flwr.app.config]"):text.index("\n####")]
+    # every family's keys, as dotted keys of the one table (TOML nests them as pyproject.toml does)
+    keys = "\n".join(f"{k} = {toml_value(v)}" for k, v in flat_app_config().items())
     (app / "pyproject.toml").write_text(f"""[build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
@@ -199,7 +199,9 @@ publisher = "dpadmm-tests"
 serverapp = "server.server_app:app"
 clientapp = "{client_module}:app"
 
-{config}""")
+[tool.flwr.app.config]
+{keys}
+""")
     return app
 
 
