@@ -19,10 +19,12 @@ Measures, on the machine it runs on, for each engine row:
 
 and the keyed noise's rate, the engine's path against the portable torch one.
 
-Rows: MNIST, P = 10, ObjP (eps-bar = 0.1), the papers' first setting; and FEMNIST P = 195, ObjPM with
+Rows: MNIST, P = 10, ObjP (eps-bar = 0.1), the papers' first setting; FEMNIST P = 195, ObjPM with
 E = 10 (eps-bar = 0.05): a FEMNIST-shaped problem of random dense data by default (195 x 188 samples,
-784 x 62), or the real LEAF writers with ``--femnist-dir``. Optionally the Flower simulation
-(`flwr run .`, Ray) with P = 195 SuperNodes on the embedded data.
+784 x 62), or the real LEAF writers with ``--femnist-dir``; and the main job's step on MNIST (P = 10,
+ObjPM with E = 10 on Poisson samples of rate q = 0.2, Gaussian), whose gradient and floors are those of
+the rows its samples take (``sampled_row``). Optionally the Flower simulation (`flwr run .`, Ray) with
+P = 195 SuperNodes on the embedded data.
 
 Usage, from the project root:
     python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--dtype float64|float32] [--seeds S]
@@ -50,10 +52,12 @@ import torch
 
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm import local, privacy
+from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.iadmm.engine import EngineState, step
 from dpadmm.iadmm.federation import agent_data
 from dpadmm.models.logistic import AgentData, gradient, probabilities, shared_bmm
+from dpadmm.models.oracles import poisson_taken
 from dpadmm.privacy import noise
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
@@ -116,6 +120,8 @@ def engine_row(label: str, config: RunConfig, dataset: Dataset, rounds: int, see
         if device.type == "cuda" else None
 
     z, steps = state.z_chain, config.steps
+    if config.sampling_rate < 1:
+        return sampled_row(label, config, data, z, per_round, rounds, runs)
     clip = config.clip_norm if config.clipped else None
     grad = _seconds(lambda: [gradient(data, z, scale=1.0 / data.total, reg=0.0, clip=clip)
                              for _ in range(steps)], device, rounds)
@@ -131,6 +137,32 @@ def engine_row(label: str, config: RunConfig, dataset: Dataset, rounds: int, see
     flops = 4 * steps * seeds * agents * rows * features * data.shape[1]
     flops_floor = flops / gemm_peak(data.x.dtype, device)
     return Row(label, per_round, grad, blas, floor, flops_floor, launches=launches)
+
+
+def sampled_row(label: str, config: RunConfig, data: AgentData, z: torch.Tensor, per_round: float,
+                rounds: int, runs: list[int]) -> Row:
+    """A Poisson-sampled configuration's row (``sampling-rate`` q < 1): the gradient is the oracle's (the
+    fused kernel that reads only the rows some run took, or the gathered batch where it does not run);
+    the floors are those of the rows each step must read: the nonzero entries (values and columns) of the
+    rows some run took, once per step, at the rate of one read of all of them, and each run's 4 q nnz K
+    FLOPs per step (its own sample's two products) at the GEMM peak. No BLAS column: no dense product of
+    the full data is made."""
+    device, steps, q = data.x.device, config.steps, config.sampling_rate
+    oracle = local.oracle(config, data, seeds=runs)
+    calls = iter(range(1, 10**9))
+    grad = _seconds(lambda: [oracle.gradient(z, 1, next(calls)) for _ in range(steps)], device, rounds)
+    read = sum(float(poisson_taken(runs, data, 1, e, q).any(dim=0).double().mean())
+               for e in range(1, steps + 1)) / steps  # the share of rows some run took, per step
+    if data.rows is not None:
+        _, columns, values = data.rows
+        every_entry = _seconds(lambda: (values.sum(), columns.sum()), device, rounds)
+        entries = values.numel()
+    else:
+        every_entry = _seconds(lambda: data.x.sum(), device, rounds)
+        entries = data.x.numel()
+    flops = 4 * steps * len(runs) * q * entries * data.shape[1]
+    return Row(label, per_round, grad, None, steps * read * every_entry,
+               flops / gemm_peak(data.x.dtype, device))
 
 
 def numpy_seconds(config: RunConfig, data: AgentData, rounds: int) -> float:
@@ -237,21 +269,25 @@ def main() -> int:
         femnist_data, femnist_label = load_dataset("femnist", args.femnist_dir, 195), "FEMNIST (LEAF samples)"
     else:
         femnist_data, femnist_label = femnist_shaped(), "FEMNIST-shaped (random, dense)"
+    # the main job's step on MNIST (Poisson q = 0.2, Gaussian, E = 10, eps-bar calibrated for eps = 8)
+    sampled = privacy.calibrate(dataclasses.replace(main_job(), dataset="mnist", data_dir=args.mnist_dir,
+                                                    device=args.device, dtype=args.dtype))
     runs = f", {args.seeds} seeds batched" if args.seeds > 1 else ""
     rows = []
+    mnist_data = load_mnist(args.mnist_dir)
     for label, config, dataset in (
-        (f"MNIST P=10 ObjP (E=1){runs}", mnist, load_mnist(args.mnist_dir)),
+        (f"MNIST P=10 ObjP (E=1){runs}", mnist, mnist_data),
         (f"{femnist_label} P=195 ObjPM (E=10){runs}", femnist, femnist_data),
+        (f"MNIST P=10 the main job's step: ObjPM (E=10), Poisson q=0.2{runs}", sampled, mnist_data),
     ):
         row = engine_row(label, config, dataset, args.rounds, args.seeds)
-        if not args.skip_numpy:
+        if not args.skip_numpy and config.sampling_rate == 1:  # the NumPy reference takes full batches
             cpu = agent_data(dataset, dataclasses.replace(config, device="cpu", dtype="float64"),
                              range(config.num_agents))
             row.numpy = numpy_seconds(config, cpu, max(1, min(args.rounds, 3))) * args.seeds
         rows.append(row)
-        print(f"{label}: {row.round:.4f} s/round, gradient {row.gradient:.4f} s, BLAS {row.blas:.4f} s, "
-              f"read X {row.floor:.4f} s, dense FLOPs {row.flops_floor:.4f} s, NumPy {row.numpy}",
-              file=sys.stderr)
+        print(f"{label}: {row.round:.4f} s/round, gradient {row.gradient:.4f} s, BLAS {row.blas} s, "
+              f"read X {row.floor:.4f} s, FLOPs {row.flops_floor:.4f} s, NumPy {row.numpy}", file=sys.stderr)
     if args.flower:
         rows.append(Row("Flower simulation, P=195 ObjP (E=1), embedded data 784x10",
                         flower_seconds(args.flower_rounds, 195)))

@@ -16,6 +16,7 @@ from dpadmm import native
 from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities, sensitivity
+from dpadmm.models.oracles import GradientSpec, LogisticOracle, poisson_taken
 from dpadmm.privacy import noise
 
 F64 = torch.float64
@@ -209,3 +210,39 @@ def test_without_a_compiler_the_torch_path_runs_with_a_note(tmp_path) -> None:
     assert "DPADMM_NATIVE=0" in off["stderr"]
     assert built["bits"] == broken["bits"] == off["bits"]  # the same noise on every path
     assert math.isfinite(built["sum"])
+
+
+@pytest.mark.parametrize("runs", [None, 3])
+@pytest.mark.parametrize(("clip", "norm"), [(None, "l1"), (0.7, "l1"), (0.4, "l2")])
+@pytest.mark.parametrize("classes", [10, 62, 3])
+def test_the_sampled_gradient_is_the_gathered_samples(runs: int | None, clip: float | None, norm: str,
+                                                      classes: int) -> None:
+    """The Poisson-sampled kernel (rows read one by one, only those some run took) against the torch path
+    that gathers each run's sample into a dense batch; and an agent alone gets the bits it gets batched."""
+    data = _sparse_agents(k=classes)
+    assert data.rows is not None
+    seeds = [4] if runs is None else [4, 8, 11]
+    gen = torch.Generator().manual_seed(7)
+    z = torch.randn((3, 50, classes) if runs is None else (runs, 3, 50, classes), generator=gen, dtype=F64)
+    spec = GradientSpec(sampling=0.3, clip=clip, norm=norm, beta=0.3, num_agents=3,
+                        neighbouring="add-remove", seed=4)
+    oracle = LogisticOracle(spec, data, seeds)
+    fused, _ = oracle.gradient(z, 2, 5)
+    gathered = oracle._gathered(z, poisson_taken(seeds, data, 2, 5, 0.3), 1 / (0.3 * data.total))
+    torch.testing.assert_close(fused, gathered, rtol=1e-12, atol=1e-14)
+    for p in range(3):
+        alone = LogisticOracle(spec, data.select(slice(p, p + 1)), seeds)
+        own, _ = alone.gradient(z[..., p:p + 1, :, :], 2, 5)
+        assert torch.equal(own[..., 0, :, :], fused[..., p, :, :])
+
+
+def test_the_sampled_gradient_in_float32() -> None:
+    data = _sparse_agents(seed=2, dtype=torch.float32)
+    z = torch.randn(3, 50, 10, generator=torch.Generator().manual_seed(1)).float()
+    spec = GradientSpec(sampling=0.5, clip=1.0, norm="l2", beta=0.1, num_agents=3,
+                        neighbouring="add-remove", seed=0)
+    oracle = LogisticOracle(spec, data)
+    got, _ = oracle.gradient(z, 1, 1)
+    want = oracle._gathered(z, poisson_taken([0], data, 1, 1, 0.5), 1 / (0.5 * data.total))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -46,6 +46,12 @@ class AgentData:
         x is too dense for it."""
         return native.column_blocks(self.x, max_density=SPARSE_ENOUGH)
 
+    @cached_property
+    def rows(self) -> native.Rows | None:
+        """x row by row (:func:`dpadmm.native.csr_rows`), built on first use, for the Poisson-sampled
+        gradient's kernel, which reads only the rows a sample takes; None where :attr:`blocks` is."""
+        return native.csr_rows(self.x) if self.blocks is not None else None
+
     @property
     def num_agents(self) -> int:
         return self.x.shape[0]

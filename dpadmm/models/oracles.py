@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from dpadmm import native
 from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities
 from dpadmm.models.modules import Params, numel
 from dpadmm.privacy import noise
@@ -84,20 +85,30 @@ def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     return -(y * torch.log_softmax(out, dim=-1)).sum()
 
 
-def poisson_rows(seeds: Sequence[int], data: AgentData, t: int, e: int,
-                 rate: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Poisson samples of step (t, e) for every run and agent: (rows, taken), both [S, P, B].
+def poisson_taken(seeds: Sequence[int], data: AgentData, t: int, e: int, rate: float) -> torch.Tensor:
+    """The Poisson samples of step (t, e) for every run and agent, as a mask [S, P, Imax].
 
     Sample i of agent p enters independently with probability q = ``rate``: when the keyed
     uniform u_i(seed, p, t, e) of stream ``STREAM_BATCH`` is below q. So a Flower client and the
     engine take the same samples, and who is taken depends on the seed alone, never on the
-    data. ``rows`` lists each sample's taken rows first; B is the largest sample over runs and
-    agents (at least 1), and the rows after a smaller sample have ``taken`` False.
+    data. Padding rows are never taken.
     """
     width = data.x.shape[1]
     real = torch.arange(width, device=data.x.device) < data.counts.unsqueeze(1)  # [P, Imax]
-    taken = torch.stack([noise.uniform(s, data.agents, t, e, noise.STREAM_BATCH, width).to(real.device) < rate
-                         for s in seeds]) & real
+    return torch.stack([noise.uniform(s, data.agents, t, e, noise.STREAM_BATCH, width).to(real.device) < rate
+                        for s in seeds]) & real
+
+
+def poisson_rows(seeds: Sequence[int], data: AgentData, t: int, e: int,
+                 rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`poisson_taken` as (rows, taken), both [S, P, B] (:func:`compacted`)."""
+    return compacted(poisson_taken(seeds, data, t, e, rate))
+
+
+def compacted(taken: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mask [S, P, Imax] as (rows, taken), both [S, P, B]: ``rows`` lists each sample's taken rows
+    first; B is the largest sample over runs and agents (at least 1), and the rows after a smaller
+    sample have ``taken`` False."""
     size = max(int(taken.sum(dim=-1).max()), 1)
     rows = torch.argsort((~taken).to(torch.int8), dim=-1, stable=True)[..., :size]
     return rows, torch.take_along_dim(taken, rows, dim=-1)
@@ -136,15 +147,31 @@ class LogisticOracle:
         """g = (1/(qI)) sum_{i in the step's Poisson sample} clip(x_i (h_i - y_i)^T) + (2 beta/P) z, and
         the scale (C/(qI)) / eps-bar.
 
-        The samples are gathered into a batch of their own ([S P, B, J]; the rows after a smaller
-        sample get h = y = 0, so they add nothing) and the dense products run on it (given h, the
-        gradient never builds the fused kernel's block structure, which would cost more than it
-        saves on rows used once): about q of the full batch's products.
+        On a CPU with the fused kernels (sparse data, :mod:`dpadmm.native`), one pass reads only the
+        rows some run took, row by row, and gives a run no term from a row it did not take: about
+        1 - (1 - q)^S of the full batch's work. Elsewhere the samples are gathered into a batch of
+        their own ([S P, B, J]; the rows after a smaller sample get h = y = 0, so they add nothing)
+        and the dense products run on it: about q of the full batch's products.
         """
         spec, data = self.spec, self.data
-        rows, taken = poisson_rows(self.seeds, data, t, e, spec.sampling)  # [S, P, B]
-        if z.shape[:-2].numel() != rows.shape[0] * rows.shape[1]:
+        taken = poisson_taken(self.seeds, data, t, e, spec.sampling)  # [S, P, Imax]
+        if z.shape[:-2].numel() != taken.shape[0] * taken.shape[1]:
             raise ValueError(f"z of shape {tuple(z.shape)} does not match the oracle's seeds {self.seeds}")
+        scale = 1.0 / (spec.sampling * data.total)
+        if data.rows is not None and z.dtype == data.x.dtype:
+            g = native.sampled_gradient(data.rows, data.y, data.x_l1, data.x_l2, z, taken, scale=scale,
+                                        reg=spec.beta / spec.num_agents, clip=spec.clip, norm=spec.norm)
+        else:
+            g = self._gathered(z, taken, scale)
+        if spec.noise is None:
+            return g, None
+        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring, spec.sampling)
+        return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
+
+    def _gathered(self, z: torch.Tensor, taken: torch.Tensor, scale: float) -> torch.Tensor:
+        """The sampled gradient of :meth:`_sampled` by gathering each run's sample into a dense batch."""
+        spec, data = self.spec, self.data
+        rows, taken = compacted(taken)
         width = data.x.shape[1]
         index = (rows + torch.arange(data.num_agents, device=rows.device).view(1, -1, 1) * width).flatten()
 
@@ -162,13 +189,8 @@ class LogisticOracle:
                           agents=data.agents.repeat(len(self.seeds)), total=data.total)
         flat = z.reshape(-1, *z.shape[-2:])
         probs = probabilities(batch.x, flat) * keep  # rows not taken: h = y = 0, so their term is zero
-        scale = 1.0 / (spec.sampling * data.total)
-        g = gradient(batch, flat, scale=scale, reg=spec.beta / spec.num_agents, probs=probs, clip=spec.clip,
-                     norm=spec.norm).view_as(z)
-        if spec.noise is None:
-            return g, None
-        delta = clipped_sensitivity(spec.clip, data.total, spec.neighbouring, spec.sampling)
-        return g, torch.full(z.shape[:-2], delta * spec.noise, dtype=z.dtype, device=z.device)
+        return gradient(batch, flat, scale=scale, reg=spec.beta / spec.num_agents, probs=probs,
+                        clip=spec.clip, norm=spec.norm).view_as(z)
 
 
 class ModuleOracle:

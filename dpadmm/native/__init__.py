@@ -73,11 +73,13 @@ def source() -> str:
                      f"#define FN(name) CAT(name, _{suffix})\n")
         parts.append(native_source.GRADIENT)
         specialised = native_source.SPECIALISED
-        for nv, nt in specialised:
-            parts.append(f"static void FN(w{nv}_{nt})(void *job, int64_t p) "
-                         f"{{ FN(agent)(job, p, {nv}, {nt}); }}\n")
-        table = ", ".join(f"{{{nv}, {nt}, FN(w{nv}_{nt})}}" for nv, nt in specialised)
-        parts.append(f"static const struct {{ int64_t nv, nt; task_fn fn; }} FN(by_width)[] = {{{table}}};\n")
+        for kernel, prefix, table_name in (("agent", "w", "by_width"), ("sampled", "s", "sampled_by_width")):
+            for nv, nt in specialised:
+                parts.append(f"static void FN({prefix}{nv}_{nt})(void *job, int64_t p) "
+                             f"{{ FN({kernel})(job, p, {nv}, {nt}); }}\n")
+            table = ", ".join(f"{{{nv}, {nt}, FN({prefix}{nv}_{nt})}}" for nv, nt in specialised)
+            parts.append(f"static const struct {{ int64_t nv, nt; task_fn fn; }} FN({table_name})[] = "
+                         f"{{{table}}};\n")
         parts.append(native_source.ENTRY)
         parts.append("#undef real_t\n#undef vec_t\n#undef vec2_t\n#undef FN\n")
     return "".join(parts)
@@ -148,6 +150,10 @@ def library() -> ctypes.CDLL | None:
             c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, _I64, c_void, _I64, c_void, c_void, c_void, c_void,
             c_void, c_void, c_dbl, c_int, c_void, c_dbl, c_void, _F64, c_int]
         getattr(lib, f"dp_logistic_grad_{suffix}").restype = None
+        getattr(lib, f"dp_logistic_grad_sampled_{suffix}").argtypes = [
+            c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, _I64, c_void, c_void, _I64, _I64, c_void, c_void,
+            c_void, c_void, c_void, c_dbl, c_int, c_void, c_dbl, c_void, c_int]
+        getattr(lib, f"dp_logistic_grad_sampled_{suffix}").restype = None
     return lib
 
 
@@ -211,16 +217,8 @@ def logistic_gradient(blocks: Blocks, y: torch.Tensor,
     :func:`column_blocks` of X [P, I, J], y [P, I, K], the row norms [P, I], z [(S,) P, J, K]; g like z,
     worst [(S,) P] the largest ||x_i||_1 ||h_i - y_i||_1 (eq. (9b) times I). Needs :func:`library`."""
     lib = library()
-    runs = z.shape[0] if z.dim() == 4 else 1
-    zs = z if z.dim() == 4 else z.unsqueeze(0)
-    _, agents, features, classes = zs.shape
-    lanes = VECTOR_BYTES // z.element_size()
-    width = -(-runs * classes // lanes) * lanes  # S K columns, padded to whole vectors
-    if width == classes:  # one run, no padding: z is the kernel's layout already
-        zt = z.reshape(agents, features, classes).contiguous()
-    else:
-        zt = torch.zeros((agents, features, width), dtype=z.dtype)
-        zt[:, :, : runs * classes] = zs.permute(1, 2, 0, 3).reshape(agents, features, runs * classes)
+    zt, runs, width = _runs_side_by_side(z)
+    agents, features, classes = zt.shape[0], zt.shape[1], z.shape[-1]
     scales = torch.as_tensor(scale, dtype=z.dtype).expand(agents).contiguous()
     g = torch.empty_like(zt)
     worst = torch.empty((agents, runs), dtype=torch.float64)
@@ -231,7 +229,74 @@ def logistic_gradient(blocks: Blocks, y: torch.Tensor,
         _ptr(row), _ptr(val), _ptr(y), _ptr(x_l1), _ptr(x_l2), _ptr(zt), -1.0 if clip is None else clip,
         int(norm == "l2"), _ptr(scales), 2.0 * reg, _ptr(g), _ptr(worst, _F64), torch.get_num_threads())
     worst = worst.to(z.dtype).T.contiguous()
+    return _runs_apart(g, z), (worst.view(z.shape[:-2]) if z.dim() == 4 else worst[0])
+
+
+Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rowptr, col, val) of :func:`csr_rows`
+
+
+def csr_rows(x: torch.Tensor) -> Rows:
+    """x [P, I, J] row by row (CSR over the P I rows): rowptr [P I + 1] int64, the columns (int32, in
+    increasing order within a row) and the values of the nonzero entries; for
+    :func:`sampled_gradient`, which reads only the rows a Poisson sample takes."""
+    flat = x.reshape(-1, x.shape[-1])
+    nonzero = flat != 0
+    rowptr = torch.zeros(flat.shape[0] + 1, dtype=torch.int64)
+    torch.cumsum(nonzero.sum(dim=1), dim=0, out=rowptr[1:])
+    columns = nonzero.nonzero()[:, 1].to(torch.int32)  # row-major: each row's columns in increasing order
+    return rowptr, columns.contiguous(), flat[nonzero].contiguous()
+
+
+def sampled_gradient(rows: Rows, y: torch.Tensor, x_l1: torch.Tensor, x_l2: torch.Tensor, z: torch.Tensor,
+                     taken: torch.Tensor, *, scale: float, reg: float, clip: float | None,
+                     norm: str) -> torch.Tensor:
+    """g = scale sum over each run's Poisson sample of clip(x_i (h_i - y_i)^T) + 2 reg z, like z
+    [(S,) P, J, K]: :func:`dpadmm.models.logistic.gradient` over the rows ``taken`` [S, P, I] marks for each
+    run, from :func:`csr_rows` of X [P, I, J]. Needs :func:`library`."""
+    lib = library()
+    zt, runs, width = _runs_side_by_side(z)
+    agents, features, classes = zt.shape[0], zt.shape[1], z.shape[-1]
+    if taken.shape != (runs, agents, y.shape[1]):
+        raise ValueError(f"taken of shape {tuple(taken.shape)} does not match (runs, agents, rows) = "
+                         f"{(runs, agents, y.shape[1])}")
+    flags = taken.permute(1, 2, 0).to(torch.uint8).contiguous()  # [P, I, S]: a row's runs side by side
+    some = taken.any(dim=0)  # [P, I]: the rows some run took
+    chosen = some.nonzero()[:, 1].contiguous()  # their numbers, agent by agent, increasing
+    first = torch.zeros(agents + 1, dtype=torch.int64)
+    first[1:] = some.sum(dim=1).cumsum(0)
+    scales = torch.full((agents,), scale, dtype=z.dtype)
+    g = torch.empty_like(zt)
+    rowptr, col, val = rows
+    y, x_l1, x_l2 = y.contiguous(), x_l1.contiguous(), x_l2.contiguous()
+    getattr(lib, f"dp_logistic_grad_sampled_{_SUFFIX[z.dtype]}")(
+        agents, y.shape[1], features, classes, runs, width, _ptr(rowptr, _I64), _ptr(col), _ptr(val),
+        _ptr(chosen, _I64), _ptr(first, _I64), _ptr(flags), _ptr(y), _ptr(x_l1), _ptr(x_l2), _ptr(zt),
+        -1.0 if clip is None else clip, int(norm == "l2"), _ptr(scales), 2.0 * reg, _ptr(g),
+        torch.get_num_threads())
+    return _runs_apart(g, z)
+
+
+def _runs_side_by_side(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """z [(S,) P, J, K] in the kernels' layout [P, J, W]: each feature's S K values side by side, padded to
+    whole vectors (W); with the number of runs S and W."""
+    runs = z.shape[0] if z.dim() == 4 else 1
+    zs = z if z.dim() == 4 else z.unsqueeze(0)
+    _, agents, features, classes = zs.shape
+    lanes = VECTOR_BYTES // z.element_size()
+    width = -(-runs * classes // lanes) * lanes  # S K columns, padded to whole vectors
+    if width == classes:  # one run, no padding: z is the kernel's layout already
+        return z.reshape(agents, features, classes).contiguous(), runs, width
+    zt = torch.zeros((agents, features, width), dtype=z.dtype)
+    zt[:, :, : runs * classes] = zs.permute(1, 2, 0, 3).reshape(agents, features, runs * classes)
+    return zt, runs, width
+
+
+def _runs_apart(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The kernels' [P, J, W] result back in z's shape [(S,) P, J, K]."""
+    runs = z.shape[0] if z.dim() == 4 else 1
+    agents, features, width = g.shape
+    classes = z.shape[-1]
     if width == classes:
-        return g.view(z.shape), worst.view(z.shape[:-2])
+        return g.view(z.shape)
     g = g[:, :, : runs * classes].reshape(agents, features, runs, classes).permute(2, 0, 1, 3).contiguous()
-    return (g, worst) if z.dim() == 4 else (g[0], worst[0])
+    return g if z.dim() == 4 else g[0]

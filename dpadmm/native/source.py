@@ -15,6 +15,8 @@ fallback (and that the tests compare them with):
   is in cache, and zero pixels cost nothing. Each agent's result is computed by one thread in
   an order fixed by the data, so it does not depend on the thread count or on which other
   agents are batched with it.
+- ``dp_logistic_grad_sampled``: the same gradient over each run's Poisson sample (``sampling-rate`` q),
+  reading only the rows some run took, row by row: about 1 - (1 - q)^S of the full pass's work.
 """
 
 SOURCE = r"""
@@ -264,16 +266,26 @@ typedef struct {
     const real_t *y, *x_l1, *x_l2, *zt, *scale;
     double clip, twice_reg; int l2;
     real_t *g; double *worst;
+    /* the sampled gradient's: the rows row by row (CSR: rowptr [P I + 1], rcol, rval), the rows some run
+       took (rows[first[p] .. first[p + 1]) of agent p) and which runs took them (taken [P, I, S]) */
+    const int64_t *rowptr; const int32_t *rcol; const real_t *rval;
+    const int64_t *rows, *first; const uint8_t *taken;
 } FN(job_t);
 
 /* r[0:S K] = clip(softmax(x_i z_s) - y_i) for each run s, from the logits in r; worst[s] is the largest
-   ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). */
-INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, double *worst) {
+   ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). With ``taken`` (a row's S flags), a run that
+   did not take the row gets r = 0. */
+INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, double *worst,
+                         const uint8_t *taken) {
     const int64_t K = job->K;
     const real_t *yi = job->y + i * K;
     const double xl1 = job->x_l1[i], xl2 = job->x_l2[i];
     for (int64_t s = 0; s < job->S; s++) {
         real_t *rs = r + s * K;
+        if (taken && !taken[s]) {
+            for (int64_t k = 0; k < K; k++) rs[k] = 0;
+            continue;
+        }
         real_t m = rs[0];
         for (int64_t k = 1; k < K; k++) m = rs[k] > m ? rs[k] : m;
         for (int64_t k = 0; k < K; k++) rs[k] = (real_t)exp_neg((double)(rs[k] - m));
@@ -335,7 +347,8 @@ INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const i
             }
         }
         for (int64_t i = 0; i < rows; i++) /* the residuals, in place; x_i = 0 (padding) adds nothing */
-            if (job->x_l1[p * I + i0 + i] != 0) FN(residual)(job, p * I + i0 + i, logits + i * W, worst);
+            if (job->x_l1[p * I + i0 + i] != 0)
+                FN(residual)(job, p * I + i0 + i, logits + i * W, worst, NULL);
         for (int64_t c = c0; c < c1; c++) { /* g_j += sum_i x_ij r_i */
             for (int64_t v = 0; v < NV; v++) z[v] = (vec_t){0};
             for (int64_t v = 0; v < NT; v++) z2[v] = (vec2_t){0};
@@ -359,6 +372,54 @@ static void FN(any_width)(void *job, int64_t p) {
     const FN(job_t) *j = job;
     FN(agent)(j, p, j->NV, j->NT);
 }
+
+/* One agent's Poisson-sampled g = scale sum_s-sample clip(x_i (h_i - y_i)^T) + 2 reg z: for each row some
+   run took, in increasing order, its logits (the sum over its nonzero columns in increasing order, in
+   registers: NV 64-byte and NT 16-byte vectors as in agent()), its residuals (zero for the runs that did
+   not take it), and its terms added into g. The rows no run took are never read. */
+INLINE void FN(sampled)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT) {
+    const int64_t I = job->I, J = job->J, S = job->S, W = job->W, L = sizeof(vec_t) / sizeof(real_t);
+    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t);
+    const real_t *zt = job->zt + p * J * W;
+    real_t *g = job->g + p * J * W;
+    memset(g, 0, sizeof(real_t) * J * W);
+    real_t *r = malloc(sizeof(real_t) * W);
+    double *worst = malloc(sizeof(double) * S); /* eq. (9b)'s, not used with sampling */
+    for (int64_t s = 0; s < S; s++) worst[s] = 0.0;
+    vec_t acc[NV + 1];
+    vec2_t acc2[NT + 1];
+    for (int64_t n = job->first[p]; n < job->first[p + 1]; n++) {
+        const int64_t i = p * I + job->rows[n], e0 = job->rowptr[i], e1 = job->rowptr[i + 1];
+        for (int64_t v = 0; v < NV; v++) acc[v] = (vec_t){0};
+        for (int64_t v = 0; v < NT; v++) acc2[v] = (vec2_t){0};
+        for (int64_t e = e0; e < e1; e++) { /* the logits x_i z */
+            const real_t x = job->rval[e], *zj = zt + (int64_t)job->rcol[e] * W;
+            for (int64_t v = 0; v < NV; v++) acc[v] += x * FN(load)(zj + v * L);
+            for (int64_t v = 0; v < NT; v++) acc2[v] += x * FN(load2)(zj + NV * L + v * L2);
+        }
+        for (int64_t v = 0; v < NV; v++) FN(store)(r + v * L, acc[v]);
+        for (int64_t v = 0; v < NT; v++) FN(store2)(r + NV * L + v * L2, acc2[v]);
+        FN(residual)(job, i, r, worst, job->taken + i * S);
+        for (int64_t v = 0; v < NV; v++) acc[v] = FN(load)(r + v * L);
+        for (int64_t v = 0; v < NT; v++) acc2[v] = FN(load2)(r + NV * L + v * L2);
+        for (int64_t e = e0; e < e1; e++) { /* g_j += x_ij r_i */
+            const real_t x = job->rval[e];
+            real_t *gj = g + (int64_t)job->rcol[e] * W;
+            for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + x * acc[v]);
+            for (int64_t v = 0; v < NT; v++)
+                FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + x * acc2[v]);
+        }
+    }
+    free(r);
+    free(worst);
+    const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
+    for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
+}
+
+static void FN(sampled_any_width)(void *job, int64_t p) {
+    const FN(job_t) *j = job;
+    FN(sampled)(j, p, j->NV, j->NT);
+}
 """
 
 # (64-byte vectors, 16-byte vectors) of the widths with their own compiled loop; any other width runs a
@@ -373,10 +434,28 @@ void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S,
                           real_t *g, double *worst, int threads) {
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
     FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, blk, col, ptr, row, val, y, x_l1, x_l2, zt, scale,
-                     clip, twice_reg, l2, g, worst};
+                     clip, twice_reg, l2, g, worst, NULL, NULL, NULL, NULL, NULL, NULL};
     task_fn fn = FN(any_width);
     for (int64_t i = 0; i < (int64_t)(sizeof FN(by_width) / sizeof FN(by_width)[0]); i++)
         if (FN(by_width)[i].nv == job.NV && FN(by_width)[i].nt == job.NT) fn = FN(by_width)[i].fn;
+    parallel_for(fn, &job, P, threads);
+}
+
+void FN(dp_logistic_grad_sampled)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S, int64_t W,
+                                  const int64_t *rowptr, const int32_t *rcol, const real_t *rval,
+                                  const int64_t *rows, const int64_t *first, const uint8_t *taken,
+                                  const real_t *y, const real_t *x_l1, const real_t *x_l2, const real_t *zt,
+                                  double clip, int l2, const real_t *scale, double twice_reg, real_t *g,
+                                  int threads) {
+    const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
+    FN(job_t) job = {.I = I, .J = J, .K = K, .S = S, .W = W, .NV = W / L, .NT = (W % L) / L2, .y = y,
+                     .x_l1 = x_l1, .x_l2 = x_l2, .zt = zt, .scale = scale, .clip = clip,
+                     .twice_reg = twice_reg, .l2 = l2, .g = g, .rowptr = rowptr, .rcol = rcol, .rval = rval,
+                     .rows = rows, .first = first, .taken = taken};
+    task_fn fn = FN(sampled_any_width);
+    for (int64_t i = 0; i < (int64_t)(sizeof FN(sampled_by_width) / sizeof FN(sampled_by_width)[0]); i++)
+        if (FN(sampled_by_width)[i].nv == job.NV && FN(sampled_by_width)[i].nt == job.NT)
+            fn = FN(sampled_by_width)[i].fn;
     parallel_for(fn, &job, P, threads);
 }
 """
