@@ -61,8 +61,8 @@ class RunConfig(keys.Keyed):
     )
     num_agents: int = field(
         default=0,
-        metadata={"help": "number of agents P; 0 = the data set's (10 for default and mnist, "
-                          "195 for femnist: its first P writers)"},
+        metadata={"help": "number of agents P (in a simulation: equal to num-supernodes); 0 = the data "
+                          "set's (10 for default and mnist, 195 for femnist: its first P writers)"},
     )
     dataset: str = field(
         default="default",
@@ -71,8 +71,9 @@ class RunConfig(keys.Keyed):
     )
     data_dir: str = field(
         default="",
-        metadata={"help": "folder with the data set's files (femnist: LEAF sample folders, comma-separated "
-                          "or a folder of samples)"},
+        metadata={"help": "folder with the data set's files (mnist: the four IDX files, raw or .gz; femnist: "
+                          "a LEAF sample folder with train/ and test/, a folder of such samples, or several "
+                          "comma-separated)"},
     )
     seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
     device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})
@@ -80,7 +81,9 @@ class RunConfig(keys.Keyed):
     eval_every: int = field(default=1, metadata={"help": "evaluate w every this many rounds"})
     out: str = field(
         default="",
-        metadata={"help": "output folder for metrics.jsonl; empty = runs/<algorithm>-eps<eps>-seed<seed>"},
+        metadata={"help": "output folder for metrics.jsonl; empty = "
+                          "runs/<algorithm>-eps<eps>-E<E>-seed<seed>; an existing run is never overwritten "
+                          "(a _1, _2 suffix is added)"},
     )
     save_weights: bool = field(
         default=False, metadata={"help": "also write w of every evaluated round to weights.npz"}
@@ -147,14 +150,15 @@ class RunConfig(keys.Keyed):
         default="chain",
         metadata={"help": "where a round's E local steps start: chain (the agent's last local iterate, line "
                           "16 of 003 Algorithm 1) or global (the round's w^{t+1}, as FedAvg restarts every "
-                          "client; not in the papers)"},
+                          "client; not in the papers; the start is public, so the privacy is unchanged)"},
     )
     sampling_rate: float = field(
         default=1.0,
         metadata={"help": "Poisson rate q: each local step takes each sample independently with "
-                          "probability q (keyed stream) and scales the clipped sum by 1/(qI); the ledger "
-                          "credits the amplification (add-remove neighbours). 1 = every sample, as in the "
-                          "papers"},
+                          "probability q (a keyed stream of seed, agent, round and step) and scales the "
+                          "clipped sum by 1/(qI); the ledger credits the amplification (dp-accounting's "
+                          "PoissonSampledDpEvent), which needs neighbouring=add-remove and "
+                          "sensitivity=clipped. 1 = every sample, as in the papers"},
     )
     neighbouring: str = field(
         default="replace-one",
@@ -168,7 +172,8 @@ class RunConfig(keys.Keyed):
     fraction_train: float = field(
         default=1.0,
         metadata={"help": "fraction of the P agents sampled each round (partial participation), in (0, 1]; "
-                          "the sample is drawn from a keyed stream of seed and round"},
+                          "the sample is drawn from a keyed stream of seed and round, so the engine samples "
+                          "the same agents"},
     )
     node_timeout: float = field(
         default=60.0,
