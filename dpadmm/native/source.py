@@ -272,9 +272,9 @@ typedef struct {
     const int64_t *rows, *first; const uint8_t *taken;
 } FN(job_t);
 
-/* r[0:S K] = clip(softmax(x_i z_s) - y_i) for each run s, from the logits in r; worst[s] is the largest
-   ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). With ``taken`` (a row's S flags), a run that
-   did not take the row gets r = 0. */
+/* r[0:S K] = clip(softmax(x_i z_s) - y_i) for each run s, from the logits in r; worst[s] (unless worst is
+   NULL) is the largest ||x_i||_1 ||softmax - y_i||_1 so far (eq. (9b) times I). With ``taken`` (a row's S
+   flags), a run that did not take the row gets r = 0. */
 INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, double *worst,
                          const uint8_t *taken) {
     const int64_t K = job->K;
@@ -299,12 +299,18 @@ INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, do
             sq += (double)rs[k] * rs[k];
         }
         const double d = xl1 * l1;
-        if (d > worst[s]) worst[s] = d;
+        if (worst && d > worst[s]) worst[s] = d;
         if (job->clip > 0) {
             const double f = job->clip / (job->l2 ? xl2 * sqrt(sq) : d);
             if (f < 1.0) for (int64_t k = 0; k < K; k++) rs[k] = (real_t)(rs[k] * f);
         }
     }
+}
+
+/* g = scale_p g + 2 reg z: an agent's summed terms made its gradient (both kernels' last step). */
+INLINE void FN(finish)(const FN(job_t) *job, int64_t p, real_t *restrict g, const real_t *zt) {
+    const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
+    for (int64_t j = 0; j < job->J * job->W; j++) g[j] = sc * g[j] + tr * zt[j];
 }
 
 INLINE vec_t FN(load)(const real_t *p) { vec_t v; memcpy(&v, p, sizeof v); return v; }
@@ -364,8 +370,7 @@ INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const i
         }
     }
     free(logits);
-    const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
-    for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
+    FN(finish)(job, p, g, zt);
 }
 
 static void FN(any_width)(void *job, int64_t p) {
@@ -384,8 +389,6 @@ INLINE void FN(sampled)(const FN(job_t) *job, int64_t p, const int64_t NV, const
     real_t *g = job->g + p * J * W;
     memset(g, 0, sizeof(real_t) * J * W);
     real_t *r = malloc(sizeof(real_t) * W);
-    double *worst = malloc(sizeof(double) * S); /* eq. (9b)'s, not used with sampling */
-    for (int64_t s = 0; s < S; s++) worst[s] = 0.0;
     vec_t acc[NV + 1];
     vec2_t acc2[NT + 1];
     for (int64_t n = job->first[p]; n < job->first[p + 1]; n++) {
@@ -399,7 +402,7 @@ INLINE void FN(sampled)(const FN(job_t) *job, int64_t p, const int64_t NV, const
         }
         for (int64_t v = 0; v < NV; v++) FN(store)(r + v * L, acc[v]);
         for (int64_t v = 0; v < NT; v++) FN(store2)(r + NV * L + v * L2, acc2[v]);
-        FN(residual)(job, i, r, worst, job->taken + i * S);
+        FN(residual)(job, i, r, NULL, job->taken + i * S); /* no eq. (9b) with sampling */
         for (int64_t v = 0; v < NV; v++) acc[v] = FN(load)(r + v * L);
         for (int64_t v = 0; v < NT; v++) acc2[v] = FN(load2)(r + NV * L + v * L2);
         for (int64_t e = e0; e < e1; e++) { /* g_j += x_ij r_i */
@@ -411,9 +414,7 @@ INLINE void FN(sampled)(const FN(job_t) *job, int64_t p, const int64_t NV, const
         }
     }
     free(r);
-    free(worst);
-    const real_t sc = job->scale[p], tr = (real_t)job->twice_reg;
-    for (int64_t j = 0; j < J * W; j++) g[j] = sc * g[j] + tr * zt[j];
+    FN(finish)(job, p, g, zt);
 }
 
 static void FN(sampled_any_width)(void *job, int64_t p) {
