@@ -21,10 +21,12 @@ events, does not pay for it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -187,16 +189,26 @@ def rdp_epsilon(release: Release, count: int, delta: float) -> float:
     if release.mechanism == "laplace" and release.sampling < 1:
         return math.nan
     tracker = accountant("rdp")
-    # dp-accounting logs a warning for every order whose sampled-Gaussian term it cannot compute and leaves
-    # out (the bound stays valid over the others): five lines per call for q = 0.1 and sigma near 1. It
-    # computes the terms when the event is composed.
-    absl = logging.getLogger("absl")
+    with _accountant_warnings_silenced():
+        tracker.compose(release.event(count))  # the terms are computed here
+        return float(tracker.get_epsilon(delta))
+
+
+@contextlib.contextmanager
+def _accountant_warnings_silenced() -> Iterator[None]:
+    """dp-accounting warns, through absl, for every order whose sampled-Gaussian term it cannot compute
+    and leaves out (the bound stays valid over the others): five lines per call for q = 0.1 and sigma
+    near 1. They are silenced, and so is absl's side effect: its log() calls logging.basicConfig() when
+    the root logger has no handler, which would print every later line of the process twice (Flower's
+    logger propagates to the root). A NullHandler on the root for the duration prevents that."""
+    absl, guard = logging.getLogger("absl"), logging.NullHandler()
     level = absl.level
     absl.setLevel(logging.ERROR)
+    logging.root.addHandler(guard)
     try:
-        tracker.compose(release.event(count))
-        return float(tracker.get_epsilon(delta))
+        yield
     finally:
+        logging.root.removeHandler(guard)
         absl.setLevel(level)
 
 
