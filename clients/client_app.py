@@ -241,4 +241,4 @@ def train(msg: Message, context: Context) -> Message:
     config = calibrated(chosen)
     arrays = msg.content["arrays"]
     data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
-    return train_reply(msg, config, data, partition_id, model_for(config))
+    return train_reply(msg, config, data, partition_id, model_for(config), context.node_config)

@@ -4,9 +4,20 @@ iterates in, its own noisy iterate out.
 With ``exchange=plain``, each iteration k the router sends the agent x^{k-1} of itself and its
 neighbours. The agent first finishes iteration k - 1 (Algorithm 1's dual update, which needs the
 neighbours' x^{k-1}), then releases x^k with :func:`dpadmm.decentral.engine.release`, the engine's own
-function, on a view of the federation in which only its row holds data: its weights and noise come
-from its keyed streams (seed, agent, k), so a Flower run equals the engine's. Its dual stays in
-``context.state``; nothing private leaves the agent.
+function, on a view of the federation in which only its row holds data (the other rows are placeholders
+it discards). Its dual stays in ``context.state``; nothing private leaves the agent.
+
+Its weights and noise (:mod:`clients.randomness`): inside Flower's simulation engine, its streams keyed by
+(seed, agent, k), so a Flower simulation equals the engine; on a deployed node, its node's own secret bound
+to the run identity the router sends (``run-identity``), the weights uniform and the iterate released by the
+grid Laplace mechanism, so that nobody without the node's key, the router included, can recompute or
+subtract them. A deployed agent records each (run, iteration) it answered with a digest of the request and
+of its own state (dual, own iterate), and refuses another request for an iteration it answered: the same
+draws on two different updates would reveal their difference. A restarted node loses its dual (it lives in
+``context.state``) and refuses the iterations that need it, as it always has; the record only refuses what
+no legitimate run asks (each iteration is asked once, and a repeated identical request is answered with the
+same release). Each reply reports the kind its agent used (``config["randomness"]``; in the SecAgg+ form,
+its fit metrics).
 
 With ``exchange=secret`` (:func:`sum_reply`) the server sends S^{k-1}, the sum of all agents' x^{k-1}
 (by SecAgg+: :func:`secure_sum_mod` runs Flower's ``secaggplus_mod`` around this handler), and the agent
@@ -25,10 +36,12 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat
 
+from clients.randomness import node_randomness
 from dpadmm.decentral import engine
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
-from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
+from dpadmm.privacy.randomness import request_digest
+from dpadmm.wire import EXCHANGED_KEY, KIND_KEY, NEIGHBOURS_KEY
 
 DUAL, DUAL_ROUND = "decentral-dual", "decentral-dual-round"  # the agent's records in context.state
 OWN = "decentral-own"  # with exchange=secret: its own last iterate, beside the dual
@@ -48,9 +61,24 @@ def _dual(context: Context, k: int, view: Agents, agent: int) -> torch.Tensor:
     return dual
 
 
+def request_of(config: DecentralConfig, k: int, *parts: torch.Tensor | list[int]) -> str:
+    """The digest of what iteration k asks of an agent and of the state it answers from: the run config, k,
+    and each part (the neighbours' ids, the iterates received, the agent's dual and own iterate), so that the
+    same digest means the same update and hence the same release."""
+    pieces: list[bytes | str | int] = [repr(sorted(config.to_mapping().items())), k]
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            data = part.detach().cpu().contiguous().numpy().tobytes()
+            pieces += [str(part.dtype), repr(list(part.shape)), data]
+        else:
+            pieces.append(repr(part))
+    return request_digest(*pieces)
+
+
 def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view: Agents, agent: int
                   ) -> Message:
-    """Answer iteration k: finish k - 1 (the dual), release x^k."""
+    """Answer iteration k: finish k - 1 (the dual), release x^k, with the kind of randomness the node uses
+    (``context.node_config`` may force one: :mod:`clients.randomness`)."""
     settings = msg.content["config"]
     asked, k = int(settings["partition-id"]), int(settings["server-round"])
     if asked != agent:
@@ -66,12 +94,15 @@ def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view:
     dual = _dual(context, k, view, agent)
     if k > 1:
         dual = engine.dual(config, view, dual, x)  # iteration k - 1's, now that its iterates are known
-    released, _ = engine.release(config, view, engine.State(x=x, dual=dual), [config.seed], k)
+    randomness, kind = node_randomness(context.node_config, settings, agent, k,
+                                       request_of(config, k, ids, rows, dual[0, agent]))
+    released, _ = engine.release(config, view, engine.State(x=x, dual=dual), [config.seed], k, randomness)
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
     reply = ArrayRecord({EXCHANGED_KEY: Array(released[0, agent].cpu().numpy())})
     metrics = MetricRecord({"partition-id": agent, "server-round": k})
-    return Message(content=RecordDict({"arrays": reply, "metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({"arrays": reply, "metrics": metrics,
+                                       "config": ConfigRecord({KIND_KEY: kind})}), reply_to=msg)
 
 
 def _own(context: Context, config: DecentralConfig, k: int, view: Agents, agent: int) -> torch.Tensor:
@@ -92,7 +123,8 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     """Answer iteration k of the SecAgg+ form (a legacy fit message carrying S^{k-1}): finish k - 1 (the
     dual), release x^k with :func:`dpadmm.decentral.engine.release` from the neighbour sum
     S^{k-1} - x_i^{k-1}. The reply goes to ``secaggplus_mod``, which masks it; it must lie within
-    ``secagg-range``, else the agent stops the run rather than let SecAgg+ clip it."""
+    ``secagg-range``, else the agent stops the run rather than let SecAgg+ clip it. The server's fit config
+    carries the run identity; the reply's fit metrics say the kind of randomness (SecAgg+ passes them on)."""
     fit = recorddict_compat.recorddict_to_fitins(msg.content, keep_input=True)
     k = int(fit.config["server-round"])
     total = torch.from_numpy(np.array(parameters_to_ndarrays(fit.parameters)[0], copy=True))
@@ -101,7 +133,10 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     dual = _dual(context, k, view, agent)
     if k > 1:
         dual = engine.dual(config, view, dual, x, sums)  # iteration k - 1's
-    released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k)
+    randomness, kind = node_randomness(context.node_config, fit.config, agent, k,
+                                       request_of(config, k, total, x[0, agent], dual[0, agent]))
+    released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k,
+                                 randomness)
     mine = released[0, agent].cpu().numpy()
     largest = float(np.abs(mine).max())
     if largest > config.secagg_range:
@@ -111,7 +146,7 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     context.state.array_records[OWN] = ArrayRecord({"x": Array(mine)})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
     reply = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([mine]),
-                   num_examples=1, metrics={"partition-id": agent, "server-round": k})
+                   num_examples=1, metrics={"partition-id": agent, "server-round": k, KIND_KEY: kind})
     return Message(content=recorddict_compat.fitres_to_recorddict(reply, keep_input=True), reply_to=msg)
 
 

@@ -16,21 +16,31 @@ and answers its messages with these helpers::
         return train_reply(msg, config, data, partition_id, module=MyNet())
 
 The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1: E local
-updates of eq. (8) (or the trust region) with per-sample clipping and keyed noise. The
-agent keeps no state between rounds: the server sends w, lambda_p and the last local
+updates of eq. (8) (or the trust region) with per-sample clipping and noise. The
+agent keeps no model state between rounds: the server sends w, lambda_p and the last local
 iterate, and the agent sends back z_p^{t+1} (and its last iterate when E > 1).
+
+Its noise and samples: inside Flower's simulation engine, the streams keyed by the run's seed (a
+simulation equals the engine); on a deployed node, the node's own secret, bound to the run identity the
+server sends (:mod:`clients.randomness`). A deployed node records each (run, round) it answered with a
+digest of the request, and refuses the same round asked again with another state: the draws of a round
+are fixed, and two different inputs under the same noise would reveal their difference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
+from clients.randomness import node_randomness
 from dpadmm import wire
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models.logistic import AgentData
+from dpadmm.privacy.randomness import Secret, request_digest
 
 
 def answer_query(msg: Message, partition_id: int) -> Message:
@@ -40,11 +50,13 @@ def answer_query(msg: Message, partition_id: int) -> Message:
 
 
 def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int,
-                 module: nn.Module | None = None) -> dict[str, torch.Tensor]:
+                 module: nn.Module | None = None,
+                 randomness: Secret | None = None) -> dict[str, torch.Tensor]:
     """The reply's arrays: E local updates of round t from the received w, lambda_p and last iterate.
 
     ``module=None`` is the papers' logistic regression (one parameter, ``weight`` [J, K], on
     the closed-form fast path); otherwise the received parameters are ``module``'s.
+    ``randomness`` is the deployment kind's (None: keyed by the seed).
     Returns ``z.<parameter>`` (z_p^{t+1}) and, when E > 1, ``z-last.<parameter>``.
     """
     received = wire.unpack(arrays)
@@ -60,12 +72,12 @@ def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int
             raise ValueError(f"the server's parameters {shapes} are not logistic regression's "
                              f"{{'weight': {data.shape}}} for this agent's data")
         w, lam, z_chain = (state[role]["weight"] for role in wire.DOWN)
-        result = agent_round(config, data, w, lam[None], z_chain[None], t)
+        result = agent_round(config, data, w, lam[None], z_chain[None], t, randomness=randomness)
         z_sent, z_last = {"weight": result.z_sent}, {"weight": result.z_last}
     else:
         w = state["w"]
         lam, z_chain = ({name: v[None] for name, v in state[role].items()} for role in ("lambda", "z"))
-        result = agent_round(config, data, w, lam, z_chain, t, module=module)
+        result = agent_round(config, data, w, lam, z_chain, t, module=module, randomness=randomness)
         z_sent, z_last = result.z_sent, result.z_last
     reply = {"z": {name: v[0].cpu() for name, v in z_sent.items()}}
     if config.steps > 1:  # the last iterate differs from the average only when E > 1
@@ -73,13 +85,25 @@ def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int
     return wire.pack(reply)
 
 
+def request_of(msg: Message, config: RunConfig) -> str:
+    """The digest of what a train message asks: the run config and every array it sends (w, lambda_p, z)."""
+    arrays = msg.content["arrays"]
+    parts: list[bytes | str] = [repr(sorted(config.to_mapping().items()))]
+    for name in sorted(arrays):
+        array = arrays[name]
+        parts += [name, str(array.dtype), repr(list(array.shape)), bytes(array.data)]
+    return request_digest(*parts)
+
+
 def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: int,
-                module: nn.Module | None = None) -> Message:
+                module: nn.Module | None = None, node_config: Mapping[str, object] | None = None) -> Message:
     """Answer a train message: refuse another agent's state, run round t, reply z_p^{t+1}.
 
     ``config`` must be the run's (calibrated, if it sets ``target-epsilon``: see
     ``dpadmm.iadmm.privacy.calibrate``); ``data`` is this agent's, with ``agents=[partition_id]``
-    (the key of its noise streams) and ``total`` the federation's sample count I.
+    (the agent's id in its draws) and ``total`` the federation's sample count I. ``node_config`` is the
+    node's (``context.node_config``): its ``randomness`` and ``state-dir`` settings, if any
+    (:mod:`clients.randomness`). The reply's metrics say which kind of randomness the agent used.
     """
     sent_for = int(msg.content["config"]["partition-id"])
     if sent_for != partition_id:
@@ -89,6 +113,9 @@ def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: 
         raise ValueError(f"data.agents={data.agents.tolist()} but partition_id={partition_id}: the data's "
                          "agent id keys the noise streams and must be this agent's partition id")
     t = int(msg.content["config"]["server-round"])
-    out = local_update(config, data, msg.content["arrays"], t, module)
+    randomness, kind = node_randomness(node_config or {}, msg.content["config"], partition_id, t,
+                                       request_of(msg, config))
+    out = local_update(config, data, msg.content["arrays"], t, module, randomness)
     metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
-    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)
+    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics,
+                                       "config": ConfigRecord({wire.KIND_KEY: kind})}), reply_to=msg)

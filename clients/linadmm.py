@@ -2,7 +2,8 @@
 
 A client holds a contiguous block of the training rows (scaled to unit norm, labels +-1). Each
 iteration it receives the point x and answers with sum_i clip_c(g_i(x)) over its rows and its
-row count; it adds no noise (the server does, once: central DP) and keeps no state.
+row count; it adds no noise (the server does, once: central DP) and keeps no state. So it draws nothing
+and has no kind of randomness to report: the server decides its own (:func:`strategies.nodes.server_kind`).
 """
 
 from __future__ import annotations

@@ -539,10 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError) as err:  # OSError: missing or unreadable files
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2
+        from dpadmm.iadmm.privacy import headline, step_line
+
         last = result.records[-1]
         print(
-            f"{config.algorithm} (eps-bar={result.config.effective_epsilon:.4g} per local step, "
-            f"E={config.steps}, "
+            f"{config.algorithm} ({step_line(result.config)}, E={config.steps}, "
             f"P={config.num_agents}, T={config.rounds}): round {last['round']} test error "
             f"{last['test-error']:.4f}, train loss {last['train-loss']:.4f}, "
             f"consensus violation {last['consensus-violation']:.4g}"
@@ -550,8 +551,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
         print(f"metrics: {(result.directory / 'metrics.jsonl').resolve()}")
         if result.ledger:
-            from dpadmm.iadmm.privacy import headline
-
             print(headline(result.ledger, last["test-error"]))
     return 0
 

@@ -15,6 +15,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+IDENTITY_KEY = "run-identity"  # server -> node, in every train config record: the run's identity
+KIND_KEY = "randomness"  # node -> server, in the reply's config record: the kind of randomness it used
 DOWN = ("w", "lambda", "z")  # server -> agent: the model, the agent's dual, its last local iterate
 UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local iterate
 

@@ -13,7 +13,8 @@ same run again with ``out`` naming that folder resumes it from the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from logging import ERROR, INFO
 from pathlib import Path
@@ -31,7 +32,6 @@ from dpadmm.decentral import privacy as decentral_privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.privacy import Statement
 from dpadmm.decentral.problem import FEATURES, public_agents
-from dpadmm.decentral.problem import Agents as DecentralAgents
 from dpadmm.decentral.problem import Problem as DecentralProblem
 from dpadmm.decentral.problem import build as decentral_problem
 from dpadmm.families import from_run_config
@@ -44,13 +44,15 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.privacy.ledger import Ledger
+from dpadmm.privacy.randomness import DEPLOYMENT, statement
 from dpadmm.runs.results import RunWriter, central_metrics
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
 from strategies.decentral import GraphRouter, SecureSum, secure_workflow
-from strategies.linadmm import DPLinADMM
+from strategies.linadmm import DPLinADMM, server_secret
+from strategies.nodes import server_kind
 from strategies.sharing import ADMMSharing
 
 CHECKPOINT = "checkpoint.pt"
@@ -91,9 +93,12 @@ def configured(run_config: Mapping[str, Any]) -> Any:
 
 
 @contextmanager
-def run_folder(config: Any, ledger: Ledger | Statement | None) -> Iterator[RunWriter]:
+def run_folder(config: Any, ledger: Ledger | Statement | None,
+               kinds: Callable[[], Iterable[str]] | None = None) -> Iterator[RunWriter]:
     """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
-    runs and closed whatever happens; the ledger's summary is logged at the end."""
+    runs and closed whatever happens. At the end, ``kinds`` (the kinds of randomness the nodes reported,
+    :mod:`clients.randomness`) goes into the statement, privacy.json is written again with it, and the
+    statement's summary is logged."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
@@ -103,6 +108,9 @@ def run_folder(config: Any, ledger: Ledger | Statement | None) -> Iterator[RunWr
         yield writer
     finally:
         writer.close()
+    if ledger and kinds is not None:
+        ledger = dataclasses.replace(ledger, randomness=statement(set(kinds())))
+        writer.write_ledger(ledger)
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
 
 
@@ -112,44 +120,54 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
 
     With ``data-dir`` (simulation) it also reads the data set, to evaluate the distance to x*; without
     it (a deployment, whose agents read their own files) it holds no data and reports what the
-    exchanged iterates show: the consensus (and the a-priori epsilon)."""
+    exchanged iterates show: the consensus (and the a-priori epsilon). Once an agent reports deployment
+    randomness, the router reports only those public metrics even with ``data-dir``: the distance to x*
+    reads every agent's raw data, a simulation's diagnostic that no guarantee covers.
+
+    The privacy statement (privacy.json, the closing line) says which randomness the agents reported
+    (:func:`dpadmm.privacy.randomness.statement`); privacy.json is written when the run starts and again,
+    with the kinds, when it ends."""
     dtype = decentral_engine.DTYPES[config.dtype]
     problem = (decentral_problem(config, decentral_engine.dataset_of(config), [config.seed], dtype)
                if config.data_dir else None)
     agents = problem.agents if problem else public_agents(config, dtype)
-    statement = decentral_privacy.statement(config, FEATURES[config.dataset]) if config.private else None
-    if config.exchange == "secret":
-        decentral_secure(grid, context, config, agents, problem, statement)
-        return
-    strategy = GraphRouter(config, agents)
+    stated = decentral_privacy.statement(config, FEATURES[config.dataset]) if config.private else None
+    # first: the strategy refuses what it cannot run, before a run folder is made
+    strategy = SecureSum(config, agents) if config.exchange == "secret" else GraphRouter(config, agents)
+    with run_folder(config, stated, lambda: strategy.kinds.values()) as writer:
+        if isinstance(strategy, SecureSum):
+            decentral_secure(grid, context, config, strategy, problem, writer)
+        else:
+            router = strategy
 
-    def evaluate(writer: RunWriter, k: int, state: decentral_engine.State) -> None:
-        if k % config.eval_every and k != config.rounds:
-            return
-        record = (decentral_engine.evaluate(config, problem, state, k) if problem else
-                  decentral_engine.public_metrics(config, agents.adjacency, state.x, k))[0]
-        writer.record({**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed})
-        error = (f"log-error {record['log-error']:.4f} (worst agent {record['log-error-max']:.4f}), "
-                 if problem else "")
-        log(INFO, "dpadmm iteration %d/%d: %sconsensus %.4g", k, config.rounds, error, record["consensus"])
+            def evaluate(k: int, state: decentral_engine.State) -> None:
+                if k % config.eval_every and k != config.rounds:
+                    return
+                simulated = problem is not None and DEPLOYMENT not in router.kinds.values()
+                record = (decentral_engine.evaluate(config, problem, state, k) if simulated else
+                          decentral_engine.public_metrics(config, agents.adjacency, state.x, k))[0]
+                writer.record({**record, "seconds": router.seconds, "elapsed": router.elapsed})
+                error = (f"log-error {record['log-error']:.4f} (worst agent {record['log-error-max']:.4f}), "
+                         if simulated else "")
+                log(INFO, "dpadmm iteration %d/%d: %sconsensus %.4g", k, config.rounds, error,
+                    record["consensus"])
 
-    with run_folder(config, statement) as writer:  # privacy.json and the closing line: the statement
-        strategy.start(grid=grid, evaluate_fn=lambda k, state: evaluate(writer, k, state))
+            router.start(grid=grid, evaluate_fn=evaluate)
 
 
-def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, agents: DecentralAgents,
-                     problem: DecentralProblem | None, statement: Statement | None) -> None:
+def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, strategy: SecureSum,
+                     problem: DecentralProblem | None, writer: RunWriter) -> None:
     """Algorithm 1's SecAgg+ form: the server holds only S^k, the sum of the agents' iterates, so it reports
-    the log-error of their average (``log-error-average``, when it holds the data set) and the a-priori
-    epsilon."""
-    n = int(agents.adjacency.shape[-1])
-    strategy = SecureSum(config, agents)
+    the log-error of their average (``log-error-average``, when it holds the data set and no agent reported
+    deployment randomness) and the a-priori epsilon, into ``writer``; ``strategy.kinds`` then says the
+    agents' randomness."""
+    n = strategy.n
 
-    def evaluate(writer: RunWriter, k: int, total: torch.Tensor) -> None:
+    def evaluate(k: int, total: torch.Tensor) -> None:
         if k % config.eval_every and k != config.rounds:
             return
         record: dict[str, float] = {"round": k}
-        if problem:
+        if problem and DEPLOYMENT not in strategy.kinds.values():
             average = (total / n).to(problem.optimum).unsqueeze(0)  # [1, d]
             record["log-error-average"] = float(decentral_engine.log_error(problem.optimum, average)[0])
             log(INFO, "dpadmm iteration %d/%d: log-error of the agents' average %.4f (SecAgg+: the server "
@@ -161,27 +179,40 @@ def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, agen
         writer.record({**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed})
 
     legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=config.rounds), strategy=strategy)
-    with run_folder(config, statement) as writer:
-        strategy.evaluate_fn = lambda k, total: evaluate(writer, k, total)
-        secure_workflow(config, n)(grid, legacy)
+    strategy.evaluate_fn = evaluate
+    secure_workflow(config, n)(grid, legacy)
 
 
 def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
-    """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP)."""
+    """DP-ADMM / DP-AccADMM (002): the server holds A and the test set, and adds the noise (central DP).
+
+    Its randomness is the server's own (:func:`strategies.nodes.server_kind`): simulation on Flower's
+    in-memory grid (``flwr run`` on the simulation engine, ``run_simulation``), keyed by the seed as the
+    engine's; deployment elsewhere, from the server's own secret (:func:`strategies.linadmm.server_secret`)
+    bound to a run identity drawn for this run, the noise on a grid. ``$DPADMM_RANDOMNESS`` in the server's
+    environment may force either. A deployed server reports no training objective (it reads the raw
+    training rows, which no guarantee covers), only the test accuracy and the primal residual."""
     problem = load(config.dataset, config.data_dir, config.graph_alpha, linadmm_engine.DTYPES[config.dtype])
-    strategy = DPLinADMM(config, problem.a, problem.num_samples)  # first: it refuses what it cannot run
+    kind = server_kind(grid)
+    secret = server_secret() if kind == DEPLOYMENT and config.private else None
+    # first: it refuses what it cannot run, before the secret is read
+    strategy = DPLinADMM(config, problem.a, problem.num_samples, secret)
     ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
+    if ledger:
+        ledger = dataclasses.replace(ledger, randomness=statement([kind]))
+    train = kind != DEPLOYMENT
     clock = {"elapsed": 0.0}  # the seconds of iterations 1..t, as the engine's ``elapsed``
 
     def evaluate(writer: RunWriter, t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
         clock["elapsed"] += strategy.seconds
         if t % config.eval_every and t != config.rounds:
             return
-        record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1)[0], "seconds": strategy.seconds,
-                  "elapsed": clock["elapsed"]}
+        record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1, train=train)[0],
+                  "seconds": strategy.seconds, "elapsed": clock["elapsed"]}
         writer.record(record)
-        log(INFO, "dpadmm round %d/%d: objective %.6g, test accuracy %.4f, primal residual %.4g", t,
-            config.rounds, record["objective"], record["test-accuracy"], record["primal-residual"])
+        objective = f"objective {record['objective']:.6g}, " if train else ""
+        log(INFO, "dpadmm round %d/%d: %stest accuracy %.4f, primal residual %.4g", t, config.rounds,
+            objective, record["test-accuracy"], record["primal-residual"])
 
     with run_folder(config, ledger) as writer:
         strategy.start(grid=grid, evaluate_fn=lambda t, state, y: evaluate(writer, t, state, y))
@@ -191,7 +222,15 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     """ADMM sharing (001): the server holds the labels, z and y; each party (a SuperNode) its columns.
 
     The labels come from ``labels-path`` in a deployment (the server holds no features), else from the
-    configured data set, whose ids are its row numbers; every party's ids must match them."""
+    configured data set, whose ids are its row numbers; every party's ids must match them.
+
+    Each party draws its own noise (:mod:`clients.randomness`); the server sends the run identity and states
+    the kinds the parties reported. ``noise = paper`` has no grid sampler, so deployed parties refuse it;
+    outside Flower's simulation engine the server refuses it first, on one line, unless its environment
+    forces the simulation kind (:func:`strategies.nodes.server_kind`)."""
+    if config.private and config.noise == "paper" and server_kind(grid) == DEPLOYMENT:
+        log(ERROR, "dpadmm: the run config is not allowed: %s", sharing_engine.PAPER_REFUSED)
+        raise RunConfigError(sharing_engine.PAPER_REFUSED)
     if config.labels_path:
         held = read_labels_file(config.labels_path)
         y_train, y_test, digest = held.y, held.y_test, held.digest()
@@ -203,15 +242,15 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     labels, test_labels = ((2 * y - 1).to(dtype) for y in (y_train, y_test))
     strategy = ADMMSharing(config, labels, test_labels, digest)
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
+    with run_folder(config, ledger, lambda: strategy.kinds.values()) as writer:
 
-    def evaluate(writer: RunWriter, t: int, record: dict[str, float]) -> None:
-        record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
-        writer.record(record)
-        log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
-            config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])
+        def evaluate(t: int, record: dict[str, float]) -> None:
+            record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
+            writer.record(record)
+            log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
+                config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])
 
-    with run_folder(config, ledger) as writer:
-        strategy.start(grid=grid, evaluate_fn=lambda t, record: evaluate(writer, t, record))
+        strategy.start(grid=grid, evaluate_fn=evaluate)
 
 
 def iadmm_main(grid: Grid, config: RunConfig) -> None:
@@ -242,14 +281,18 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
         params = {name: torch.tensor(array.numpy()) for name, array in arrays.items()}
         # Logistic regression is evaluated (and saved) as its one [J, K] tensor, as the engine does.
         w, model = (params["weight"], None) if config.model == "logistic" else (params, module)
-        record = {"round": server_round, **central_metrics(w, dataset, config.beta, model)}
+        # The train loss reads the raw training data: a simulation's diagnostic, which no guarantee covers;
+        # once a deployed node has replied, the server computes none.
+        simulated = DEPLOYMENT not in strategy.kinds.values()
+        record = {"round": server_round, **central_metrics(w, dataset, config.beta, model, train=simulated)}
         record.update(dict(strategy.last_train_metrics or {}))
         if strategy.last_report is not None:
             record["privacy-spent"] = strategy.last_report.privacy_spent
         writer.record(record, w)
         last.update(record)
-        log(INFO, "dpadmm round %d/%d: test error %.4f, train loss %.4f, consensus violation %.4g",
-            server_round, config.rounds, record["test-error"], record["train-loss"],
+        log(INFO, "dpadmm round %d/%d: test error %.4f, train loss %s, consensus violation %.4g",
+            server_round, config.rounds, record["test-error"],
+            f"{record['train-loss']:.4f}" if "train-loss" in record else "not computed (deployed nodes)",
             record.get("consensus-violation", float("nan")))
         return MetricRecord({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
@@ -258,6 +301,9 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
                        evaluate_fn=evaluate)
     finally:
         writer.close()
+    if ledger:  # what the agents reported using (clients.randomness), said in the statement and privacy.json
+        ledger = dataclasses.replace(ledger, randomness=statement(set(strategy.kinds.values())))
+        writer.write_ledger(ledger)
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
     if ledger and last:
         log(INFO, "dpadmm: %s", privacy.headline(ledger, last["test-error"]))

@@ -14,6 +14,13 @@ a logged reason, and its neighbours get its last exchanged iterate again (a stal
 algorithms are then no longer the paper's, which the log says). The agents' Algorithm-1 duals live
 with the agents (their Flower ``context.state``).
 
+Randomness. The router draws a run identity (:func:`dpadmm.privacy.randomness.new_run_identity`) when a run
+starts and sends it with every iteration (``run-identity``): deployed agents bind their own secrets to it,
+so that two runs of the same run config never share weights or noise. It does not choose the agents' kind
+of randomness (each node does, :mod:`clients.randomness`); it records the kind each agent reports
+(:attr:`GraphRouter.kinds`), which the privacy statement states. The router holds no checkpoint: a new
+run is a new identity.
+
 With ``exchange=secret`` the server does not route but sums, by Flower's SecAgg+ (:class:`SecureSum`
 under :func:`secure_workflow`): the server-based form of Algorithm 1 on the complete graph (NOTES-004,
 section 7), a star whose centre needs only S^k = sum_j x_j^k. Each agent's neighbour sum is S^k - x_i^k,
@@ -53,8 +60,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from dpadmm.decentral import engine
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
-from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
-from strategies.nodes import Roster
+from dpadmm.privacy.randomness import new_run_identity
+from dpadmm.wire import EXCHANGED_KEY, IDENTITY_KEY, KIND_KEY, NEIGHBOURS_KEY
+from strategies.nodes import Roster, reported_kind
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -76,6 +84,8 @@ class GraphRouter(Strategy):
         self.rejected: list[tuple[int, int, str]] = []  # (iteration, agent, reason)
         self.seconds = 0.0  # of the last iteration, from sending the iterates to the last reply
         self.elapsed = 0.0  # of iterations 1..k, as the engine's ``elapsed``
+        self.run_identity = new_run_identity()  # what the deployed agents bind their secrets to, per run
+        self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
 
     # ----- Strategy API -----
 
@@ -117,7 +127,7 @@ class GraphRouter(Strategy):
             content = RecordDict({
                 "arrays": ArrayRecord({EXCHANGED_KEY: Array(x[around].cpu().numpy())}),
                 "config": ConfigRecord({"server-round": server_round, "partition-id": i,
-                                        NEIGHBOURS_KEY: around}),
+                                        NEIGHBOURS_KEY: around, IDENTITY_KEY: self.run_identity}),
             })
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages
@@ -147,6 +157,7 @@ class GraphRouter(Strategy):
             agent, value = got
             x[0, agent] = torch.from_numpy(value).to(x.dtype)
             answered.add(agent)
+            self.kinds[agent] = reported_kind(reply)
         for agent in sorted(set(range(self.n)) - answered):
             reason = reasons.get(agent, "no reply")
             log(WARNING, "iteration %d: agent %d rejected: %s; its last iterate is reused", server_round,
@@ -176,7 +187,8 @@ class SecureSum(LegacyStrategy):
     A Flower *legacy* strategy, because SecAgg+ runs as a legacy workflow (:func:`secure_workflow`).
     Algorithm 1 needs every agent's iterate in every iteration: fewer replies, or a secure aggregation
     that halts, stop the run with an error naming the iteration. After each iteration
-    ``evaluate_fn(k, S^k)`` is called."""
+    ``evaluate_fn(k, S^k)`` is called. The fit config carries the run identity; the agents' fit metrics
+    their kind of randomness (:attr:`kinds`)."""
 
     def __init__(self, config: DecentralConfig, agents: Agents,
                  evaluate_fn: Callable[[int, torch.Tensor], None] | None = None) -> None:
@@ -194,6 +206,8 @@ class SecureSum(LegacyStrategy):
         self.started = 0.0
         self.seconds = 0.0  # of the last iteration, from sending S^{k-1} to the sum S^k
         self.elapsed = 0.0
+        self.run_identity = new_run_identity()  # as GraphRouter's: sent with S^{k-1} to every agent
+        self.kinds: dict[int, str] = {}  # the randomness each agent reported in its fit metrics
 
     def __repr__(self) -> str:
         return f"SecureSum(N={self.n}, K={self.config.rounds})"
@@ -209,7 +223,7 @@ class SecureSum(LegacyStrategy):
                                f"{self.n} agents' nodes connected within node-timeout="
                                f"{self.config.node_timeout:g} s; Algorithm 1 needs all of them")
         self.started = time.perf_counter()
-        instruction = FitIns(parameters, {"server-round": server_round})
+        instruction = FitIns(parameters, {"server-round": server_round, IDENTITY_KEY: self.run_identity})
         return [(proxy, instruction) for proxy in client_manager.sample(self.n, min_num_clients=self.n)]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
@@ -220,6 +234,10 @@ class SecureSum(LegacyStrategy):
             first = f"; the first failure: {failures[0]}" if failures else ""
             raise RuntimeError(f"iteration {server_round}: {len(results)} of the {self.n} agents' iterates "
                                f"were summed{first}; Algorithm 1 needs every agent's iterate")
+        for _, result in results:  # SecAgg+ hands each agent's fit metrics on; its vector only in the sum
+            agent = result.metrics.get("partition-id")
+            if agent is not None:
+                self.kinds[int(agent)] = str(result.metrics.get(KIND_KEY, "unreported"))
         average = parameters_to_ndarrays(results[0][1].parameters)[0]
         self.total = torch.from_numpy(np.asarray(average, dtype=np.float64) * self.n)
         self.summed = server_round

@@ -32,8 +32,9 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
 from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
+from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.runs import checkpoint
-from strategies.nodes import Roster, claimed_partition
+from strategies.nodes import Roster, claimed_partition, reported_kind
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -57,6 +58,7 @@ class RoundReport:
     rejected: list[dict[str, Any]] = field(default_factory=list)
     privacy_spent: float = 0.0
     seconds: float = 0.0
+    randomness: list[str] = field(default_factory=list)  # the kinds the accepted replies report using
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +124,10 @@ class DPIADMM(Strategy):
         self.last_report: RoundReport | None = None
         self._sent: list[tuple[Message, int, int]] = []  # this round's (message, node id, partition)
         self._started = time.perf_counter()
+        # The run's identity, which deployed nodes bind their secrets to: new for each run, kept by the
+        # checkpoint, so that a resumed run asks its nodes for the same draws and a new run for new ones.
+        self.run_identity = new_run_identity()
+        self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
         self._resume()
 
     # ----- Strategy API -----
@@ -132,9 +138,8 @@ class DPIADMM(Strategy):
 
     def summary(self) -> None:
         c = self.config
-        log(INFO, "\t├── DP-IADMM: algorithm=%s, eps-bar=%s per local step, E=%d, P=%d, T=%d, "
-            "fraction-train=%g", c.algorithm, c.effective_epsilon, c.steps, c.num_agents, c.rounds,
-            c.fraction_train)
+        log(INFO, "\t├── DP-IADMM: algorithm=%s, %s, E=%d, P=%d, T=%d, fraction-train=%g", c.algorithm,
+            privacy.step_line(c), c.steps, c.num_agents, c.rounds, c.fraction_train)
         log(INFO, "\t└── rho constants (c1, c2, Tc) = %s, a = %s, beta = %s",
             c.rho_constants, c.prox_scale, c.beta)
 
@@ -196,6 +201,7 @@ class DPIADMM(Strategy):
             train_config = ConfigRecord(dict(config))
             train_config["server-round"] = server_round
             train_config["partition-id"] = p
+            train_config[wire.IDENTITY_KEY] = self.run_identity
             state = ArrayRecord(wire.pack({"w": _copy(self.w), "lambda": _agent(self.lam, p),
                                            "z": _agent(self.z_chain, p)}))
             message = Message(content=RecordDict({"arrays": state, "config": train_config}),
@@ -221,6 +227,8 @@ class DPIADMM(Strategy):
                     partition, outcome)
                 continue
             accepted[p] = outcome
+            self.kinds[p] = reported_kind(reply)
+        report.randomness = sorted({self.kinds[p] for p in accepted})
         for p, (z_p, z_last) in accepted.items():
             for name in self.shapes:  # z_chain is z itself when E = 1: the same values either way
                 self.z[name][p], self.z_chain[name][p] = z_p[name], z_last[name]
@@ -268,7 +276,8 @@ class DPIADMM(Strategy):
             "rho": schedules.rho_at(self.config, max(self.round, 1)),
             "taken": list(self.taken), "privacy_spent": privacy.spent(self.config, max(self.taken)),
             "nodes": [[n, p] for n, p in self.roster.nodes.items()],
-            "seed": self.config.seed,  # the key of every noise and participation stream
+            "seed": self.config.seed,  # the key of participation, and of the simulation kind's draws
+            "run_identity": self.run_identity, "kinds": [[p, k] for p, k in self.kinds.items()],
         })
 
     def _resume(self) -> None:
@@ -282,6 +291,8 @@ class DPIADMM(Strategy):
         self.round = int(saved["round"])
         self.taken = [int(k) for k in saved["taken"]]
         self.roster.nodes = {int(n): int(p) for n, p in saved["nodes"]}
+        self.run_identity = str(saved.get("run_identity", self.run_identity))
+        self.kinds = {int(p): str(k) for p, k in saved.get("kinds", [])}
         log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
 
     def _chain(self, saved: Params | None = None) -> Params:

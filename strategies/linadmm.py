@@ -12,12 +12,23 @@ Who must be trusted: the server sees every client's exact gradient sum before it
 noise (central DP); the guarantee is about what the server releases (the iterates). An
 iteration needs every client's rows: a missing or rejected reply stops the run with an error
 naming it, since the mean over n (the public sample count) would otherwise be wrong.
+
+Randomness. The server is the one party that draws, so it decides its own kind
+(:func:`strategies.nodes.server_kind`): on
+Flower's in-memory grid (``flwr run`` on the simulation engine, ``run_simulation``) the simulation kind,
+keyed by the run's seed as the engine's; on any other grid (a SuperLink with SuperNodes) the deployment kind,
+from the server's own secret (:func:`server_secret`, a file in the server's state folder, agent id 0)
+bound to a run identity drawn for the run: nobody who holds the run config can recompute or subtract the
+noise, and the noisy mean is released on a grid. ``$DPADMM_RANDOMNESS`` in the server's environment may
+force either kind (a forced simulation on a deployment is stated as a warning). The server records every
+iteration it answered with a digest of the gradient it released, and refuses to release another gradient
+for the same iteration of the same run: the same noise on two gradients would reveal their difference.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO
 
 import numpy as np
@@ -29,16 +40,25 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.privacy.randomness import NodeSecret, new_run_identity, request_digest, server_state_dir
 from dpadmm.wire import GRADIENT_KEY, POINT_KEY
 from strategies.nodes import Roster
 from strategies.rounds import run_rounds
+
+
+def server_secret(environ: Mapping[str, str] | None = None) -> NodeSecret:
+    """The server's secret and record of answered iterations (agent id 0), in :func:`server_state_dir`:
+    created on first use (256 bits from the OS CSPRNG, readable by the server's user only), never sent."""
+    return NodeSecret(server_state_dir(environ), engine.SERVER_AGENT)
 
 
 class DPLinADMM(Strategy):
     """Server side of DP-ADMM and DP-AccADMM (002 Algorithms 2 and 3) for ``num-agents`` clients.
 
     ``a`` is the constraint matrix [W; I] and ``num_samples`` the public total n. After each
-    iteration ``evaluate_fn(t, state, y)`` is called with the engine's state (one run).
+    iteration ``evaluate_fn(t, state, y)`` is called with the engine's state (one run). ``secret`` (the
+    server's :func:`server_secret`) makes the noise the deployment kind's, bound to the strategy's
+    :attr:`run_identity`; None keys it by the run's seed (the simulation kind).
 
     Example (in a ServerApp)::
 
@@ -46,10 +66,14 @@ class DPLinADMM(Strategy):
         strategy.start(grid=grid, evaluate_fn=lambda t, state, y: ...)
     """
 
-    def __init__(self, config: LinAdmmConfig, a: torch.Tensor, num_samples: int) -> None:
+    def __init__(self, config: LinAdmmConfig, a: torch.Tensor, num_samples: int,
+                 secret: NodeSecret | None = None) -> None:
         if config.dual_init != "zero":
             raise ValueError(f"dual-init={config.dual_init!r} is not allowed on Flower: the paper's u_0 "
                              "needs the exact gradient of all the clients' data at x_0; use 'zero'")
+        self.run_identity = new_run_identity()  # new per run: two runs never share noise
+        self.secret = secret
+        self.randomness = secret.randomness(self.run_identity) if secret else None
         self.config = config
         self.a = a
         self.num_samples = num_samples
@@ -136,8 +160,13 @@ class DPLinADMM(Strategy):
             raise RuntimeError(f"round {server_round}: the clients hold {count} samples, but the run is "
                                f"configured for n = {self.num_samples} (the public count of the sensitivity "
                                "c/n)")
+        if self.secret is not None:  # refuse to reuse this iteration's noise on another gradient
+            data = total.detach().cpu().contiguous().numpy().tobytes()
+            self.secret.answer(self.run_identity, server_round,
+                               request_digest(repr(sorted(self.config.to_mapping().items())), server_round,
+                                              str(total.dtype), data))
         gradient = engine.release(total.unsqueeze(0), self.num_samples, [self.config.seed], server_round,
-                                  self.sigma)
+                                  self.sigma, self.randomness)
         self.state, self.last_y = engine.iterate(self.a, self.state, gradient, self.constants)
         self.round = server_round
         self.seconds = time.perf_counter() - self._started

@@ -9,11 +9,16 @@ node holds, and moves a partition to a new node when its old node is gone.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from logging import INFO, WARNING
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
+
+from dpadmm.privacy.randomness import DEPLOYMENT, FORCED_SIMULATION, SIMULATION, forced_kind
+from dpadmm.wire import KIND_KEY
 
 
 class Roster:
@@ -87,3 +92,26 @@ def claimed_partition(reply: Message) -> int | None:
         return int(reply.content["metrics"]["partition-id"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def reported_kind(reply: Message) -> str:
+    """The kind of randomness a reply says its agent used (``clients.randomness``): "simulation",
+    "deployment" or "forced-simulation"; "unreported" for a ClientApp that does not say (another app's)."""
+    try:
+        return str(reply.content["config"][KIND_KEY])
+    except (KeyError, TypeError):
+        return "unreported"
+
+
+def server_kind(grid: Grid | None, environ: Mapping[str, str] | None = None) -> str:
+    """The kind of randomness a ServerApp that draws uses: what ``$DPADMM_RANDOMNESS`` forces, else
+    simulation on Flower's in-memory grid (both ``flwr run`` on the simulation engine and ``run_simulation``
+    run the ServerApp on :class:`flwr.superlink.grid.InMemoryGrid`) and deployment on any other. Forcing the
+    simulation kind on another grid gives ``forced-simulation``, which the statement prints as a warning."""
+    simulated = isinstance(grid, InMemoryGrid)
+    forced = forced_kind({}, environ)  # a server has no node config: its environment only
+    if forced == SIMULATION:
+        return SIMULATION if simulated else FORCED_SIMULATION
+    if forced == DEPLOYMENT:
+        return DEPLOYMENT
+    return SIMULATION if simulated else DEPLOYMENT

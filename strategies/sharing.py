@@ -17,6 +17,11 @@ finite is rejected with a logged reason, and the round uses that party's last ac
 (the start's zeros if it has none). The server then sends that party the message it holds
 (``own``), so that its subtraction trick stays consistent with the server's sum.
 
+Randomness: the server draws a run identity per run and sends it every round (``run-identity``); each
+party binds its own secret to it when deployed (:mod:`clients.randomness`) and reports the kind it used,
+which the server records (:attr:`ADMMSharing.kinds`) for the privacy statement. The server chooses no
+party's kind.
+
 Evaluation asks each party for its test scores and sums them: test log loss and error, and the
 primal residual of what was sent. The training objective needs the exact training scores, which
 the noise protects, so a Flower run does not report it (the engine does).
@@ -34,10 +39,19 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
-from dpadmm.wire import DUAL_KEY, IDS_DIGEST_KEY, MESSAGE_KEY, OWN_KEY, PULLED_KEY, SCORES_KEY
-from strategies.nodes import Roster
+from dpadmm.wire import (
+    DUAL_KEY,
+    IDENTITY_KEY,
+    IDS_DIGEST_KEY,
+    MESSAGE_KEY,
+    OWN_KEY,
+    PULLED_KEY,
+    SCORES_KEY,
+)
+from strategies.nodes import Roster, reported_kind
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -67,6 +81,8 @@ class ADMMSharing(Strategy):
         self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
         self.seconds = 0.0  # of the last round: from sending s - z and y to the new z and y
         self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``
+        self.run_identity = new_run_identity()  # what deployed parties bind their secrets to, per run
+        self.kinds: dict[int, str] = {}  # the randomness each party last reported (clients.randomness)
 
     # ----- Strategy API -----
 
@@ -116,7 +132,7 @@ class ADMMSharing(Strategy):
             content = RecordDict({
                 "arrays": ArrayRecord(record),
                 "config": ConfigRecord({"server-round": server_round, "partition-id": m,
-                                        "own-round": self.held[m]}),
+                                        "own-round": self.held[m], IDENTITY_KEY: self.run_identity}),
             })
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages
@@ -167,6 +183,7 @@ class ADMMSharing(Strategy):
             self.messages[0, party] = torch.from_numpy(value).to(self.messages.dtype)
             self.held[party], self.resend[party] = server_round, False
             answered.add(party)
+            self.kinds[party] = reported_kind(reply)
         for party in sorted(set(range(self.parties)) - answered):
             self._reject(server_round, party, reasons.get(party, "no reply"))
         self.z, self.y = engine.server_step(self.messages, self.y, self.labels, self.rho)

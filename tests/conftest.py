@@ -216,8 +216,12 @@ class Deployment:
         self.root = root
         self.home = root / "flwr-home"
         bin_dir = str(Path(sys.executable).parent)
+        # Each node's secret and record of answered rounds (dpadmm.privacy.randomness) in this deployment's
+        # folder, as a device keeps them in its own state folder; the server's likewise.
         self.env = dict(os.environ, FLWR_HOME=str(self.home), FLWR_TELEMETRY_ENABLED="0",
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        DPADMM_NODE_STATE=str(root / "node-state"),
+                        DPADMM_SERVER_STATE=str(root / "server-state"),
                         PATH=f"{bin_dir}:{os.environ['PATH']}")
         self.port, *self.node_ports = free_ports(nodes + 1)
         self.node_configs: dict[int, str] = {}  # SuperNode i's node config, kept for its restarts

@@ -13,6 +13,8 @@ from dpadmm.data import Dataset
 from dpadmm.data.adult import load_adult
 from dpadmm.decentral import engine, privacy, problem, updates
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.privacy import secure
+from dpadmm.privacy.randomness import Secret
 
 CLOCKS = ("seconds", "elapsed")
 
@@ -149,3 +151,71 @@ def test_a_target_epsilon_is_met_exactly(algorithm: str, changes: dict, adult: D
     products = [a * b for a, b in zip(alphas, betas, strict=True)]
     assert max(products) == pytest.approx(min(products), rel=1e-12)  # every release costs eps / K
     assert "calibrated to eps = 2" in privacy.statement(config, 14).summary()
+
+
+# ----------------------------------------------------------------------------- deployment randomness
+
+
+def _keys(agents: int) -> Secret:
+    return Secret({i: secure.new_key() for i in range(agents)})
+
+
+def test_deployment_randomness_draws_the_weights_and_noise_from_the_agents_keys(adult: Dataset) -> None:
+    """engine.iterate with every agent's key: not the keyed run; the same keys give the same iteration, other
+    keys (another run identity) another; an agent's row is the same whether the Secret holds every key or only
+    its own (as its node's does), and the rows whose keys it lacks are placeholders without noise."""
+    config = _config(agents=5, edges=6, rounds=2, seed=2)
+    built = problem.build(config, adult, [config.seed])
+    start = engine.start(config, built.agents, [config.seed])
+    keyed, _ = engine.iterate(config, built.agents, start, [config.seed], 1)
+    keys = _keys(5)
+    secret, _ = engine.iterate(config, built.agents, start, [config.seed], 1, keys)
+    again, _ = engine.iterate(config, built.agents, start, [config.seed], 1, Secret(dict(keys.keys)))
+    other, _ = engine.iterate(config, built.agents, start, [config.seed], 1, _keys(5))
+    assert not torch.equal(keyed.x, secret.x) and torch.equal(secret.x, again.x)
+    assert not (secret.x == other.x).any()  # every coordinate of every agent: new weights and noise
+    mine = Secret({3: keys.keys[3]})
+    alone, _ = engine.release(config, built.agents, start, [config.seed], 1, mine)
+    assert torch.equal(alone[0, 3], secret.x[0, 3])
+    weights = engine.aggregator_weights(config, [config.seed], 1, start.x, mine)
+    others = [0, 1, 2, 4]
+    assert bool((weights[0, others] == engine.PLACEHOLDER_WEIGHT).all()) and not (weights[0, 3] == 0.5).any()
+    noiseless = engine.update(config, built.agents, start, weights, 1).x
+    assert torch.equal(alone[0, others], noiseless[0, others])  # placeholders: no noise, never sent
+    with pytest.raises(ValueError, match=r"seeds=\[2, 3\] is not allowed with deployment randomness"):
+        engine.aggregator_weights(config, [2, 3], 1, start.x.expand(2, -1, -1), keys)
+
+
+def test_a_deployed_release_depends_on_the_update_only_through_the_grid() -> None:
+    """The exchanged iterate is the grid Laplace mechanism's release: an update moved within its grid cell
+    gives the same message under the same draws, one moved by a few cells another; the message is on the
+    grid of 2**-32 of the scale 1/beta_k over d."""
+    config = _config(agents=3, edges=2, rounds=4, noise_growth=1.5)
+    d, k = 14, 3
+    keys = _keys(3)
+    generator = torch.Generator().manual_seed(0)
+    value = torch.randn((1, 3, d), dtype=torch.float64, generator=generator)
+    scale = 1 / privacy.schedule(config, d)[1][k - 1]
+    grid = secure.grid("laplace", scale, d)
+    cell = torch.round(value / grid) * grid
+    within = cell + (value - cell) / 2  # another value in the same cell (|offset| <= grid / 4)
+    assert not torch.equal(within, value)
+    sent = engine.exchanged(config, value, [config.seed], k, value, keys)
+    assert torch.equal(engine.exchanged(config, within, [config.seed], k, value, keys), sent)
+    assert torch.equal(torch.round(sent / grid), sent / grid)
+    moved = engine.exchanged(config, value + 3 * grid, [config.seed], k, value, keys)
+    assert torch.equal(moved, sent + 3 * grid)  # same draws: the rounding moved by three cells
+    keyed = engine.exchanged(config, value, [config.seed], k, value)
+    assert not torch.equal(engine.exchanged(config, within, [config.seed], k, value), keyed)  # its low bits
+
+
+def test_the_statement_counts_the_grid_and_the_engine_states_its_randomness(adult: Dataset) -> None:
+    config = _config(rounds=100, sensitivity=0.01)
+    stated = privacy.statement(config, 14)
+    alphas, betas = privacy.schedule(config, 14)
+    paper = privacy.worst_case(14, alphas, betas, config.bound)
+    assert stated.grid == 100 * secure.laplace_epsilon_cost() and stated.epsilon == paper + stated.grid
+    assert 0 < stated.grid < 1e-7 and "per release for the noise's grid" in stated.summary()
+    assert "describes the mechanism a deployment runs" in stated.summary()  # no run yet
+    result = engine.run(_config(rounds=2, eval_every=2), dataset=adult, write=False, progress=False)
+    assert result.ledger is not None and "simulation randomness" in result.ledger.summary()

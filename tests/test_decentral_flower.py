@@ -11,18 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.decentral import secure_sum_mod, sum_reply
+from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from dpadmm.data.adult import load_adult
 from dpadmm.decentral import engine
 from dpadmm.decentral.config import DecentralConfig
-from dpadmm.decentral.problem import agent_view
+from dpadmm.decentral.problem import Agents, agent_view
 from dpadmm.decentral.problem import build as build_problem
+from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_key
 from dpadmm.runs.results import read_metrics
+from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
 from tests.conftest import decentral_run_config, flwr_run
 
@@ -36,6 +38,7 @@ def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, flw
                              data_dir=str(binary_dir / "adult"), out=str(out))
     output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
     assert "dpadmm iteration 4/4: log-error" in output and "-LDP, pure, a priori" in output
+    assert "Randomness: simulation randomness" in output  # the simulated agents said so themselves
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [1, 2, 3, 4]
@@ -55,6 +58,7 @@ def test_secagg_plus_run_equals_the_engine_up_to_its_quantisation(flwr_env: dict
                              data_dir=str(binary_dir / "adult"), out=str(out))
     output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
     assert output.count("Secure aggregation completed.") == 4 and "-LDP, pure, a priori" in output
+    assert "Randomness: simulation randomness" in output  # reported through SecAgg+'s fit metrics
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [1, 2, 3, 4]
@@ -79,7 +83,11 @@ def _fit_message(total: np.ndarray, k: int) -> Message:
 
 
 def _context() -> Context:
-    return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    """A node's context outside Flower's simulation engine, forced to the simulation kind (keyed by the seed,
+    as the engine's draws): a test process is no simulated node, and would otherwise take the deployment kind
+    (tests/test_decentral_randomness.py tests that one)."""
+    return Context(run_id=1, node_id=1, node_config={"randomness": "simulation"}, state=RecordDict(),
+                   run_config={})
 
 
 def _iterate(reply: Message) -> np.ndarray:
@@ -149,3 +157,121 @@ def test_the_secure_sum_stops_when_an_iterate_is_missing(binary_dir: Path) -> No
 def test_the_mod_leaves_every_other_message_alone() -> None:
     message = _fit_message(np.zeros(3), 1)
     assert secure_sum_mod(message, _context(), lambda msg, context: msg) is message
+
+
+# ----------------------------------------------------------------------------- deployment randomness
+
+
+def _deployed(folder: Path) -> Context:
+    """A deployed node's context: the deployment kind (forced, as a test process is no SuperNode) and its own
+    state folder, where its secret and its record of answered iterations live."""
+    return Context(run_id=1, node_id=1, node_config={"randomness": "deployment", "state-dir": str(folder)},
+                   state=RecordDict(), run_config={})
+
+
+def _asked(config: DecentralConfig, view: Agents, x: torch.Tensor, agent: int, k: int, identity: str
+           ) -> Message:
+    """The router's message of iteration k to ``agent`` (strategies.decentral.GraphRouter.configure_train):
+    x^{k-1} of the agent and its neighbours, their ids, the run identity."""
+    around = [agent, *(int(j) for j in torch.nonzero(view.adjacency[0, agent]).flatten())]
+    content = RecordDict({
+        "arrays": ArrayRecord({EXCHANGED_KEY: Array(x[around].numpy())}),
+        "config": ConfigRecord({"server-round": k, "partition-id": agent, NEIGHBOURS_KEY: around,
+                                "run-identity": identity}),
+    })
+    return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=agent + 1)
+
+
+def _sent(reply: Message) -> torch.Tensor:
+    return torch.from_numpy(np.array(reply.content["arrays"][EXCHANGED_KEY].numpy(), copy=True))
+
+
+def _engine_keys(root: Path, identity: str, agents: int) -> Secret:
+    """Every agent's key for the run ``identity``, read from the nodes' state folders (as only their owners
+    can)."""
+    return Secret({i: run_key(NodeSecret(root / f"node-{i}", i).secret(), identity, i)
+                   for i in range(agents)})
+
+
+@pytest.mark.usefixtures("server_process")
+def test_deployed_agents_send_what_the_engine_computes_from_their_keys(binary_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """Four deployed agents answer three routed iterations of Algorithm 1 (each its own context and state
+    folder): each reply is the engine's iteration given every node's key for the run identity, the replies
+    report the deployment kind, and another run identity (another run of the same run config) sends other
+    iterates."""
+    config = DecentralConfig(agents=4, edges=4, rounds=3, seed=2, data_dir=str(binary_dir / "adult"))
+    dataset = load_adult(config.data_dir)
+    views = [agent_view(config, dataset, i) for i in range(config.agents)]
+    built = build_problem(config, dataset, [config.seed])
+    firsts = []
+    for run in ("one", "two"):
+        identity = new_run_identity()
+        contexts = [_deployed(tmp_path / run / f"node-{i}") for i in range(config.agents)]
+        state = engine.start(config, built.agents, [config.seed])
+        x = state.x[0].clone()
+        for k in range(1, config.rounds + 1):
+            replies = [iterate_reply(_asked(config, views[i], x, i, k, identity), contexts[i], config,
+                                     views[i], i) for i in range(config.agents)]
+            assert {str(r.content["config"]["randomness"]) for r in replies} == {"deployment"}
+            x = torch.stack([_sent(r) for r in replies])
+            keys = _engine_keys(tmp_path / run, identity, config.agents)
+            state, _ = engine.iterate(config, built.agents, state, [config.seed], k, keys)
+            torch.testing.assert_close(x, state.x[0], rtol=0, atol=1e-9)  # one grid cell at most (2^-36)
+        firsts.append(x)
+        keyed = engine.run(config, dataset=dataset, write=False, progress=False).state.x[0]
+        assert not torch.equal(x, keyed)  # nothing of the seed-keyed run
+    assert not (firsts[0] == firsts[1]).any()  # two runs: new weights and noise for every coordinate
+
+
+@pytest.mark.usefixtures("server_process")
+def test_a_deployed_agent_repeats_an_iteration_but_answers_no_other_request_for_it(binary_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    config = DecentralConfig(agents=4, edges=4, rounds=3, seed=2, data_dir=str(binary_dir / "adult"))
+    view = agent_view(config, load_adult(config.data_dir), 0)
+    x = engine.initial_state(view, [config.seed]).x[0]
+    identity = new_run_identity()
+    first = iterate_reply(_asked(config, view, x, 0, 1, identity), _deployed(tmp_path), config, view, 0)
+    # the same request again (a node whose context was lost at iteration 1, which needs no dual): the same
+    again = iterate_reply(_asked(config, view, x, 0, 1, identity), _deployed(tmp_path), config, view, 0)
+    assert torch.equal(_sent(first), _sent(again))
+    with pytest.raises(ValueError, match="already answered round 1 of this run for another request"):
+        iterate_reply(_asked(config, view, x + 1e-9, 0, 1, identity), _deployed(tmp_path), config, view, 0)
+    other = iterate_reply(_asked(config, view, x, 0, 1, new_run_identity()), _deployed(tmp_path), config,
+                          view, 0)
+    assert not torch.equal(_sent(first), _sent(other))
+    with pytest.raises(ValueError, match="no run identity"):
+        iterate_reply(_asked(config, view, x, 0, 1, ""), _deployed(tmp_path), config, view, 0)
+
+
+@pytest.mark.usefixtures("server_process")
+def test_deployed_agents_of_the_secagg_form_send_what_the_engine_computes(binary_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    """exchange=secret: each agent answers the server's S^{k-1} (and the run identity, in its fit config)
+    with the engine's release under its node's key, and reports its kind in its fit metrics, which SecAgg+
+    hands on to the server."""
+    config = DecentralConfig(graph="complete", agents=4, exchange="secret", rounds=2, seed=2,
+                             data_dir=str(binary_dir / "adult"))
+    dataset = load_adult(config.data_dir)
+    views = [agent_view(config, dataset, i) for i in range(config.agents)]
+    contexts = [_deployed(tmp_path / f"node-{i}") for i in range(config.agents)]
+    server = SecureSum(config, views[0])
+    total = parameters_to_ndarrays(server.initialize_parameters(client_manager=None))[0]  # type: ignore[arg-type]
+    plain = dataclasses.replace(config, exchange="plain")
+    built = build_problem(plain, dataset, [config.seed])
+    state = engine.start(plain, built.agents, [config.seed])
+    for k in range(1, config.rounds + 1):
+        asked = FitIns(ndarrays_to_parameters([total]),
+                       {"server-round": k, "run-identity": server.run_identity})
+        message = Message(content=recorddict_compat.fitins_to_recorddict(asked, keep_input=True),
+                          dst_node_id=1, message_type=MessageType.TRAIN)
+        replies = [sum_reply(message, contexts[i], config, views[i], i) for i in range(config.agents)]
+        results = [recorddict_compat.recorddict_to_fitres(r.content, True) for r in replies]
+        assert {str(r.metrics["randomness"]) for r in results} == {"deployment"}
+        released = np.stack([_iterate(r) for r in replies])
+        state, _ = engine.iterate(plain, built.agents, state, [config.seed], k,
+                                  _engine_keys(tmp_path, server.run_identity, config.agents))
+        np.testing.assert_allclose(released, state.x[0].numpy(), rtol=0, atol=1e-9)
+        server.aggregate_fit(k, [(None, r) for r in results], [])  # type: ignore[misc]
+        assert server.kinds == dict.fromkeys(range(config.agents), "deployment")
+        total = released.sum(axis=0)

@@ -2,6 +2,10 @@
 their own data files, and faults (a SuperNode killed and restarted, the server killed and
 restarted). Every process is real and started with the documented `dpadmm deploy` commands;
 every process is stopped at the end.
+
+The SuperNodes take the deployment kind of randomness by themselves (nothing in the run config asks for
+it): each agent's noise and samples come from its node's own secret, in the deployment's node-state
+folder. The tests read those secrets, as only a node's owner could, to recompute a run with the engine.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import Deployment
 
@@ -75,6 +80,24 @@ def _wait_for_round(path: Path, t: int, run: subprocess.Popen, timeout: float = 
     Deployment.wait_for(done, f"round {t} in {path}", timeout)
 
 
+def _replayed(d: Deployment, out: Path, config: RunConfig) -> engine.EngineState:
+    """The engine's run on the deployment's participation (rounds.jsonl), with the nodes' own keys for the
+    run identity the server kept in its checkpoint: what the deployed run must have computed."""
+    identity = torch.load(out / "checkpoint.pt", weights_only=True)["run_identity"]
+    nodes = d.root / "node-state"
+    keys = Secret({p: run_key(NodeSecret(nodes, p).secret(), identity, p) for p in range(AGENTS)})
+    data = agent_data(load_for(config), config, range(AGENTS))
+    zeros = torch.zeros((1, AGENTS, *data.shape), dtype=torch.float64)
+    state = engine.EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(),
+                               lam=zeros.clone())
+    for report in read_jsonl(out / "rounds.jsonl"):
+        assert report["randomness"] == ["deployment"]  # the nodes chose it themselves
+        active = torch.zeros((1, AGENTS), dtype=torch.bool)
+        active[0, report["replied"]] = True
+        engine.step(config, data, state, report["round"], active=active, randomness=keys)
+    return state
+
+
 def test_a_killed_supernode_drops_out_and_rejoins(deployment: Deployment) -> None:
     out = deployment.root / "dropout-run"
     run = deployment.submit(_run_config(out, rounds=ROUNDS_WITH_DROPOUT))
@@ -92,16 +115,10 @@ def test_a_killed_supernode_drops_out_and_rejoins(deployment: Deployment) -> Non
                                                                            rounds[1]["rejected"]]
     assert rounds[-1]["replied"] == [0, 1, 2]  # back, with its lambda_p from the server
     assert all(r["replied"][:2] == [0, 1] for r in rounds)
-    # Exactly the engine's run on the same participation: the rejoined agent lost nothing.
+    # Exactly the engine's run on the same participation, with the nodes' keys: the rejoined agent lost
+    # nothing (its secret survived its restart).
     config = RunConfig(num_agents=AGENTS, rounds=ROUNDS_WITH_DROPOUT, local_steps=2, epsilon=0.5, seed=1)
-    data = agent_data(load_for(config), config, range(AGENTS))
-    zeros = torch.zeros((1, AGENTS, *data.shape), dtype=torch.float64)
-    state = engine.EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(),
-                               lam=zeros.clone())
-    for report in rounds:
-        active = torch.zeros((1, AGENTS), dtype=torch.bool)
-        active[0, report["replied"]] = True
-        engine.step(config, data, state, report["round"], active=active)
+    state = _replayed(deployment, out, config)
     final = torch.load(out / "checkpoint.pt", weights_only=True)
     torch.testing.assert_close(final["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
     torch.testing.assert_close(final["lam"]["weight"], state.lam[0], rtol=1e-5, atol=1e-12)
@@ -127,5 +144,12 @@ def test_a_restarted_server_resumes_to_the_uninterrupted_model(deployment: Deplo
     final = {name: torch.load(folder / "checkpoint.pt", weights_only=True)
              for name, folder in (("straight", straight), ("interrupted", interrupted))}
     assert final["straight"]["round"] == final["interrupted"]["round"] == 4
-    assert torch.equal(final["straight"]["w"]["weight"], final["interrupted"]["w"]["weight"])  # bit for bit
-    assert torch.equal(final["straight"]["lam"]["weight"], final["interrupted"]["lam"]["weight"])
+    # Two runs of the same run config: different identities, so the nodes sent different messages.
+    assert final["straight"]["run_identity"] != final["interrupted"]["run_identity"]
+    assert not torch.equal(final["straight"]["z"]["weight"], final["interrupted"]["z"]["weight"])
+    # The resumed run kept its identity and its nodes repeated the cut-short round: it ends where the
+    # uninterrupted run with its nodes' draws ends.
+    config = RunConfig(num_agents=AGENTS, rounds=4, local_steps=2, epsilon=0.5, seed=1)
+    state = _replayed(deployment, interrupted, config)
+    torch.testing.assert_close(final["interrupted"]["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(final["interrupted"]["lam"]["weight"], state.lam[0], rtol=1e-5, atol=1e-12)

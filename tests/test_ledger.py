@@ -11,6 +11,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from scipy.stats import norm
 
 from dpadmm.privacy.ledger import (
+    GRID_BITS,
+    GRID_RATIO,
+    GRID_TAIL,
     PLD_INTERVAL,
     Release,
     advanced_composition,
@@ -50,13 +53,28 @@ def test_basic_and_advanced_composition_closed_forms() -> None:
 
 
 def test_a_sampled_release_is_dp_accountings_poisson_sampled_event() -> None:
-    """The event algebra: sampling wraps the mechanism, a count composes it; amplification lowers epsilon."""
+    """The event algebra: sampling wraps the mechanism, a count composes it; amplification lowers epsilon.
+    What is composed is the deployed mechanism: the grid's multiplier, and its ratio's cost (secure.py)."""
     sampled = Release("gaussian", 1.1, sampling=0.01)
+    deployed = 1 / (1 / 1.1 + 2.0**-GRID_BITS)
+    assert sampled.deployed_multiplier == pytest.approx(deployed, rel=1e-15) and deployed < 1.1
     direct = pld_privacy_accountant.PLDAccountant(relation(), value_discretization_interval=PLD_INTERVAL)
-    direct.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
-    assert pld_epsilon(sampled, 1000, 1e-5) == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    direct.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(deployed)), 1000)
+    spendable = (1e-5 - 1000 * GRID_TAIL) * math.exp(-1000 * GRID_RATIO)
+    expected = direct.get_epsilon(spendable) + 2 * 1000 * GRID_RATIO
+    assert pld_epsilon(sampled, 1000, 1e-5) == pytest.approx(expected, rel=1e-12)
+    # the grid's cost is far below what a statement prints
+    continuous = pld_privacy_accountant.PLDAccountant(relation(), value_discretization_interval=PLD_INTERVAL)
+    continuous.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 1000)
+    assert pld_epsilon(sampled, 1000, 1e-5) == pytest.approx(continuous.get_epsilon(1e-5), rel=1e-6)
     assert pld_epsilon(sampled, 1000, 1e-5) < pld_epsilon(Release("gaussian", 1.1), 1000, 1e-5) / 10
-    assert sampled.event(1) == dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1))
+    gaussian = dp_accounting.GaussianDpEvent(deployed)
+    assert sampled.event(1) == dp_accounting.PoissonSampledDpEvent(0.01, gaussian)
+
+
+def test_a_gaussian_multiplier_below_the_samplers_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="must be >= 2\\*\\*-10"):
+        Release("gaussian", 2.0**-11)
 
 
 @pytest.mark.parametrize(("mechanism", "multiplier", "sampling"),

@@ -4,8 +4,11 @@ A TLS SuperLink with SuperNode authentication and one SuperNode per party, all s
 documented `dpadmm deploy` commands (:class:`tests.conftest.Deployment`). `dpadmm deploy vertical`
 cuts the real a9a into party-0.npz (66 columns), party-1.npz (57 columns) and labels.npz. The
 server reads only the labels (``sharing.labels-path``), no party reads the data set (``data-dir`` is
-empty), and the run equals the engine's on the whole data set round by round. A party whose file
-lists the same samples in another order stops the run with the alignment error.
+empty). The SuperNodes take the deployment kind of randomness by themselves: each party's noise comes
+from its node's own secret (in the deployment's node-state folder) for the run identity the server draws,
+and the run equals the engine's on the whole data set round by round once the engine is given the parties'
+keys, which the test reads as only a node's owner could. A party whose file lists the same samples in
+another order stops the run with the alignment error.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpadmm.runs.results import read_metrics
-from dpadmm.sharing import engine
+from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
+from dpadmm.runs.results import read_jsonl, read_metrics
+from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from tests.conftest import Deployment, sharing_run_config
 
@@ -60,6 +64,21 @@ def _config(out: Path, **changes: object) -> SharingConfig:
                          out=str(out), parties=",".join(map(str, PARTIES)), **changes)
 
 
+def _replayed(d: Deployment, config: SharingConfig) -> list[dict]:
+    """The engine's run of ``config`` on the whole data set with the parties' keys for the run identity their
+    nodes answered (the last run of party 0's record): what the deployed run must have computed."""
+    identity = read_jsonl(d.root / "node-state" / "agent-0.answered.jsonl")[-1]["run"]
+    keys = Secret({m: run_key(NodeSecret(d.root / "node-state", m).secret(), identity, m)
+                   for m in range(len(PARTIES))})
+    problem = engine.load(config)
+    std = privacy.noise_std(config, problem.num_samples)
+    state, records = engine.initial_state(problem, 1), []
+    for t in range(1, config.rounds + 1):
+        state = engine.iterate(problem, state, config, [config.seed], t, std, keys)
+        records += engine.evaluate(problem, state, t, config.l2)
+    return records
+
+
 def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment: Deployment,
                                                                      binary_dir: Path) -> None:
     out = deployment.root / "aligned"
@@ -67,13 +86,16 @@ def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment:
     assert deployment.submit(sharing_run_config(config)).wait(timeout=600) == 0
     log = (deployment.root / "flwr-run.log").read_text()
     assert "dpadmm round 3/3: test log loss" in log, log[-3000:]
+    assert "deployment randomness: each node's noise and samples came from its own" in log
     flower = read_metrics(out)
     assert [r["round"] for r in flower] == [1, 2, 3]
     whole = dataclasses.replace(config, labels_path="", data_dir=str(binary_dir / "a9a"))
-    local = engine.run(whole, write=False, progress=False).records[0]
-    for ours, theirs in zip(flower, local, strict=True):
+    for ours, theirs in zip(flower, _replayed(deployment, whole), strict=True):
         for key in ("test-log-loss", "test-error", "primal-residual"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
+    keyed = engine.run(whole, write=False, progress=False).records[0]  # what the run config's seed gives
+    assert all(ours["primal-residual"] != theirs["primal-residual"]
+               for ours, theirs in zip(flower, keyed, strict=True))
 
 
 def test_a_party_of_other_sample_order_stops_the_run(deployment: Deployment) -> None:

@@ -13,6 +13,8 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from dpadmm.data import Dataset
+from dpadmm.privacy import secure
+from dpadmm.privacy.randomness import Secret
 from dpadmm.sharing import engine, privacy, updates
 from dpadmm.sharing.config import SharingConfig
 
@@ -138,3 +140,67 @@ def test_one_party_alone_computes_its_row_of_the_batch(mode: str) -> None:
         x, message = engine.party_step(alone, pulled, own, state.y, config, rho, [0], 4, std)
         torch.testing.assert_close(message[:, 0], both[1][:, m], rtol=1e-12, atol=1e-9)
         torch.testing.assert_close(x[:, 0, :widths[m]], both[0][:, m, :widths[m]], rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- deployment randomness
+
+
+def _keys(parties: int) -> Secret:
+    return Secret({m: secure.new_key() for m in range(parties)})
+
+
+def test_deployment_randomness_releases_each_message_from_its_partys_key() -> None:
+    """engine.iterate with every party's key: not the keyed run; the same keys give the same round, other
+    keys (another run identity) other messages; a party alone with its own key sends its row of the batch;
+    the messages lie on the grid Gaussian mechanism's grid."""
+    dataset, widths = _dataset(), (3, 4, 2)
+    problem = engine.build(dataset, widths)
+    config = _config(epsilon=1.0, rounds=2, x_bound=1.0)
+    std = privacy.noise_std(config, problem.num_samples)
+    start = engine.initial_state(problem, 1)
+    keyed = engine.iterate(problem, start, config, [0], 1, std)
+    keys = _keys(3)
+    secret = engine.iterate(problem, start, config, [0], 1, std, keys)
+    again = engine.iterate(problem, start, config, [0], 1, std, Secret(dict(keys.keys)))
+    other = engine.iterate(problem, start, config, [0], 1, std, _keys(3))
+    assert not torch.equal(keyed.messages, secret.messages) and torch.equal(secret.messages, again.messages)
+    assert not (secret.messages == other.messages).any()
+    grid = secure.grid("gaussian", std, problem.num_samples)
+    assert torch.equal(torch.round(secret.messages / grid), secret.messages / grid)
+    assert float((secret.messages - updates.scores(problem.parties.blocks, secret.x)).std()) == \
+        pytest.approx(std, rel=0.1)
+    rho = config.penalty(problem.num_samples)
+    for m in range(3):
+        alone = engine.parties_of(dataset, widths, [m])
+        _, message = engine.party_step(alone, start.messages.sum(dim=1) - start.z, start.messages[:, m:m + 1],
+                                       start.y, config, rho, [0], 1, std, Secret({m: keys.keys[m]}))
+        torch.testing.assert_close(message[:, 0], secret.messages[:, m], rtol=0, atol=2 * grid)
+
+
+def test_a_deployed_message_depends_on_the_scores_only_through_the_grid() -> None:
+    keys = _keys(2)
+    ids = torch.tensor([0, 1])
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn((1, 2, 500), dtype=F64, generator=generator)
+    std = 3.0
+    grid = secure.grid("gaussian", std, 500)
+    cell = torch.round(scores / grid) * grid
+    within = cell + (scores - cell) / 2  # the same cell: |offset| <= grid / 4
+    assert not torch.equal(within, scores)
+    sent = engine.deployed_messages(scores, ids, 2, std, keys)
+    assert torch.equal(engine.deployed_messages(within, ids, 2, std, keys), sent)
+    assert torch.equal(engine.deployed_messages(scores + 5 * grid, ids, 2, std, keys), sent + 5 * grid)
+    assert torch.equal(engine.deployed_messages(scores, ids, 2, 0.0, keys), scores)  # non-private: no noise
+
+
+def test_the_papers_noise_has_no_deployed_form_and_the_engine_states_its_randomness() -> None:
+    problem = engine.build(_dataset(), (3, 4, 2))
+    config = _config(epsilon=1.0, noise="paper", rounds=2, x_bound=1.0)
+    start = engine.initial_state(problem, 1)
+    with pytest.raises(ValueError, match=r"^noise='paper' is not allowed with deployment randomness: .* use "
+                                         "noise='message'$"):
+        engine.iterate(problem, start, config, [0], 1, 1.0, _keys(3))
+    with pytest.raises(ValueError, match=r"seeds=\[0, 1\] is not allowed with deployment randomness"):
+        engine.release(problem.parties, start.x.expand(2, -1, -1), [0, 1], 1, 1.0, "message", _keys(3))
+    result = engine.run(config, problem=problem, write=False, progress=False)
+    assert result.ledger is not None and "simulation randomness" in result.ledger.summary()

@@ -29,6 +29,7 @@ def test_flower_run_equals_the_engine_round_by_round(noise: str, flwr_env: dict[
                            seed=4, eval_every=2, out=str(out))
     output = flwr_run(flwr_env, sharing_run_config(config), supernodes=2)
     assert "dpadmm round 4/4: test log loss" in output and "Theorem 3 of 001" in output
+    assert "randomness: simulation randomness" in output  # the simulated parties said so themselves
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [2, 4]

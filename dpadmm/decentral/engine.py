@@ -16,10 +16,21 @@ private run ``epsilon`` (the a-priori loss of every agent so far, sum of d alpha
 guarantee) and ``epsilon-ex-post`` / ``epsilon-ex-post-max`` (eq. (10)'s realised loss so far, the mean
 over agents and the largest: a diagnostic that depends on the agents' data); ``seconds`` and
 ``elapsed``. With ``exchange=secret`` the agents learn only the sum of the iterates (Algorithm 3).
+
+Two kinds of randomness (:mod:`dpadmm.privacy.randomness`). The engine itself, ``dpadmm train`` and a Flower
+simulation draw the weights and the noise from the streams keyed by the run's seed, as above (the
+*simulation* kind). A deployed agent draws them from its own secret (``randomness``, a
+:class:`~dpadmm.privacy.randomness.Secret`): its weights by :meth:`~dpadmm.privacy.randomness.Secret.uniform`
+and its exchanged iterate by the grid Laplace mechanism,
+:meth:`~dpadmm.privacy.randomness.Secret.release`, so that what it sends depends on its update only through
+the update's rounding to the grid. x^0 depends on no data and stays keyed by the seed in both kinds, as do
+the shares of the engine's Algorithm 3 (on Flower, SecAgg+ draws its own masks). :func:`iterate` given a
+``Secret`` with every agent's key recomputes a deployment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +44,8 @@ from dpadmm.decentral import privacy, secret, updates
 from dpadmm.decentral import problem as problems
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.privacy import noise
+from dpadmm.privacy.randomness import SIMULATION, Secret
+from dpadmm.privacy.randomness import statement as randomness_statement
 from dpadmm.runs.loop import seed_writers, timed_rounds
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -103,13 +116,40 @@ def start(config: DecentralConfig, agents: problems.Agents, seeds: Sequence[int]
     return state
 
 
-def aggregator_weights(config: DecentralConfig, seeds: Sequence[int], k: int, like: torch.Tensor
-                       ) -> torch.Tensor:
-    """w of iteration k, [S, N, d]: U(0, 1) per agent and coordinate (keyed), or 1/2 for fixed weights."""
+PLACEHOLDER_WEIGHT = 0.5  # the weight of a row whose agent's key a Secret does not hold (never sent)
+
+
+def held_agents(randomness: Secret, agents: int, seeds: Sequence[int]) -> list[int]:
+    """The rows [0, N) whose agents' keys ``randomness`` holds: a node's own agent, or every agent when the
+    engine recomputes a deployment. Deployment randomness runs one run (one seed)."""
+    if len(seeds) != 1:
+        raise ValueError(f"seeds={list(seeds)} is not allowed with deployment randomness: it runs one run")
+    return sorted(a for a in randomness.keys if 0 <= a < agents)
+
+
+def aggregator_weights(config: DecentralConfig, seeds: Sequence[int], k: int, like: torch.Tensor,
+                       randomness: Secret | None = None) -> torch.Tensor:
+    """w of iteration k, [S, N, d]: U(0, 1) per agent and coordinate, or 1/2 for fixed weights.
+
+    The random weights are the paper's random penalties (004 Sec. 3, Algorithm 1 step 1: w = (N - 1)
+    rho-bar / D): their privacy role is that Term A is uniform on an interval nobody else knows. In simulation
+    (``randomness=None``) they come from the keyed stream (seed, agent, k, STREAM_AGGREGATOR); in deployment
+    from the agents' own secrets, for the agents whose keys ``randomness`` holds. The other rows are
+    placeholders (:data:`PLACEHOLDER_WEIGHT`): a Flower agent computes a view of all N agents, of which only
+    its own row is real and sent, and it cannot (and must not) draw another agent's weights.
+    """
     if config.weights == "fixed":
         return torch.full_like(like, 0.5)
     _, agents, d = like.shape
-    return _keyed(lambda s, ids: noise.uniform(s, ids, k, 0, noise.STREAM_AGGREGATOR, d), seeds, agents, like)
+    if randomness is None:
+        return _keyed(lambda s, ids: noise.uniform(s, ids, k, 0, noise.STREAM_AGGREGATOR, d), seeds, agents,
+                      like)
+    weights = torch.full_like(like, PLACEHOLDER_WEIGHT)
+    held = held_agents(randomness, agents, seeds)
+    if held:
+        drawn = randomness.uniform(torch.tensor(held), k, 0, noise.STREAM_AGGREGATOR, d)
+        weights[0, held] = drawn.to(dtype=like.dtype, device=like.device)
+    return weights
 
 
 def exchange_noise(config: DecentralConfig, seeds: Sequence[int], k: int, like: torch.Tensor
@@ -118,10 +158,38 @@ def exchange_noise(config: DecentralConfig, seeds: Sequence[int], k: int, like: 
     if not config.private:
         return torch.zeros_like(like)
     _, agents, d = like.shape
-    scale = torch.full((agents,), 1 / privacy.schedule(config, d)[1][k - 1], dtype=torch.float64,
-                       device=like.device)
-    return _keyed(lambda s, ids: noise.laplace(s, ids, k, 0, (d,), scale, stream=noise.STREAM_EXCHANGE),
-                  seeds, agents, like)
+    return _keyed(lambda s, ids: noise.laplace(s, ids, k, 0, (d,), exchange_scale(config, k, agents, like),
+                                               stream=noise.STREAM_EXCHANGE), seeds, agents, like)
+
+
+def exchange_scale(config: DecentralConfig, k: int, agents: int, like: torch.Tensor) -> torch.Tensor:
+    """The Laplace scale 1/beta_k of iteration k for each of ``agents`` agents, [N] float64."""
+    d = like.shape[-1]
+    return torch.full((agents,), 1 / privacy.schedule(config, d)[1][k - 1], dtype=torch.float64,
+                      device=like.device)
+
+
+def exchanged(config: DecentralConfig, value: torch.Tensor, seeds: Sequence[int], k: int, like: torch.Tensor,
+              randomness: Secret | None = None) -> torch.Tensor:
+    """x^k as the agents exchange it, from their updates ``value`` [S, N, d] (Theorem 2.2's mechanism).
+
+    Simulation: value + Delta^k (:func:`exchange_noise`). Deployment: each held agent's row released by the
+    grid Laplace mechanism of scale 1/beta_k (:meth:`~dpadmm.privacy.randomness.Secret.release`, stream
+    STREAM_EXCHANGE), which depends on the row only through its rounding to a grid 2**-GRID_BITS / d of the
+    scale and costs at most 2**-GRID_BITS more epsilon per release (:func:`dpadmm.decentral.privacy.statement`
+    counts it); the other rows are left without noise, placeholders never sent (:func:`aggregator_weights`).
+    No noise without privacy, in either kind.
+    """
+    if randomness is None:
+        return value + exchange_noise(config, seeds, k, like)
+    held = held_agents(randomness, int(value.shape[1]), seeds)
+    if not config.private or not held:
+        return value
+    out = value.clone()
+    scale = exchange_scale(config, k, int(value.shape[1]), like)[held]
+    out[0, held] = randomness.release("laplace", value[0, held], scale, torch.tensor(held), k, 0,
+                                      noise.STREAM_EXCHANGE).to(value)
+    return out
 
 
 def update(config: DecentralConfig, agents: problems.Agents, state: State, weights: torch.Tensor,
@@ -144,14 +212,15 @@ def update(config: DecentralConfig, agents: problems.Agents, state: State, weigh
     return updates.mixing_step(x, grad, updates.metropolis(agents.adjacency), step)
 
 
-def release(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int
-            ) -> tuple[torch.Tensor, updates.Released]:
+def release(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int,
+            randomness: Secret | None = None) -> tuple[torch.Tensor, updates.Released]:
     """The iterates x^k every agent exchanges in iteration k (its weights, its update, its noise), from
     x^{k-1} and the duals of k - 1; and the update before the noise (its interval is the ex-post
-    accountant's)."""
-    weights = aggregator_weights(config, seeds, k, state.x)
+    accountant's). ``randomness``: the deployment kind's draws (:func:`aggregator_weights`,
+    :func:`exchanged`); None, the simulation kind's."""
+    weights = aggregator_weights(config, seeds, k, state.x, randomness)
     released = update(config, agents, state, weights, k)
-    return released.x + exchange_noise(config, seeds, k, state.x), released
+    return exchanged(config, released.x, seeds, k, state.x, randomness), released
 
 
 def dual(config: DecentralConfig, agents: problems.Agents, previous: torch.Tensor, x: torch.Tensor,
@@ -162,10 +231,12 @@ def dual(config: DecentralConfig, agents: problems.Agents, previous: torch.Tenso
     return updates.admm_dual(previous, x, agents.adjacency, config.zeta, sums=sums)
 
 
-def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int
-            ) -> tuple[State, updates.Released]:
-    """Iteration k: every agent's release and, once all are exchanged, Algorithm 1's dual update."""
-    x, released = release(config, agents, state, seeds, k)
+def iterate(config: DecentralConfig, agents: problems.Agents, state: State, seeds: Sequence[int], k: int,
+            randomness: Secret | None = None) -> tuple[State, updates.Released]:
+    """Iteration k: every agent's release and, once all are exchanged, Algorithm 1's dual update.
+    ``randomness`` with every agent's key (one run) recomputes a deployment's iteration from its nodes'
+    keys."""
+    x, released = release(config, agents, state, seeds, k, randomness)
     sums = secret_sums(config, x, seeds, k)
     return State(x=x, dual=dual(config, agents, state.dual, x, sums), sums=sums), released
 
@@ -245,6 +316,8 @@ def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset:
     problem = problems.build(config, dataset, seeds, DTYPES[config.dtype], config.device)
     d = int(problem.optimum.shape[-1])
     statement = privacy.statement(config, d) if config.private else None
+    if statement:  # the engine simulates: every draw is keyed by the seed
+        statement = dataclasses.replace(statement, randomness=randomness_statement([SIMULATION]))
     writers = seed_writers(config, seeds, statement, directories) if write else []  # privacy.json
     state = start(config, problem.agents, seeds)
     spent = torch.zeros(state.x.shape[:2], dtype=torch.float64, device=state.x.device)

@@ -35,7 +35,13 @@ What each number is.
 
 A run's statement (:class:`Statement`, :func:`statement`) puts the a-priori guarantee of a configuration in
 words, with what it covers. It is not the project's ledger (:mod:`dpadmm.privacy.ledger`), which composes
-one noise multiplier repeated; the schedules here vary per step.
+one noise multiplier repeated; the schedules here vary per step. Like the ledger, it describes the mechanism
+a deployment runs: a deployed agent releases its iterate by the grid Laplace mechanism
+(:func:`dpadmm.privacy.secure.laplace_release`), which is pure (d alpha_k beta_k B + c)-LDP per release
+where the continuous mechanism is (d alpha_k beta_k B)-LDP, with c = :func:`~dpadmm.privacy.secure.
+laplace_epsilon_cost` (2**-GRID_BITS), so the statement's epsilon adds K c (about 2.3e-8 for K = 100) to
+the paper's sum. The per-iteration ``epsilon`` metric
+(:func:`worst_case_curve`) stays the paper's sum, the number its figures plot.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ import numpy as np
 import torch
 
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.privacy.randomness import NO_RUN
+from dpadmm.privacy.secure import laplace_epsilon_cost
 
 PAPER_GROWTH = 1.02  # beta_k = 1.02^k (Sec. 5, "following [43], [48]": diminishing noise)
 
@@ -344,17 +352,23 @@ class Statement:
     covered: bool
     noise: str
     note: str
+    grid: float = 0.0  # the part of epsilon the deployed grid adds (K 2**-GRID_BITS)
+    # which randomness the run used (dpadmm.privacy.randomness.statement); by default none ran yet
+    randomness: str = NO_RUN
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
         return (f"privacy (004, {self.algorithm}): each agent's {self.releases} exchanged iterates are "
-                f"{self.epsilon:.6g}-LDP, pure, a priori ({self.noise}; B_inf = {self.bound:g}). {self.note}")
+                f"{self.epsilon:.6g}-LDP, pure, a priori ({self.noise}; B_inf = {self.bound:g}). {self.note} "
+                f"Randomness: {self.randomness}.")
 
 
 def statement(config: DecentralConfig, d: int) -> Statement:
-    """The a-priori guarantee of ``config`` for d coordinates (Theorem 2.2's bound summed over the run)."""
+    """The a-priori guarantee of ``config`` for d coordinates (Theorem 2.2's bound summed over the run), of
+    the deployed mechanism: the grid adds :func:`~dpadmm.privacy.secure.laplace_epsilon_cost` per release
+    (module docstring)."""
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: it is not "
                          "differentially private")
@@ -362,17 +376,18 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     noise = (f"Laplace rates calibrated to eps = {config.target_epsilon:g}" if config.target_epsilon
              else f"Laplace of rate beta_k = {config.noise_growth:g}^k per coordinate")
     proven = 2 / config.samples
-    note = ("The sum over k of d alpha_k beta_k B_inf, against all other agents colluding, who see every "
+    grid = config.rounds * laplace_epsilon_cost()
+    note = (f"The sum over k of d alpha_k beta_k B_inf, plus {laplace_epsilon_cost():.3g} per release for "
+            f"the noise's grid ({grid:.2g} in all), against all other agents colluding, who see every "
             "exchanged iterate; neighbouring: one of the agent's samples replaced. Trusted: nobody. Not "
             "covered: what the final model reveals beyond the transcript, and the ex-post loss, which "
             "depends on the agent's data.")
     if not config.covered:
         note += (f" NOT COVERED: B_inf = {config.bound:g} is below 2/b_i = {proven:g}, the bound that holds, "
                  "so the true loss can be up to that ratio larger (the paper's setting).")
-    return Statement(algorithm=config.algorithm, epsilon=worst_case(d, alphas, betas, config.bound),
+    return Statement(algorithm=config.algorithm, epsilon=worst_case(d, alphas, betas, config.bound) + grid,
                      releases=config.rounds, coordinates=d, bound=config.bound, proven_bound=proven,
-                     covered=config.covered,
-                     noise=noise, note=note)
+                     covered=config.covered, noise=noise, note=note, grid=grid)
 
 
 def stated(config: DecentralConfig) -> Statement:

@@ -32,6 +32,7 @@ from dpadmm.iadmm.local import Tree, agent_round
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model, initial_parameters, numel, tree_map
 from dpadmm.privacy.ledger import Ledger
+from dpadmm.privacy.randomness import SIMULATION, Secret, statement
 from dpadmm.runs import checkpoint
 from dpadmm.runs.results import RunWriter, central_metrics, progress_bar
 
@@ -141,6 +142,8 @@ def run_seeds(
                           checkpoint_seconds=checkpoint_seconds, module=module, vectorize=vectorize)[0]
                 for i, c in enumerate(configs)]
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
+    if ledger:  # the engine simulates: every draw is keyed by the seed
+        ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     data = agent_data(dataset, config, range(config.num_agents))
     state = _initial_state(config, data, len(seeds), module)
     first = 1
@@ -203,7 +206,8 @@ def run_seeds(
 
 def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
          seeds: Sequence[int] | None = None, active: torch.Tensor | None = None, *,
-         module: nn.Module | None = None, vectorize: bool = True) -> torch.Tensor:
+         module: nn.Module | None = None, vectorize: bool = True,
+         randomness: Secret | None = None) -> torch.Tensor:
     """Round t of Algorithm 1 (or of OutP) in place, for every run of ``seeds``.
 
     The state has a leading run dimension (one per seed); ``seeds=None`` means the one
@@ -215,6 +219,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     updated chunk by chunk (:func:`_module_step`).
     Returns each run's mean noise magnitude over its active agents, an [S] tensor on the state's
     device: nothing in a round waits for the device (the caller reads it at evaluated rounds).
+    ``randomness`` replaces the keyed draws with deployment randomness (one run; e.g. to recompute a
+    deployment from its nodes' keys); participation stays keyed by the seed, which is public.
     """
     seeds = [config.seed] if seeds is None else seeds
     if active is None and config.fraction_train < 1:
@@ -224,14 +230,14 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     rho_t = schedules.rho_at(config, t)
     if module is not None:
         return _module_step(config, data, state, t, rho_t, None if active is None else active[0], module,
-                            vectorize).reshape(1)
+                            vectorize, randomness).reshape(1)
     if config.algorithm == "outp":
-        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
+        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds, randomness=randomness)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
         state.w = global_update(z, state.lam, rho_t)
     else:
         state.w = global_update(state.z, state.lam, rho_t)
-        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds)
+        result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds, randomness=randomness)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
     state.lam = _where(active, dual_update(state.lam, state.w, z, rho_t), state.lam)
     state.z, state.z_chain = z, z_chain
@@ -242,7 +248,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
 
 
 def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int, rho_t: float,
-                 active: torch.Tensor | None, module: nn.Module, vectorize: bool) -> torch.Tensor:
+                 active: torch.Tensor | None, module: nn.Module, vectorize: bool,
+                 randomness: Secret | None = None) -> torch.Tensor:
     """Round t for a module's parameters: w (line 5), then each chunk of active agents' local round
     and duals (lines 15-23), written into the state in place; the mean noise magnitude.
 
@@ -261,7 +268,7 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
         lam = {k: v[index] for k, v in state.lam.items()}
         z_chain = {k: v[index] for k, v in state.z_chain.items()}
         result = agent_round(config, data.select(index), state.w, lam, z_chain, t, module=module,
-                             vectorize=vectorize)
+                             vectorize=vectorize, randomness=randomness)
         new_lam = dual_update(lam, state.w, result.z_sent, rho_t)
         for k in state.w:
             state.z[k][index] = result.z_sent[k]

@@ -1,8 +1,10 @@
 """The agents' side of DP-IADMM: one local round (003 Algorithm 1, lines 15-23), batched.
 
 Every function takes tensors with a leading agent dimension. A Flower client calls them
-with P = 1 (its own partition), the engine with all P agents at once; the noise comes
-from streams keyed by (seed, agent id, round, step), so both draw the same numbers.
+with P = 1 (its own partition), the engine with all P agents at once. In simulation the noise
+comes from streams keyed by (seed, agent id, round, step), so both draw the same numbers; a
+deployed client passes ``randomness`` (:class:`dpadmm.privacy.randomness.Secret`), its own
+secret streams, and its noisy gradient is the grid mechanism's release of g instead of g + xi.
 
 The engine may also batch S independent runs (seeds) of one configuration: the variables
 are then [S, P, J, K], w is [S, J, K], and run s draws from the streams of ``seeds[s]``.
@@ -22,6 +24,7 @@ from dpadmm.models.logistic import AgentData, gradient
 from dpadmm.models.modules import Params, numel, tree_map
 from dpadmm.models.oracles import PER_SAMPLE_BUDGET, GradientSpec, LogisticOracle, ModuleOracle
 from dpadmm.privacy import noise
+from dpadmm.privacy.randomness import Secret
 
 Tree = torch.Tensor | Params  # logistic regression's one tensor, or a module's parameters
 Oracle = LogisticOracle | ModuleOracle
@@ -103,6 +106,21 @@ def _noise(draw: Callable[..., torch.Tensor], seeds: Sequence[int] | None, confi
     return draws[0].unsqueeze(0) if len(draws) == 1 else torch.stack(draws)  # one run: no copy
 
 
+def _released(randomness: Secret, mechanism: str, g: Tree, scale: torch.Tensor, agents: torch.Tensor, t: int,
+              e: int, stream: int) -> Tree:
+    """The deployment kind's noisy gradient of every agent: g's release by the grid mechanism
+    (:meth:`~dpadmm.privacy.randomness.Secret.release`), one vector per agent (a module's parameters
+    flattened in their order, as the keyed draws are)."""
+    if isinstance(g, Mapping):
+        sizes = [v[0].numel() for v in g.values()]
+        flat = torch.cat([v.flatten(1) for v in g.values()], dim=1)
+        parts = randomness.release(mechanism, flat, scale, agents, t, e, stream).split(sizes, dim=1)
+        return {k: part.view(v.shape) for (k, v), part in zip(g.items(), parts, strict=True)}
+    if g.dim() == 4:  # the engine's one run: [1, P, J, K]
+        return randomness.release(mechanism, g[0], scale.reshape(-1), agents, t, e, stream).unsqueeze(0)
+    return randomness.release(mechanism, g, scale, agents, t, e, stream)
+
+
 def _dtype(tree: Tree) -> torch.dtype:
     return next(iter(tree.values())).dtype if isinstance(tree, Mapping) else tree.dtype
 
@@ -115,7 +133,8 @@ def _mean_abs(xi: Tree) -> torch.Tensor:
 
 
 def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam: Tree, z_chain: Tree,
-                                 t: int, seeds: Sequence[int] | None = None) -> LocalResult:
+                                 t: int, seeds: Sequence[int] | None = None,
+                                 randomness: Secret | None = None) -> LocalResult:
     """Lines 15-22 of 003 Algorithm 1 for ObjP / ObjPM / ObjT / IADMM, for any model.
 
     Starting from the last local iterate z^{t,1} = z^{t-1,E+1} (or, with ``local-start = "global"``,
@@ -124,7 +143,9 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     (eq. (9a); Laplace, or Gaussian with ``mechanism="gaussian"``), and release the average
     of the E iterates. The oracle gives g and Delta / eps: the papers' logistic regression
     (Delta = 2C/I when clipped, else the data-dependent eq. (9b)) or any module (clipped).
-    The steps apply per parameter tensor; they are elementwise.
+    The steps apply per parameter tensor; they are elementwise. With deployment ``randomness`` the
+    step's noisy gradient is the grid release of g (the same mechanism, sampled so that its floating-point
+    output depends on g only through g's rounding to the grid) and xi = 0.
     """
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
@@ -150,7 +171,12 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     for e in range(1, steps + 1):
         g, scale = oracle.gradient(z, t, e)
         xi = no_noise
-        if scale is not None:
+        if scale is not None and randomness is not None:
+            noisy = _released(randomness, config.mechanism, g, scale, oracle.agents, t, e,
+                              noise.STREAM_OBJECTIVE)
+            magnitude = magnitude + _mean_abs(tree_map(torch.sub, noisy, g))
+            g = noisy
+        elif scale is not None:
             xi = _noise(draw, seeds, config, oracle.agents, t, e, z, scale, noise.STREAM_OBJECTIVE)
             magnitude = magnitude + _mean_abs(xi)
         z = tree_map(step, z, w, lam, g, xi)
@@ -161,7 +187,8 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
 
 def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.Tensor,
                               lam: torch.Tensor, z: torch.Tensor, t: int,
-                              seeds: Sequence[int] | None = None) -> LocalResult:
+                              seeds: Sequence[int] | None = None,
+                              randomness: Secret | None = None) -> LocalResult:
     """One round of the OutP baseline for each agent (before the server's w update).
 
     Uses the previous global model w^t: a proximal step with the local-mean gradient, then
@@ -177,9 +204,14 @@ def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.
     magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
     if config.private:
         sigma = schedules.outp_sigma(eps, config.outp_delta, rho_t, inverse_eta)
-        nu = _noise(noise.gaussian, seeds, config, data.agents, t, 1, z, sigma, noise.STREAM_OUTPUT)
-        z_new = z_new + nu
-        magnitude = nu.abs().mean(dim=(-2, -1))
+        if randomness is not None:
+            released = _released(randomness, "gaussian", z_new, sigma, data.agents, t, 1, noise.STREAM_OUTPUT)
+            magnitude = (released - z_new).abs().mean(dim=(-2, -1))
+            z_new = released
+        else:
+            nu = _noise(noise.gaussian, seeds, config, data.agents, t, 1, z, sigma, noise.STREAM_OUTPUT)
+            z_new = z_new + nu
+            magnitude = nu.abs().mean(dim=(-2, -1))
     return LocalResult(z_sent=z_new, z_last=z_new, noise_magnitude=magnitude)
 
 
@@ -195,23 +227,25 @@ def gradient_spec(config: RunConfig) -> GradientSpec:
 
 
 def oracle(config: RunConfig, data: AgentData, module: nn.Module | None = None, *, vectorize: bool = True,
-           budget: int = PER_SAMPLE_BUDGET, seeds: Sequence[int] | None = None) -> Oracle:
+           budget: int = PER_SAMPLE_BUDGET, seeds: Sequence[int] | None = None,
+           randomness: Secret | None = None) -> Oracle:
     """The oracle of a run: the closed-form logistic one (``module=None``; ``seeds`` batches runs), else
-    ``module``'s."""
+    ``module``'s; ``randomness`` (deployment) draws its samples from the agents' secret streams."""
     if module is None:
-        return LogisticOracle(gradient_spec(config), data, seeds)
+        return LogisticOracle(gradient_spec(config), data, seeds, randomness)
     if config.model == "logistic":
         # The configuration's checks (no OutP, clipped sensitivity, minibatch rules) are those of
         # its model: a module run under model='logistic' would escape them.
         raise ValueError(f"a module ({type(module).__name__}) was given but model='logistic' (the "
                          "closed-form fast path); set model='custom' for your own module, or the "
                          "built-in name")
-    return ModuleOracle(gradient_spec(config), module, data, vectorize=vectorize, budget=budget)
+    return ModuleOracle(gradient_spec(config), module, data, vectorize=vectorize, budget=budget,
+                        randomness=randomness)
 
 
 def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain: Tree, t: int,
                 seeds: Sequence[int] | None = None, *, module: nn.Module | None = None,
-                vectorize: bool = True) -> LocalResult:
+                vectorize: bool = True, randomness: Secret | None = None) -> LocalResult:
     """One local round of the configured algorithm.
 
     ``w`` is the model the round uses: w^{t+1} for the objective-perturbation family
@@ -219,17 +253,23 @@ def agent_round(config: RunConfig, data: AgentData, w: Tree, lam: Tree, z_chain:
     Logistic regression (``module=None``): w [J, K], lam and z_chain [P, J, K]; ``seeds``
     batches runs: w [S, J, K], lam and z_chain [S, P, J, K] (None: one run, config.seed).
     Any other model: ``module`` and dicts of its parameters, w [...] and lam, z_chain [P, ...];
-    ``vectorize`` batches the agents under vmap (False: a plain loop).
+    ``vectorize`` batches the agents under vmap (False: a plain loop). ``randomness`` is the deployment
+    kind's (:class:`~dpadmm.privacy.randomness.Secret`, one run); None is the simulation kind, keyed by
+    the seeds.
     """
+    if randomness is not None and seeds is not None and len(seeds) != 1:
+        raise ValueError(f"seeds={list(seeds)} is not allowed with deployment randomness: it runs one run")
     if module is not None:
         if seeds is not None:
             raise ValueError(f"seeds={list(seeds)} is not allowed with a module model; "
                              "run one seed at a time")
-        return objective_perturbation_round(config, oracle(config, data, module, vectorize=vectorize),
-                                            w, lam, z_chain, t)
+        return objective_perturbation_round(config, oracle(config, data, module, vectorize=vectorize,
+                                                           randomness=randomness),
+                                            w, lam, z_chain, t, randomness=randomness)
     if z_chain.dim() != (3 if seeds is None else 4) or (seeds is not None and len(seeds) != z_chain.shape[0]):
         raise ValueError(f"z_chain of shape {tuple(z_chain.shape)} does not match seeds={seeds}: "
                          "[P, J, K] without seeds, [S, P, J, K] with S seeds")
     if config.algorithm == "outp":
-        return output_perturbation_round(config, data, w, lam, z_chain, t, seeds)
-    return objective_perturbation_round(config, oracle(config, data, seeds=seeds), w, lam, z_chain, t, seeds)
+        return output_perturbation_round(config, data, w, lam, z_chain, t, seeds, randomness)
+    return objective_perturbation_round(config, oracle(config, data, seeds=seeds, randomness=randomness), w,
+                                        lam, z_chain, t, seeds, randomness)

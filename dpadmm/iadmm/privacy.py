@@ -23,6 +23,7 @@ from dpadmm.privacy.ledger import (
     cached_pld_epsilon,
     calibrate_multiplier,
     clipped_sensitivity,
+    single_release,
 )
 from dpadmm.privacy.ledger import ledger as account
 
@@ -70,16 +71,18 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
         q = config.sampling_rate
         form = "2C/I" if config.neighbouring == "replace-one" else ("C/I" if q == 1 else "C/(qI)")
         norm = config.clip_norm_type.upper()
-        scale_name = "b" if mechanism == "laplace" else "sigma"
+        # Laplace: b = Delta / eps-bar (pure eps-bar per step); Gaussian: sigma = Delta x the noise
+        # multiplier, whose inverse is no epsilon (the per-step epsilon at delta is the ledger's)
+        scale_name = "b = Delta / eps-bar" if mechanism == "laplace" else f"sigma = Delta x {multiplier:.4g}"
         batch = " x I_p / B_p" if config.batch_size else ""  # minibatches of B_p = min(B, I_p) samples
         if total_samples:
             value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring, q)
             sens = (f"{norm}: {form}{batch} = {value:.6g}{batch} "
                     f"(C = {config.clip_norm:g}, I = {total_samples}{f', q = {q:g}' if q < 1 else ''})")
-            scale = f"{scale_name} = Delta / eps-bar = {value / config.epsilon:.6g}{batch}"
+            scale = f"{scale_name} = {value / config.epsilon:.6g}{batch}"
         else:
             sens = f"{norm}: {form}{batch} (C = {config.clip_norm:g}{f', q = {q:g}' if q < 1 else ''})"
-            scale = f"{scale_name} = Delta / eps-bar"
+            scale = scale_name
         note = (f"Per-sample gradients clipped to {norm} norm {config.clip_norm:g}: Delta = {form}{batch} "
                 "bounds every step whatever the data, and the step's output depends on the data only "
                 "through g + noise, so "
@@ -91,8 +94,8 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
                 + (f" Each step takes each sample independently with probability q = {q:g} and scales the "
                    "clipped sum by 1/(qI): it is the Poisson-subsampled mechanism, and the epsilons above "
                    "credit the amplification (dp-accounting's PoissonSampledDpEvent) for one sample added "
-                   "or removed. The samples, like the noise, come from streams keyed by the run's seed: "
-                   "the guarantee holds against whoever does not know the seed." if q < 1 else ""))
+                   "or removed. The samples are drawn like the noise (the randomness line says from what); "
+                   "who is taken never depends on the data." if q < 1 else ""))
     else:
         calibration, covered = "data-dependent", False
         sens = "eq. (9b): max_i ||x_i||_1 ||h_i - y_i||_1 / I over the agent's data, each step"
@@ -148,4 +151,17 @@ def headline(ledger: Ledger, test_error: float) -> str:
     return (f"test error {test_error:.4f}; privacy: (eps = {run.epsilon_pld:.3g}, delta = {run.delta:g}) "
             f"for the whole run ({run.releases} releases), {ledger.holder}, neighbouring data sets differ "
             f"in one sample ({ledger.neighbouring}), against everyone who sees what the agent sends, the "
-            f"server included{covered}")
+            f"server included{covered}; {ledger.randomness}")
+
+
+def step_line(config: RunConfig) -> str:
+    """How private one local step is, as a run's lines say it: eps-bar for the Laplace mechanism (its pure
+    epsilon), the per-step epsilon at delta and the noise multiplier for the Gaussian one (whose
+    1/multiplier is no epsilon)."""
+    if not config.private:
+        return "non-private"
+    release, _ = release_of(config)
+    if release.mechanism == "gaussian":
+        return (f"eps = {single_release(release, config.delta):.4g} at delta = {config.delta:g} per local "
+                f"step, noise multiplier {release.noise_multiplier:.4g}")
+    return f"eps-bar = {config.effective_epsilon:.4g} per local step"

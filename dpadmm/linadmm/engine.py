@@ -6,6 +6,13 @@ both paths run the same function. The noise of run s at iteration t is the keyed
 (seed_s, agent 0, t, :data:`~dpadmm.privacy.noise.STREAM_GRADIENT`): a run is a function of its
 configuration and seed, on any device and in any batch.
 
+That is the *simulation* kind of randomness (:mod:`dpadmm.privacy.randomness`): the engine, ``dpadmm
+train``, and a Flower server on Flower's simulation engine. A deployed Flower server adds the noise from its
+own secret instead (``randomness``, a :class:`~dpadmm.privacy.randomness.Secret` holding the server's key as
+agent 0): the noisy mean gradient is the grid Gaussian release of the mean
+(:meth:`~dpadmm.privacy.randomness.Secret.release`), which depends on the mean only through its rounding
+to a grid 2**-GRID_BITS / sqrt(d) of sigma.
+
 Metrics per evaluated iteration (``metrics.jsonl``): ``round``, ``objective`` (F(x_t) of eq.
 (11)), ``objective-avg`` (F at the average x~ = (1/t) sum x_k, the iterate of Theorem 2),
 ``test-accuracy`` and ``test-accuracy-avg``, ``primal-residual`` (||A x_t - y_t||), ``seconds`` (of
@@ -14,6 +21,7 @@ iteration t) and ``elapsed`` (of iterations 1..t, evaluations excluded: the cloc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +35,7 @@ from dpadmm.linadmm.problem import Problem, load
 from dpadmm.models import binary
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import Ledger
+from dpadmm.privacy.randomness import SIMULATION, Secret, statement
 from dpadmm.runs.loop import seed_writers, timed_rounds
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -94,10 +103,25 @@ def gradient_noise(seeds: Sequence[int], t: int, num_features: int, std: float, 
                                      stream=noise.STREAM_GRADIENT) for s in seeds])
 
 
-def release(total: torch.Tensor, num_samples: int, seeds: Sequence[int], t: int, std: float) -> torch.Tensor:
+SERVER_AGENT = 0  # the agent id of the one party that draws 002's noise (the server), in both kinds
+
+
+def release(total: torch.Tensor, num_samples: int, seeds: Sequence[int], t: int, std: float,
+            randomness: Secret | None = None) -> torch.Tensor:
     """The mechanism of iteration t: the mean of the clipped gradient sums plus P_t ~ N(0, sigma^2 I)
-    (step 2 of Algorithms 2 and 3), [S, d] from sums [S, d] over all n samples; no noise when std = 0."""
+    (step 2 of Algorithms 2 and 3), [S, d] from sums [S, d] over all n samples; no noise when std = 0.
+
+    ``randomness`` (deployment, one run): the mean released by the grid Gaussian mechanism of standard
+    deviation sigma from the key of agent :data:`SERVER_AGENT` (stream STREAM_GRADIENT, iteration t), the
+    same mechanism, sampled so that its output depends on the mean only through its rounding."""
     gradient = total / num_samples
+    if std and randomness is not None:
+        if len(seeds) != 1 or total.shape[0] != 1:
+            raise ValueError(f"seeds={list(seeds)} is not allowed with deployment randomness: one run")
+        agent = torch.tensor([SERVER_AGENT])
+        scale = torch.tensor([std], dtype=torch.float64)
+        noisy = randomness.release("gaussian", gradient, scale, agent, t, 0, noise.STREAM_GRADIENT)
+        return noisy.to(gradient)
     if std:
         gradient = gradient + gradient_noise(seeds, t, total.shape[1], std, gradient)
     return gradient
@@ -144,18 +168,27 @@ class Result:
     problem: Problem
 
 
-def evaluate(problem: Problem, state: State, y: torch.Tensor, t: int, l1: float) -> list[dict[str, float]]:
-    """The metrics of every run after iteration t."""
+def evaluate(problem: Problem, state: State, y: torch.Tensor, t: int, l1: float, train: bool = True
+             ) -> list[dict[str, float]]:
+    """The metrics of every run after iteration t. ``train=False`` leaves out the objectives, which read the
+    raw training rows (a simulation's diagnostic; a deployed server reports none)."""
     a = problem.a
     average = state.x_sum / t
-    objective = updates.objective(binary.loss(problem.features, problem.labels, state.x), a, state.x, l1)
-    objective_avg = updates.objective(binary.loss(problem.features, problem.labels, average), a, average, l1)
+    runs = range(state.x.shape[0])
+    records: list[dict[str, float]] = [{"round": t} for _ in runs]
+    if train:
+        objective = updates.objective(binary.loss(problem.features, problem.labels, state.x), a, state.x, l1)
+        objective_avg = updates.objective(binary.loss(problem.features, problem.labels, average), a, average,
+                                          l1)
+        for s in runs:
+            records[s].update({"objective": float(objective[s]), "objective-avg": float(objective_avg[s])})
     accuracy = binary.accuracy(problem.test_features, problem.test_labels, state.x)
     accuracy_avg = binary.accuracy(problem.test_features, problem.test_labels, average)
     residual = torch.linalg.vector_norm(state.x @ a.T - y, dim=1)
-    return [{"round": t, "objective": float(objective[s]), "objective-avg": float(objective_avg[s]),
-             "test-accuracy": float(accuracy[s]), "test-accuracy-avg": float(accuracy_avg[s]),
-             "primal-residual": float(residual[s])} for s in range(state.x.shape[0])]
+    for s in runs:
+        records[s].update({"test-accuracy": float(accuracy[s]), "test-accuracy-avg": float(accuracy_avg[s]),
+                           "primal-residual": float(residual[s])})
+    return records
 
 
 def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: Problem | None = None,
@@ -168,6 +201,8 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
                        config.device)
     n, d = problem.num_samples, problem.num_features
     ledger = privacy.ledger(config, n) if config.private else None
+    if ledger:  # the engine simulates: every draw is keyed by the seed
+        ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     sigma = privacy.noise_std(config, n)
     constants = settings(config, problem.a)
     writers = seed_writers(config, seeds, ledger, directories) if write else []

@@ -9,7 +9,12 @@ accountants for the same T releases. DP-AccADMM queries the gradient once per it
 (at x-hat), so the same sigma holds.
 
 Who is trusted: the party that adds the noise sees the exact gradients. Run centrally, that is
-the data holder (the paper's setting); on Flower, the server (central DP). Not covered: the
+the data holder (the paper's setting); on Flower, the server (central DP). A deployed server draws the
+noise from its own secret and releases the mean by the grid Gaussian mechanism
+(:func:`dpadmm.privacy.secure.gaussian_release`), whose rounding and discrete noise cost a tiny, fixed
+amount per release (:mod:`dpadmm.privacy.secure`): the ledger's accountants compose that deployed
+mechanism, grid included (:mod:`dpadmm.privacy.ledger`); the note's single-order value of Theorem 1 is the
+paper's, for the continuous one. Not covered: the
 graph W, computed from the training features, and the paper's u_0 (``dual-init = paper``), an
 un-noised gradient.
 """

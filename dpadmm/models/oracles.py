@@ -44,6 +44,7 @@ from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity
 from dpadmm.models.modules import Params, numel
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
+from dpadmm.privacy.randomness import Secret
 
 # Elements of per-sample gradients held at once by ModuleOracle (2**26 float32: 256 MiB).
 PER_SAMPLE_BUDGET = 2**26
@@ -85,24 +86,28 @@ def summed_loss(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     return -(y * torch.log_softmax(out, dim=-1)).sum()
 
 
-def poisson_taken(seeds: Sequence[int], data: AgentData, t: int, e: int, rate: float) -> torch.Tensor:
+def poisson_taken(seeds: Sequence[int], data: AgentData, t: int, e: int, rate: float,
+                  randomness: Secret | None = None) -> torch.Tensor:
     """The Poisson samples of step (t, e) for every run and agent, as a mask [S, P, Imax].
 
-    Sample i of agent p enters independently with probability q = ``rate``: when the keyed
-    uniform u_i(seed, p, t, e) of stream ``STREAM_BATCH`` is below q. So a Flower client and the
-    engine take the same samples, and who is taken depends on the seed alone, never on the
-    data. Padding rows are never taken.
+    Sample i of agent p enters independently with probability q = ``rate``: in simulation when the
+    keyed uniform u_i(seed, p, t, e) of stream ``STREAM_BATCH`` is below q, so a Flower client and the
+    engine take the same samples; in deployment (``randomness``, one run) by an exact Bernoulli(q) of the
+    agent's secret stream. Who is taken never depends on the data. Padding rows are never taken.
     """
     width = data.x.shape[1]
     real = torch.arange(width, device=data.x.device) < data.counts.unsqueeze(1)  # [P, Imax]
+    if randomness is not None:
+        taken = randomness.bernoulli(data.agents, t, e, noise.STREAM_BATCH, width, rate).to(real.device)
+        return taken.unsqueeze(0) & real
     return torch.stack([noise.uniform(s, data.agents, t, e, noise.STREAM_BATCH, width).to(real.device) < rate
                         for s in seeds]) & real
 
 
-def poisson_rows(seeds: Sequence[int], data: AgentData, t: int, e: int,
-                 rate: float) -> tuple[torch.Tensor, torch.Tensor]:
+def poisson_rows(seeds: Sequence[int], data: AgentData, t: int, e: int, rate: float,
+                 randomness: Secret | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`poisson_taken` as (rows, taken), both [S, P, B] (:func:`compacted`)."""
-    return compacted(poisson_taken(seeds, data, t, e, rate))
+    return compacted(poisson_taken(seeds, data, t, e, rate, randomness))
 
 
 def compacted(taken: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,14 +123,19 @@ class LogisticOracle:
     """g = (1/I) X_p^T (H - Y) + (2 beta/P) z (eq. (63) of 003) and the Laplace scale of eq. (9a).
 
     ``seeds`` are the runs of a batched z [S, P, J, K], whose Poisson samples each come from
-    their own seed's stream (None: one run of ``spec.seed``).
+    their own seed's stream (None: one run of ``spec.seed``); ``randomness`` (deployment, one run)
+    draws them from the agents' secret streams instead.
     """
 
-    def __init__(self, spec: GradientSpec, data: AgentData, seeds: Sequence[int] | None = None):
+    def __init__(self, spec: GradientSpec, data: AgentData, seeds: Sequence[int] | None = None,
+                 randomness: Secret | None = None):
+        if randomness is not None and seeds is not None and len(seeds) != 1:
+            raise ValueError(f"seeds={list(seeds)} is not allowed with deployment randomness: one run")
         self.spec = spec
         self.data = data
         self.agents = data.agents
         self.seeds = [spec.seed] if seeds is None else list(seeds)
+        self.randomness = randomness
         self._rows = torch.empty(0, dtype=data.x.dtype, device=data.x.device)  # the sampled rows of x, reused
 
     def gradient(self, z: torch.Tensor, t: int, e: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -154,7 +164,7 @@ class LogisticOracle:
         and the dense products run on it: about q of the full batch's products.
         """
         spec, data = self.spec, self.data
-        taken = poisson_taken(self.seeds, data, t, e, spec.sampling)  # [S, P, Imax]
+        taken = poisson_taken(self.seeds, data, t, e, spec.sampling, self.randomness)  # [S, P, Imax]
         if z.shape[:-2].numel() != taken.shape[0] * taken.shape[1]:
             raise ValueError(f"z of shape {tuple(z.shape)} does not match the oracle's seeds {self.seeds}")
         scale = 1.0 / (spec.sampling * data.total)
@@ -202,7 +212,7 @@ class ModuleOracle:
     """
 
     def __init__(self, spec: GradientSpec, module: nn.Module, data: AgentData, *, vectorize: bool = True,
-                 budget: int = PER_SAMPLE_BUDGET):
+                 budget: int = PER_SAMPLE_BUDGET, randomness: Secret | None = None):
         if spec.data_dependent:
             raise ValueError("noise without clipping needs the data-dependent sensitivity of eq. (9b), "
                              "which is derived for logistic regression only, not "
@@ -217,6 +227,7 @@ class ModuleOracle:
         self.agents = data.agents
         self.vectorize = vectorize
         self.budget = budget
+        self.randomness = randomness  # deployment: the samples from the agents' secret streams
 
         def sample_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return summed_loss(module, params, x.unsqueeze(0), y.unsqueeze(0))
@@ -276,11 +287,14 @@ class ModuleOracle:
         data, size, rate = self.data, self.spec.batch_size, self.spec.sampling
         counts = data.counts
         if rate < 1:
-            rows, taken = poisson_rows([self.spec.seed], data, t, e, rate)
+            rows, taken = poisson_rows([self.spec.seed], data, t, e, rate, self.randomness)
             return rows[0], taken[0], torch.full_like(counts, 1.0 / (rate * data.total))
         if not size or size >= data.x.shape[1]:
             return None, None, torch.full_like(counts, 1.0 / data.total)
-        keys = noise.uniform(self.spec.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
+        if self.randomness is not None:
+            keys = self.randomness.uniform(data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
+        else:
+            keys = noise.uniform(self.spec.seed, data.agents, t, e, noise.STREAM_BATCH, data.x.shape[1])
         keys = keys.to(data.x.device)
         padding = torch.arange(data.x.shape[1], device=keys.device).unsqueeze(0) >= counts.unsqueeze(1)
         keys[padding] = 2.0  # real rows (keys < 1) first; an agent with I_p < B also gets zero rows

@@ -14,6 +14,14 @@ The PLD of such a mechanism is that of one shifted pair of noise distributions w
 relation, so it is composed with dp-accounting's add-or-remove accountant, the one that
 implements the Laplace PLD.
 
+Every number describes the mechanism a deployment runs (:mod:`dpadmm.privacy.secure`): noise on a grid,
+whose rounding adds at most 2**-GRID_BITS to 1/multiplier (:attr:`Release.deployed_multiplier` is what
+is composed), and whose discrete noise gives every output a probability within a factor e^GRID_RATIO
+of the rounded continuous noise's (a post-processing of the continuous mechanism), so that every
+(epsilon, delta) composed here adds 2 GRID_RATIO to epsilon per release and scales delta by e^GRID_RATIO
+(:func:`_at`). The simulation kind's continuous noise is the ideal mechanism. Both costs are far below
+the printed digits.
+
 ``dp-accounting`` (with SciPy's statistics, over a second to import) is imported where it is used, so
 that a Flower ClientApp, which starts a process per message in a deployment and never composes
 events, does not pay for it.
@@ -29,6 +37,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from dpadmm.privacy.secure import GRID_BITS, GRID_RATIO, GRID_TAIL, MIN_GAUSSIAN_MULTIPLIER
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -77,6 +87,14 @@ def accountant(kind: str = "pld", interval: float = PLD_INTERVAL) -> dp_accounti
     raise ValueError(f"accountant={kind!r} is not allowed; choose one of {', '.join(ACCOUNTANTS)}")
 
 
+# What a statement says of randomness before any run (dpadmm privacy); a run replaces it with what its agents
+# used (dpadmm.privacy.randomness.statement).
+NO_RUN = ("the guarantee describes the mechanism a deployment runs (each node's noise and samples from its "
+          "own secret, the noise on a grid); a simulated run (dpadmm train, flwr run . on the simulation "
+          "engine) keys them by the run's seed instead, so its transcript is reproducible from the run "
+          "config")
+
+
 @dataclass(frozen=True)
 class Release:
     """One noisy release of one agent, as a DP event: the unit that ledgers compose.
@@ -98,15 +116,26 @@ class Release:
             raise ValueError(f"noise multiplier {self.noise_multiplier!r} is not allowed; it must be > 0")
         if not 0 < self.sampling <= 1:
             raise ValueError(f"sampling={self.sampling!r} is not allowed; it must be in (0, 1]")
+        if self.mechanism == "gaussian" and self.noise_multiplier < MIN_GAUSSIAN_MULTIPLIER:
+            raise ValueError(f"noise multiplier {self.noise_multiplier!r} is not allowed for the Gaussian "
+                             "mechanism; it must be >= 2**-10 (the deployed sampler's accounting holds "
+                             "there)")
+
+    @property
+    def deployed_multiplier(self) -> float:
+        """The multiplier of the deployed grid mechanism: its rounding to the grid adds at most
+        2**-GRID_BITS to the sensitivity over the noise scale (:mod:`dpadmm.privacy.secure`)."""
+        return 1.0 / (1.0 / self.noise_multiplier + 2.0 ** -GRID_BITS)
 
     def event(self, count: int = 1) -> dp_accounting.DpEvent:
-        """dp-accounting's event for ``count`` such releases composed."""
+        """dp-accounting's event for ``count`` such releases composed (as deployed)."""
         import dp_accounting
 
+        multiplier = self.deployed_multiplier
         if self.mechanism == "laplace":
-            one: dp_accounting.DpEvent = dp_accounting.LaplaceDpEvent(noise_multiplier=self.noise_multiplier)
+            one: dp_accounting.DpEvent = dp_accounting.LaplaceDpEvent(noise_multiplier=multiplier)
         else:
-            one = dp_accounting.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
+            one = dp_accounting.GaussianDpEvent(noise_multiplier=multiplier)
         if self.sampling < 1:
             one = dp_accounting.PoissonSampledDpEvent(sampling_probability=self.sampling, event=one)
         return one if count == 1 else dp_accounting.SelfComposedDpEvent(one, count)
@@ -145,6 +174,8 @@ class Ledger:
     whole_run: Guarantee
     note: str
     holder: str = "per agent"  # whose records the guarantee is about: each agent's, or all of them
+    # which randomness the run used (dpadmm.privacy.randomness.statement); by default none ran yet
+    randomness: str = NO_RUN
 
     def to_dict(self) -> dict[str, Any]:
         """The ledger as JSON values: an epsilon an accountant has no bound for (nan) is null."""
@@ -167,14 +198,29 @@ class Ledger:
                          + ("n/a" if math.isnan(g.epsilon_rdp) else f"{g.epsilon_rdp:.4g}"))
         lines.append(f"  sensitivity {self.sensitivity}; noise {self.noise_scale}")
         lines.append(f"  {self.note}")
+        lines.append(f"  randomness: {self.randomness}")
         return "\n".join(lines)
+
+
+def _at(epsilon_at: Any, count: int, delta: float) -> float:
+    """epsilon at delta of ``count`` deployed releases from ``epsilon_at``, an accountant's epsilon(delta)
+    for the continuous mechanism they round: a ratio within e^(count GRID_RATIO) of each transcript's
+    probability costs 2 count GRID_RATIO in epsilon and a factor e^(count GRID_RATIO) on delta, and the
+    Gaussian's far tail count GRID_TAIL more delta (:mod:`dpadmm.privacy.secure`)."""
+    eta = count * GRID_RATIO
+    spendable = (delta - count * GRID_TAIL) * math.exp(-eta)
+    if spendable <= 0:
+        return math.inf
+    epsilon = float(epsilon_at(spendable)) + 2.0 * eta
+    # The argument for a Poisson-subsampled Gaussian holds up to epsilon 2**32, far past any meaningful one.
+    return epsilon if epsilon <= 2.0**32 else math.inf
 
 
 def pld_epsilon(release: Release, count: int, delta: float, interval: float = PLD_INTERVAL) -> float:
     """epsilon at delta of ``count`` composed releases, by the PLD accountant."""
     tracker = accountant("pld", interval)
     tracker.compose(release.event(count))
-    return float(tracker.get_epsilon(delta))
+    return _at(tracker.get_epsilon, count, delta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,7 +237,7 @@ def rdp_epsilon(release: Release, count: int, delta: float) -> float:
     tracker = accountant("rdp")
     with _accountant_warnings_silenced():
         tracker.compose(release.event(count))  # the terms are computed here
-        return float(tracker.get_epsilon(delta))
+        return _at(tracker.get_epsilon, count, delta)
 
 
 @contextlib.contextmanager
@@ -213,15 +259,16 @@ def _accountant_warnings_silenced() -> Iterator[None]:
 
 
 def single_release(release: Release, delta: float) -> float:
-    """epsilon of one release at delta: 1/multiplier for unsampled Laplace (pure DP, delta = 0), exact for
-    unsampled Gaussian, the PLD accountant's for a sampled one."""
+    """epsilon of one release at delta: 1/multiplier for unsampled Laplace (pure DP, delta = 0: the discrete
+    Laplace's ratio is exactly that), exact for unsampled Gaussian, the PLD accountant's for a sampled one;
+    all of the deployed mechanism."""
     if release.sampling < 1:
         return pld_epsilon(release, 1, delta)
     if release.mechanism == "laplace":
-        return 1.0 / release.noise_multiplier
+        return 1.0 / release.deployed_multiplier
     import dp_accounting
 
-    return float(dp_accounting.get_epsilon_gaussian(release.noise_multiplier, delta))
+    return _at(lambda d: dp_accounting.get_epsilon_gaussian(release.deployed_multiplier, d), 1, delta)
 
 
 def basic_composition(epsilon: float, releases: int) -> float:

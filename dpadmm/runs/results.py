@@ -35,25 +35,26 @@ def fresh_directory(path: str | Path) -> Path:
 
 
 def central_metrics(w: torch.Tensor | Params, dataset: Dataset, beta: float,
-                    module: nn.Module | None = None) -> dict[str, float]:
+                    module: nn.Module | None = None, train: bool = True) -> dict[str, float]:
     """Test error and training objective (eq. (2c)) of the global model w: logistic regression's
-    [J, K] tensor, or the parameters of ``module``."""
+    [J, K] tensor, or the parameters of ``module``. ``train=False`` leaves out the training objective,
+    which reads the raw training data (a simulation's diagnostic; a deployed server computes none)."""
     if module is None:
         x_test = dataset.x_test.to(device=w.device, dtype=w.dtype)
-        x_train = dataset.x_train.to(device=w.device, dtype=w.dtype)
-        return {
-            "test-error": error_rate(x_test, dataset.y_test.to(w.device), w),
-            "train-loss": training_loss(x_train, dataset.y_train.to(w.device), w, beta),
-        }
+        out = {"test-error": error_rate(x_test, dataset.y_test.to(w.device), w)}
+        if train:
+            x_train = dataset.x_train.to(device=w.device, dtype=w.dtype)
+            out["train-loss"] = training_loss(x_train, dataset.y_train.to(w.device), w, beta)
+        return out
     first = next(iter(w.values()))
     with torch.no_grad():
         test = logits_of(module, w, dataset.x_test.to(device=first.device, dtype=first.dtype))
-        train = logits_of(module, w, dataset.x_train.to(device=first.device, dtype=first.dtype))
-    squared = float(sum((p * p).sum() for p in w.values()))
-    return {
-        "test-error": error_from_logits(test, dataset.y_test.to(first.device)),
-        "train-loss": loss_from_logits(train, dataset.y_train.to(first.device), squared, beta),
-    }
+        out = {"test-error": error_from_logits(test, dataset.y_test.to(first.device))}
+        if train:
+            logits = logits_of(module, w, dataset.x_train.to(device=first.device, dtype=first.dtype))
+            squared = float(sum((p * p).sum() for p in w.values()))
+            out["train-loss"] = loss_from_logits(logits, dataset.y_train.to(first.device), squared, beta)
+    return out
 
 
 def json_value(value: Any) -> Any:

@@ -6,6 +6,14 @@ strategy and client call the same functions. The noise of party m in round t of 
 keyed Gaussian stream (seed_s, agent m, round t, :data:`~dpadmm.privacy.noise.STREAM_MESSAGE`): a
 run is a function of its configuration and seed.
 
+That is the *simulation* kind of randomness (:mod:`dpadmm.privacy.randomness`): the engine, ``dpadmm
+train`` and a Flower simulation. A deployed party draws its noise from its own secret instead
+(``randomness``, a :class:`~dpadmm.privacy.randomness.Secret`): its message is released by the grid
+Gaussian mechanism (:meth:`~dpadmm.privacy.randomness.Secret.release`), which depends on D_m x_m only
+through its rounding to a grid 2**-GRID_BITS / sqrt(N) of sigma. ``noise = paper`` (eq. (16)'s correlated
+xi on x_m) has no such sampler and is refused in deployment (:data:`PAPER_REFUSED`). :func:`iterate` given a
+``Secret`` with every party's key recomputes a deployment.
+
 Metrics per evaluated round (``metrics.jsonl``): ``round``, ``train-objective`` (F at the parties'
 x, eq. (2)), ``test-log-loss``, ``test-error``, ``primal-residual`` (||sum_m D_m x~_m - z||, the
 constraint of eq. (4) on what was sent), ``seconds`` (of the round) and ``elapsed`` (of rounds
@@ -14,6 +22,7 @@ constraint of eq. (4) on what was sent), ``seconds`` (of the round) and ``elapse
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +35,16 @@ from dpadmm.data.libsvm import normalise_rows
 from dpadmm.data.vertical import load_vertical, pad_blocks, split_columns
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import Ledger
+from dpadmm.privacy.randomness import SIMULATION, Secret, statement
 from dpadmm.runs.loop import seed_writers, timed_rounds
 from dpadmm.sharing import privacy, updates
 from dpadmm.sharing.config import SharingConfig
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 RIDGE = 1e-6  # tau_m = RIDGE trace(D_m^T D_m) / d_m: the paper's noise of eq. (16) (updates.paper_noise)
+# Why a deployed party refuses noise = paper (one line, naming the value and what is allowed).
+PAPER_REFUSED = ("noise='paper' is not allowed with deployment randomness: the correlated Gaussian of 001 "
+                 "eq. (16) has no grid sampler (and its guarantee is not covered); use noise='message'")
 
 
 @dataclass(frozen=True)
@@ -144,11 +157,21 @@ def draws(seeds: Sequence[int], ids: torch.Tensor, t: int, size: int, like: torc
                                        stream=noise.STREAM_MESSAGE) for s in seeds])
 
 
-def release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std: float, mode: str
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std: float, mode: str,
+            randomness: Secret | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x~, the messages D_m x~_m [S, M, N]) of round t: with ``message`` noise x~ = x and the message gets
     N(0, sigma^2 I_N); with ``paper`` noise x~ = x + xi, xi ~ N(0, sigma^2 (D_m^T D_m + tau I)^-1) (eq. (16)).
-    No noise when std = 0."""
+    No noise when std = 0.
+
+    ``randomness`` (deployment, one run, a key for every party of ``parties``): each party's message is the
+    grid Gaussian release of D_m x_m with standard deviation sigma (001 Theorem 3's mechanism, stream
+    STREAM_MESSAGE). Why not ``paper`` noise: xi is a Gaussian with a covariance computed from the party's
+    private block, and its image in the message, D_m xi, lies in col(D_m); releasing the standard normals
+    on a grid and mapping them through that covariance would let the low bits of the output depend on the
+    private block again, and the mode's guarantee is not covered anyway (:mod:`dpadmm.sharing.privacy`), so a
+    deployed party refuses it (:data:`PAPER_REFUSED`)."""
+    if randomness is not None:
+        return _deployed_release(parties, x, seeds, t, std, mode, randomness)
     _, n, d = parties.blocks.shape
     if std and mode == "paper":
         standard = draws(seeds, parties.ids, t, d, x)
@@ -159,15 +182,37 @@ def release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std
     return x, messages
 
 
+def _deployed_release(parties: Parties, x: torch.Tensor, seeds: Sequence[int], t: int, std: float, mode: str,
+                      randomness: Secret) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`release` with the parties' own secrets: the grid Gaussian mechanism on each message."""
+    if len(seeds) != 1:
+        raise ValueError(f"seeds={list(seeds)} is not allowed with deployment randomness: it runs one run")
+    if std and mode == "paper":
+        raise ValueError(PAPER_REFUSED)
+    return x, deployed_messages(updates.scores(parties.blocks, x), parties.ids, t, std, randomness)
+
+
+def deployed_messages(messages: torch.Tensor, ids: torch.Tensor, t: int, std: float, randomness: Secret
+                      ) -> torch.Tensor:
+    """The messages [1, M, N] of the parties ``ids`` as deployed parties send them in round t: each released
+    by the grid Gaussian mechanism of standard deviation sigma = ``std`` (001 Theorem 3), from the party's
+    own key (stream STREAM_MESSAGE); unchanged when std = 0 (a non-private run)."""
+    if not std:
+        return messages
+    scale = torch.full((len(ids),), std, dtype=torch.float64)
+    noisy = randomness.release("gaussian", messages[0], scale, ids.cpu(), t, 0, noise.STREAM_MESSAGE)
+    return noisy.to(messages).unsqueeze(0)
+
+
 def party_step(parties: Parties, pulled: torch.Tensor, own: torch.Tensor, y: torch.Tensor,
-               config: SharingConfig, rho: float, seeds: Sequence[int], t: int, std: float
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               config: SharingConfig, rho: float, seeds: Sequence[int], t: int, std: float,
+               randomness: Secret | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The parties' side of round t (Algorithm 1, party steps 2-4): from the pulled s - z [S, N], their
     own last messages [S, M, N] and y [S, N], the x-step of eq. (6) and the noisy message; returns
-    (x~, messages)."""
+    (x~, messages). ``randomness``: the deployment kind's (:func:`release`)."""
     target = updates.party_target(pulled, own)
     x = updates.x_step(parties.geometry, target, y, rho, config.l2, config.x_bound)
-    return release(parties, x, seeds, t, std, config.noise)
+    return release(parties, x, seeds, t, std, config.noise, randomness)
 
 
 def server_step(messages: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, rho: float
@@ -179,12 +224,14 @@ def server_step(messages: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, r
     return z, updates.dual_step(y, s, z, rho)
 
 
-def iterate(problem: Problem, state: State, config: SharingConfig, seeds: Sequence[int], t: int, std: float
-            ) -> State:
-    """Round t of Algorithm 1: the server's broadcast s - z and y, every party's step, the server's step."""
+def iterate(problem: Problem, state: State, config: SharingConfig, seeds: Sequence[int], t: int, std: float,
+            randomness: Secret | None = None) -> State:
+    """Round t of Algorithm 1: the server's broadcast s - z and y, every party's step, the server's step.
+    ``randomness`` with every party's key (one run) recomputes a deployment's round from its nodes' keys."""
     rho = config.penalty(problem.num_samples)
     pulled = state.messages.sum(dim=1) - state.z
-    x, messages = party_step(problem.parties, pulled, state.messages, state.y, config, rho, seeds, t, std)
+    x, messages = party_step(problem.parties, pulled, state.messages, state.y, config, rho, seeds, t, std,
+                             randomness)
     z, y = server_step(messages, state.y, problem.labels, rho)
     return State(x=x, messages=messages, z=z, y=y)
 
@@ -227,6 +274,8 @@ def run(config: SharingConfig, seeds: Sequence[int] | None = None, *, problem: P
     seeds = [config.seed] if seeds is None else list(seeds)
     problem = load(config) if problem is None else problem
     ledger = privacy.ledger(config, problem.num_samples) if config.private and std is None else None
+    if ledger:  # the engine simulates: every draw is keyed by the seed
+        ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     std = privacy.noise_std(config, problem.num_samples) if std is None else std
     writers = seed_writers(config, seeds, ledger, directories) if write else []
     state = initial_state(problem, len(seeds))

@@ -19,6 +19,13 @@ paper does and labelled not covered.
 
 Composition: a run is T releases per party; Corollary 1 (advanced composition, eq. (17)) gives
 (eps', T delta + delta'), and the ledger states dp-accounting's PLD value for the same releases.
+
+The grid. A deployed party releases its message by the grid Gaussian mechanism
+(:func:`dpadmm.privacy.secure.gaussian_release`), whose rounding and discrete noise cost a tiny, fixed
+amount per release (:mod:`dpadmm.privacy.secure`). The ledger's accountants (PLD, RDP, basic, advanced)
+compose that deployed mechanism, grid included (:mod:`dpadmm.privacy.ledger`); the note's Theorem 3 and
+Corollary 1 values are the paper's, for the continuous mechanism.
+
 Each party's guarantee covers its own features only. Not covered: the labels (the server holds
 them and computes z and y from them), and the test-time scores.
 """

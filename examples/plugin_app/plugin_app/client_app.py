@@ -59,4 +59,5 @@ def train(msg: Message, context: Context) -> Message:
                          f"num-agents={config.num_agents}; run with --federation-config "
                          f"\"num-supernodes={config.num_agents}\"")
     data = agent_data(partition_id, num_partitions, config.dtype)
-    return train_reply(msg, config, data, partition_id, module=own.model())
+    # The node's own settings (state-dir, randomness) choose where its secret lives: never the run config.
+    return train_reply(msg, config, data, partition_id, module=own.model(), node_config=context.node_config)
