@@ -19,6 +19,12 @@ Measures, on the machine it runs on, for each engine row:
 
 and the keyed noise's rate, the engine's path against the portable torch one.
 
+With ``--draws``, instead: the two kinds of randomness (``dpadmm.privacy.randomness``) side by side, on
+one core: millions of variates per second of the keyed draw (simulation) and of the secret grid release
+(deployment: ChaCha20, rounding, discrete Laplace / Gaussian), for one main-job step (d = 7,850) and for
+a million coordinates; the Poisson sample's mask; and one agent's local step of the main job on MNIST
+with each.
+
 Rows: MNIST, P = 10, ObjP (eps-bar = 0.1), the papers' first setting; FEMNIST P = 195, ObjPM with
 E = 10 (eps-bar = 0.05): a FEMNIST-shaped problem of random dense data by default (195 x 188 samples,
 784 x 62), or the real LEAF writers with ``--femnist-dir``; and the main job's step on MNIST (P = 10,
@@ -29,6 +35,7 @@ P = 195 SuperNodes on the embedded data.
 Usage, from the project root:
     python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--dtype float64|float32] [--seeds S]
                                [--mnist-dir DIR] [--femnist-dir DIR] [--flower] [--markdown FILE]
+    python -m benchmarks.speed --draws [--rounds 20] [--mnist-dir DIR] [--markdown FILE]
 Prints a Markdown table (and writes it with --markdown FILE). Not a test.
 """
 
@@ -58,7 +65,8 @@ from dpadmm.iadmm.engine import EngineState, step
 from dpadmm.iadmm.federation import agent_data
 from dpadmm.models.logistic import AgentData, gradient, probabilities, shared_bmm
 from dpadmm.models.oracles import poisson_taken
-from dpadmm.privacy import noise
+from dpadmm.privacy import noise, secure
+from dpadmm.privacy.randomness import Secret
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +204,45 @@ def noise_table(device: torch.device, repeats: int) -> str:
     return "\n".join(lines)
 
 
+def randomness_table(mnist_dir: str, repeats: int) -> str:
+    """The two kinds of randomness on one core: keyed draws (simulation) against secret grid releases
+    (deployment), in M variates per second; the Poisson mask; one agent's local step of the main job."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cpu = torch.device("cpu")
+    agent, one = torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.float64)
+    secret = Secret({0: secure.new_key()})
+    lines = ["| one core | simulation: keyed (Philox), M/s | deployment: secret grid release, M/s | ratio |",
+             "| --- | ---: | ---: | ---: |"]
+    for numel in (7850, 10**6):
+        value = torch.randn(1, numel, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        for name in ("laplace", "gaussian"):
+            draw = getattr(noise, name)
+            keyed = _seconds(lambda d=draw, n=numel, v=value: v + d(1, agent, 2, 3, (n,), one), cpu, repeats)
+            grid = _seconds(lambda m=name, v=value: secret.release(m, v, one, agent, 2, 3, 0), cpu, repeats)
+            lines.append(f"| {name}, {numel:,} coordinates | {numel / keyed / 1e6:.1f} | "
+                         f"{numel / grid / 1e6:.1f} | {grid / keyed:.1f}x |")
+    width = 6000  # an MNIST agent's samples (P = 10)
+    keyed = _seconds(lambda: noise.uniform(1, agent, 2, 3, noise.STREAM_BATCH, width) < 0.2, cpu, repeats)
+    exact = _seconds(lambda: secret.bernoulli(agent, 2, 3, noise.STREAM_BATCH, width, 0.2), cpu, repeats)
+    lines.append(f"| Poisson mask (q = 0.2), {width:,} samples | {width / keyed / 1e6:.1f} | "
+                 f"{width / exact / 1e6:.1f} | {exact / keyed:.1f}x |")
+    # One agent's local step of the main job (ObjPM, Gaussian, Poisson q = 0.2) on MNIST, E = 1.
+    config = privacy.calibrate(dataclasses.replace(main_job(), dataset="mnist", data_dir=mnist_dir))
+    config = dataclasses.replace(config, local_steps=1)
+    data = agent_data(load_mnist(mnist_dir), config, [0])
+    zeros = torch.zeros((1, *data.shape), dtype=torch.float64)
+    steps = {}
+    for kind, randomness in (("simulation", None), ("deployment", secret)):
+        steps[kind] = _seconds(lambda r=randomness: local.agent_round(config, data, zeros[0], zeros, zeros, 1,
+                                                                      randomness=r), cpu, repeats)
+    torch.set_num_threads(threads)
+    lines.append(f"| one agent's local step of the main job on MNIST (6,000 samples, d = 7,840), ms | "
+                 f"{steps['simulation'] * 1e3:.1f} | {steps['deployment'] * 1e3:.1f} | "
+                 f"{steps['deployment'] / steps['simulation']:.2f}x |")
+    return "\n".join(lines)
+
+
 def femnist_shaped(seed: int = 0) -> Dataset:
     """Random data of the papers' FEMNIST shape: 195 x 188 samples, 784 features, 62 classes."""
     gen = torch.Generator().manual_seed(seed)
@@ -259,7 +306,15 @@ def main() -> int:
     parser.add_argument("--flower", action="store_true", help="also time the Flower simulation (P = 195)")
     parser.add_argument("--flower-rounds", type=int, default=5)
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--draws", action="store_true",
+                        help="only the two kinds of randomness: keyed draws against secret grid releases")
     args = parser.parse_args()
+    if args.draws:
+        table = randomness_table(args.mnist_dir, args.rounds)
+        print(table)
+        if args.markdown:
+            Path(args.markdown).write_text(table + "\n")
+        return 0
 
     mnist = RunConfig(algorithm="objp", epsilon=0.1, num_agents=10, dataset="mnist", data_dir=args.mnist_dir,
                       device=args.device, dtype=args.dtype)
