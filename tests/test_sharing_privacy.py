@@ -43,3 +43,10 @@ def test_the_ledger_states_the_sensitivity_the_composition_and_what_is_not_cover
     assert not paper.covered and "NOT covered" in paper.note
     with pytest.raises(ValueError, match="not differentially private"):
         privacy.ledger(SharingConfig(epsilon=math.inf), 10000)
+
+
+def test_corollary_1_states_no_delta_of_one_or_more() -> None:
+    """T delta + delta' >= 1 is no guarantee: the note says so instead of printing (411.518, 2)-DP."""
+    note = privacy.ledger(SharingConfig(epsilon=1.0, delta=0.01, rounds=200), 32561).note
+    assert "2)-DP" not in note and "gives no guarantee here" in note and "= 2," in note
+    assert "Corollary 1 (eq. (17)): the run is (" in privacy.ledger(SharingConfig(rounds=20), 32561).note

@@ -76,8 +76,13 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
     covered = config.noise == "message"
     where = ("N(0, sigma^2 I_N) on the message D_m x_m" if covered else
              "N(0, sigma^2 (D_m^T D_m)^-1) on x_m (eq. (16)): message noise only in col(D_m), NOT covered")
+    # Corollary 1's delta, T delta + delta', is no guarantee once it reaches 1: the ledger's composition is
+    corollary = (f"Corollary 1 (eq. (17)): the run is ({total:.6g}, {total_delta:.3g})-DP" if total_delta < 1
+                 and math.isfinite(total) else
+                 "Corollary 1 (eq. (17)) gives no guarantee here (its delta, T delta + delta' = "
+                 f"{total_delta:.3g}, is not below 1); the composition above (PLD) is the run's guarantee")
     note = (f"Theorem 3 of 001: each round is ({config.epsilon:g}, {config.delta:g})-DP for each party's "
-            f"features; Corollary 1 (eq. (17)): the run is ({total:.6g}, {total_delta:.3g})-DP. "
+            f"features; {corollary}. "
             f"Noise: {where}. "
             "Trusted: nobody with the features (each party adds its own noise); the server holds the labels. "
             "NOT covered: the labels, the test-time scores.")
