@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from flwr.supercore.task_identity import TaskIdentity
 
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.sharing.config import SharingConfig
@@ -77,6 +78,15 @@ def _pids_with_env(name: str, value: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@pytest.fixture
+def server_process() -> Iterator[None]:
+    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own), for tests
+    that build Flower messages in this process."""
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ Flower's SecAgg+ sums the iterates, and the agents' updates from that sum are th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,6 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from dpadmm.data.adult import load_adult
@@ -67,13 +65,6 @@ def test_secagg_plus_run_equals_the_engine_up_to_its_quantisation(flwr_env: dict
         assert ours["log-error-average"] == pytest.approx(theirs["log-error-average"], abs=1e-4), k
         assert ours["epsilon"] == pytest.approx(theirs["epsilon"], rel=1e-12)
 
-
-@pytest.fixture
-def server_process() -> Iterator[None]:
-    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
 
 
 def _fit_message(total: np.ndarray, k: int) -> Message:

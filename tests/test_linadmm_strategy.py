@@ -9,7 +9,6 @@ the strategy's iteration is checked against the engine given the server's key fo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.server.superlink.linkstate import LinkStateFactory
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
@@ -38,13 +36,6 @@ F64 = torch.float64
 EDGES = np.array([[0, 1], [1, 2], [2, 3], [3, 4], [0, 5]])
 CLIENTS, ROWS, D = 2, 150, 6
 
-
-@pytest.fixture
-def server_process() -> Iterator[None]:
-    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
 
 
 def _clients() -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -11,14 +11,12 @@ deployment kind (the node's own secret) it finds neither.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.dpiadmm import train_reply
 from clients.randomness import FORCED_SIMULATION, in_simulation_engine, node_kind
@@ -41,14 +39,6 @@ from dpadmm.privacy.randomness import (
     state_dir,
     statement,
 )
-
-
-@pytest.fixture
-def server_process() -> Iterator[None]:
-    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,12 @@ node's own secret for the run identity the server sends, which the engine reprod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.sharing import round_reply
 from dpadmm.data import Dataset
@@ -24,25 +22,11 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, PULLED_KEY
+from tests.test_sharing_engine import synthetic
 
 F64 = torch.float64
 WIDTHS = (3, 4, 2)
 
-
-@pytest.fixture
-def server_process() -> Iterator[None]:
-    """The process identity a ServerApp's runtime sets before it creates messages (as flwr's own)."""
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = None  # type: ignore[assignment]
-
-
-def _dataset(n: int = 400) -> Dataset:
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(n + 100, sum(WIDTHS), generator=gen, dtype=F64)
-    truth = torch.linspace(-2, 2, sum(WIDTHS), dtype=F64)
-    y = (x @ truth + 0.5 * torch.randn(n + 100, generator=gen, dtype=F64) > 0).to(torch.int64)
-    return Dataset(name="synthetic", x_train=x[:n], y_train=y[:n], x_test=x[n:], y_test=y[n:], num_classes=2)
 
 
 def _config(**changes: object) -> SharingConfig:
@@ -106,7 +90,7 @@ def _replayed(config: SharingConfig, dataset: Dataset, randomness: Secret | None
 
 @pytest.mark.usefixtures("server_process")
 def test_simulated_parties_send_the_engines_keyed_messages() -> None:
-    config, dataset = _config(), _dataset()
+    config, dataset = _config(), synthetic(widths=WIDTHS)
     sent, kinds = _rounds(config, dataset, [_node(None) for _ in range(3)], new_run_identity())
     assert set(kinds) == {"forced-simulation"}  # a test process is no simulated node: it says it was forced
     for ours, theirs in zip(sent, _replayed(config, dataset, None), strict=True):
@@ -117,7 +101,7 @@ def test_simulated_parties_send_the_engines_keyed_messages() -> None:
 def test_deployed_parties_send_what_the_engine_computes_from_their_keys(tmp_path: Path) -> None:
     """Three deployed parties for three rounds: each message is the engine's under every party's key for the
     run identity; another run (identity) of the same config sends other messages; neither is the seed's."""
-    config, dataset = _config(), _dataset()
+    config, dataset = _config(), synthetic(widths=WIDTHS)
     runs = []
     for run in ("one", "two"):
         identity = new_run_identity()
@@ -138,7 +122,7 @@ def test_deployed_parties_send_what_the_engine_computes_from_their_keys(tmp_path
 @pytest.mark.usefixtures("server_process")
 def test_a_deployed_party_repeats_a_round_and_refuses_another_request_and_the_papers_noise(tmp_path: Path
                                                                                           ) -> None:
-    config, dataset = _config(), _dataset()
+    config, dataset = _config(), synthetic(widths=WIDTHS)
     party = engine.parties_of(dataset, WIDTHS, [1])
     zeros = torch.zeros(400, dtype=F64)
     identity = new_run_identity()

@@ -22,7 +22,8 @@ F64 = torch.float64
 CLOCKS = ("seconds", "elapsed")
 
 
-def _dataset(n: int = 400, widths: tuple[int, ...] = (3, 4, 2)) -> Dataset:
+def synthetic(n: int = 400, widths: tuple[int, ...] = (3, 4, 2)) -> Dataset:
+    """A binary data set of n training rows (and 100 test rows) over the parties' columns ``widths``."""
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(n + 100, sum(widths), generator=gen, dtype=F64)
     truth = torch.linspace(-2, 2, sum(widths), dtype=F64)
@@ -38,7 +39,7 @@ def _config(**changes: object) -> SharingConfig:
 
 def test_non_private_sharing_reaches_scikit_learns_optimum() -> None:
     config = _config()
-    problem = engine.build(_dataset(), config.widths)
+    problem = engine.build(synthetic(), config.widths)
     result = engine.run(config, problem=problem, write=False, progress=False)
     blocks = problem.parties.blocks
     features = torch.cat([blocks[m, :, :w] for m, w in enumerate(config.widths)], dim=1).numpy()
@@ -57,7 +58,7 @@ def test_non_private_sharing_reaches_scikit_learns_optimum() -> None:
 
 
 def test_without_noise_both_noise_modes_are_the_plain_algorithm_bit_for_bit() -> None:
-    problem = engine.build(_dataset(), (3, 4, 2))
+    problem = engine.build(synthetic(), (3, 4, 2))
     runs = [engine.run(_config(noise=mode, rounds=20, eval_every=1), problem=problem, write=False,
                        progress=False).records[0] for mode in ("message", "paper")]
     assert [{k: v for k, v in r.items() if k not in CLOCKS} for r in runs[0]] == \
@@ -66,7 +67,7 @@ def test_without_noise_both_noise_modes_are_the_plain_algorithm_bit_for_bit() ->
 
 @pytest.mark.parametrize("mode", ["message", "paper"])
 def test_noise_is_keyed_by_seed_and_batched_runs_equal_separate_ones(mode: str) -> None:
-    problem = engine.build(_dataset(), (3, 4, 2))
+    problem = engine.build(synthetic(), (3, 4, 2))
     config = _config(epsilon=1.0, noise=mode, rounds=5, eval_every=1, x_bound=2.0)
     both = engine.run(config, seeds=[3, 8], problem=problem, write=False, progress=False)
     alone = engine.run(config, seeds=[8], problem=problem, write=False, progress=False)
@@ -77,7 +78,7 @@ def test_noise_is_keyed_by_seed_and_batched_runs_equal_separate_ones(mode: str) 
 
 
 def test_the_message_noise_has_the_calibrated_variance() -> None:
-    problem = engine.build(_dataset(n=2000, widths=(9,)), (9,))
+    problem = engine.build(synthetic(n=2000, widths=(9,)), (9,))
     config = _config(epsilon=1.0, parties="9", x_bound=0.01)
     std = privacy.noise_std(config, problem.num_samples)
     assert std == pytest.approx(privacy.theorem_3_std(1.0, 1e-5, 2 * 0.01 * math.sqrt(2000)))
@@ -88,7 +89,7 @@ def test_the_message_noise_has_the_calibrated_variance() -> None:
 
 def test_a_noise_level_of_the_callers_replaces_theorem_3s_and_is_not_written() -> None:
     """001's Fig. 3 sweeps sigma directly: the run with std = Theorem 3's sigma equals the private run."""
-    problem = engine.build(_dataset(), (3, 4, 2))
+    problem = engine.build(synthetic(), (3, 4, 2))
     private = _config(epsilon=0.5, rounds=4, eval_every=1, x_bound=1.0)
     std = privacy.noise_std(private, problem.num_samples)
     ours = engine.run(_config(rounds=4, eval_every=1, x_bound=1.0), problem=problem, write=False,
@@ -102,7 +103,7 @@ def test_a_noise_level_of_the_callers_replaces_theorem_3s_and_is_not_written() -
 
 
 def test_a_run_writes_its_files_and_a_private_one_its_ledger(tmp_path: Path) -> None:
-    problem = engine.build(_dataset(), (3, 4, 2))
+    problem = engine.build(synthetic(), (3, 4, 2))
     config = _config(epsilon=0.5, rounds=3, eval_every=1, x_bound=1.0)
     engine.run(config, problem=problem, directories=[tmp_path / "run"], progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -126,7 +127,7 @@ def test_a9a_splits_as_the_paper_and_learns(binary_dir: Path) -> None:
 def test_one_party_alone_computes_its_row_of_the_batch(mode: str) -> None:
     """What a Flower client will do: a party holding only its own block, with its own id, sends the message
     the batched engine computes for it (the same x-step and the same keyed noise)."""
-    dataset, widths = _dataset(), (3, 4, 2)
+    dataset, widths = synthetic(), (3, 4, 2)
     config = _config(epsilon=1.0, rounds=3, x_bound=1.0, noise=mode)
     problem = engine.build(dataset, widths)
     state = engine.run(config, problem=problem, write=False, progress=False).state
@@ -153,7 +154,7 @@ def test_deployment_randomness_releases_each_message_from_its_partys_key() -> No
     """engine.iterate with every party's key: not the keyed run; the same keys give the same round, other
     keys (another run identity) other messages; a party alone with its own key sends its row of the batch;
     the messages lie on the grid Gaussian mechanism's grid."""
-    dataset, widths = _dataset(), (3, 4, 2)
+    dataset, widths = synthetic(), (3, 4, 2)
     problem = engine.build(dataset, widths)
     config = _config(epsilon=1.0, rounds=2, x_bound=1.0)
     std = privacy.noise_std(config, problem.num_samples)
@@ -194,7 +195,7 @@ def test_a_deployed_message_depends_on_the_scores_only_through_the_grid() -> Non
 
 
 def test_the_papers_noise_has_no_deployed_form_and_the_engine_states_its_randomness() -> None:
-    problem = engine.build(_dataset(), (3, 4, 2))
+    problem = engine.build(synthetic(), (3, 4, 2))
     config = _config(epsilon=1.0, noise="paper", rounds=2, x_bound=1.0)
     start = engine.initial_state(problem, 1)
     with pytest.raises(ValueError, match=r"^noise='paper' is not allowed with deployment randomness: .* use "
