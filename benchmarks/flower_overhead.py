@@ -297,9 +297,11 @@ def variant_command(variant: str, args: argparse.Namespace, work: Path) -> tuple
     common = {"num-agents": args.agents, "rounds": args.rounds, "dtype": args.dtype, "dataset": "femnist",
               "data-dir": str(Path(args.femnist_dir).resolve()), "algorithm": args.algorithm,
               "local-steps": args.local_steps, "epsilon": args.epsilon, "device": args.device}
-    if variant == "ours":
+    if variant == "ours":  # the papers preset's table (the FedAvg app's own run config is flat)
         app, watched = ROOT, work / "run" / "rounds.jsonl"
-        config = {**common, "eval-every": args.eval_every, "out": str(work / "run")}
+        own = {**common, "eval-every": args.eval_every, "out": str(work / "run")}
+        config = {"algorithm": own.pop("algorithm"), "preset": "papers",
+                  **{f"iadmm-papers.{k}": v for k, v in own.items()}}
     else:
         app, watched = FEDAVG_APP, work / "timings.jsonl"
         config = {**common, "bench-mode": variant.removeprefix("fedavg-"), "bench-timings": str(watched)}

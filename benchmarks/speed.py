@@ -263,7 +263,8 @@ def flower_seconds(rounds: int, agents: int) -> float:
         home, out = Path(tmp) / "flwr-home", Path(tmp) / "run"
         env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
                    FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-        run_config = f"algorithm='objp' epsilon=0.1 num-agents={agents} rounds={rounds} out='{out}'"
+        run_config = (f"algorithm='objp' preset='papers' iadmm-papers.epsilon=0.1 iadmm-papers.num-agents="
+                      f"{agents} iadmm-papers.rounds={rounds} iadmm-papers.out='{out}'")
         try:
             subprocess.run(["flwr", "run", ".", "--stream", "--run-config", run_config,
                             "--federation-config", f"num-supernodes={agents}"],

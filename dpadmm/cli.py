@@ -26,21 +26,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dpadmm.families import DEFAULT, Family, family_of
-from dpadmm.iadmm.config import main_job, requested
+from dpadmm.iadmm.config import PRESETS, main_job, requested
 
 _T = TypeVar("_T")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, family: Family) -> None:
     """One flag per configuration field. A flag left out is None, so that the default family can tell the
-    flags given from those left out (:func:`dpadmm.iadmm.config.requested`)."""
+    flags given from those left out (:func:`dpadmm.iadmm.config.requested`): the preset fills only those."""
     main = main_job() if family is DEFAULT else None
+    if main is not None:
+        parser.add_argument("--preset", choices=PRESETS, default=PRESETS[0],
+                            help="the values of the flags left out: main (the main job, budget-first: "
+                                 "the whole run (8, 1e-5)-DP per agent) or papers (the papers' settings: "
+                                 "eps-bar per local step, full batches, Laplace noise); a flag given is used "
+                                 "as given (default: main)")
     for f in dataclasses.fields(family.config):
         flag = "--" + f.name.replace("_", "-")
         default = f"{f.default!r}"
-        if main is not None and getattr(main, f.name) != f.default:
-            default = (f"{getattr(main, f.name)!r}; the papers' {f.default!r} with --epsilon or another "
-                       "--algorithm")
+        if main is not None and getattr(main, f.name) != f.default and f.name != "num_agents":
+            default = f"{getattr(main, f.name)!r}; the papers preset's {f.default!r}"
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
@@ -54,7 +59,7 @@ def _config_from(args: argparse.Namespace, family: Family) -> Any:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(family.config)
              if getattr(args, f.name) is not None}
     if family is DEFAULT:
-        return requested({name.replace("_", "-"): value for name, value in given.items()})
+        return requested({name.replace("_", "-"): value for name, value in given.items()}, args.preset)
     return family.config(**given)
 
 

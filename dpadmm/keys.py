@@ -1,10 +1,10 @@
 """Run-config keys, shared by every family's configuration: kebab-case names, checks, coercion.
 
 A family's configuration is a frozen dataclass whose fields are its keys in snake_case; the
-Flower app reads them from ``context.run_config`` (``[tool.flwr.app.config]``, overridable with
-``flwr run . --run-config "..."``) and the ``dpadmm`` command builds one flag per field, so
-``local_steps`` is ``local-steps`` everywhere. Errors name the bad value and what is allowed
-(the convention of Opacus and dp-accounting).
+Flower app reads them from ``context.run_config`` (the family's table of ``[tool.flwr.app.config]``,
+overridable with ``flwr run . --run-config "<table>.<key>=..."``) and the ``dpadmm`` command builds
+one flag per field, so ``local_steps`` is ``local-steps`` everywhere. Errors name the bad value and
+what is allowed (the convention of Opacus and dp-accounting).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The ServerApp of every family: run config -> the family's strategy -> central evaluation -> results.
 
-``algorithm`` picks the family (:mod:`dpadmm.families`): DP-IADMM's keys are the run config's
-top-level ones, another family's are in its own table (``linadmm.<key>`` for DP-ADMM /
-DP-AccADMM, paper 002).
+``algorithm`` picks the family (:mod:`dpadmm.families`), and each family reads its own table of the
+run config (``iadmm.<key>`` for DP-IADMM's main preset, ``linadmm.<key>`` for DP-ADMM / DP-AccADMM,
+paper 002); a value given in a table the run does not read is refused.
 
 Writes the same ``config.json`` / ``privacy.json`` / ``metrics.jsonl`` (and ``weights.npz``
 with ``save-weights``) as ``dpadmm train``, plus ``rounds.jsonl`` (the operator's report of

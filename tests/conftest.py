@@ -16,12 +16,12 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
-from dpadmm.decentral.config import DecentralConfig
-from dpadmm.sharing.config import SharingConfig
+from dpadmm.families import DEFAULT, family_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -172,17 +172,15 @@ def toml_value(value: object) -> str:
     return repr(value)
 
 
-def sharing_run_config(config: SharingConfig) -> str:
-    """--run-config for an ADMM-sharing ``config``: `algorithm` and the family's table, sharing.<key>."""
+def run_config_of(config: Any) -> str:
+    """--run-config that gives every key of any family's ``config``: `algorithm` and the family's table,
+    <table>.<key> (DP-IADMM's: ``preset='papers'`` and its table, iadmm-papers.<key>, as the papers' commands
+    do; for the main preset's table, give the keys that differ from the main job as iadmm.<key>)."""
+    family = family_of(config.algorithm)
+    table, preset = (("iadmm-papers", "preset='papers' ") if family is DEFAULT else (family.name, ""))
     keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
-    return "algorithm='admm-sharing' " + " ".join(f"sharing.{k}={toml_value(v)}" for k, v in keys.items())
-
-
-def decentral_run_config(config: DecentralConfig) -> str:
-    """--run-config for a 004 ``config``: `algorithm` and the family's table, decentral.<key>."""
-    keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
-    return f"algorithm='{config.algorithm}' " + " ".join(f"decentral.{k}={toml_value(v)}"
-                                                         for k, v in keys.items())
+    return f"algorithm='{config.algorithm}' {preset}" + " ".join(f"{table}.{k}={toml_value(v)}"
+                                                              for k, v in keys.items())
 
 
 def flower_app(tmp_path: Path, client_module: str) -> Path:

@@ -14,8 +14,8 @@ def _dpadmm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--algorithm", "objpm", "--epsilon", "1", "--rounds", "3", "--local-steps", "2",
-                   "--num-agents", "5", "--eval-every", "1", cwd=tmp_path)
+    done = _dpadmm("train", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "1", "--rounds", "3",
+                   "--local-steps", "2", "--num-agents", "5", "--eval-every", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "runs" / "objpm-eps1-E2-seed0"
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -25,8 +25,8 @@ def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
 
 
 def test_epsilon_inf_means_non_private(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--algorithm", "objp", "--epsilon", "inf", "--rounds", "2", "--out", "r",
-                   "--no-progress", cwd=tmp_path)
+    done = _dpadmm("train", "--preset", "papers", "--algorithm", "objp", "--epsilon", "inf", "--rounds", "2",
+                   "--out", "r", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["noise-magnitude"] == 0 for r in lines)
@@ -40,14 +40,16 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
 
 
 def test_privacy_prints_the_ledger_without_training(tmp_path: Path) -> None:
-    done = _dpadmm("privacy", "--algorithm", "objpm", "--epsilon", "0.05", "--local-steps", "10",
+    done = _dpadmm("privacy", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "0.05",
+                   "--local-steps", "10",
                    "--rounds", "20000", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     ledger = json.loads(done.stdout)
     assert {"per_step", "per_round", "whole_run"} <= ledger.keys()
     assert ledger["whole_run"]["delta"] == 1e-5 and 339 < ledger["whole_run"]["epsilon_pld"] < 340
     assert not list(tmp_path.iterdir())  # nothing trained, nothing written
-    text = _dpadmm("privacy", "--algorithm", "objp", "--sensitivity", "data-dependent", cwd=tmp_path)
+    text = _dpadmm("privacy", "--preset", "papers", "--algorithm", "objp", "--sensitivity", "data-dependent",
+                   cwd=tmp_path)
     assert "per run" in text.stdout and "NOT COVERED" in text.stdout
     bad = _dpadmm("privacy", "--target-epsilon", "1e-9", cwd=tmp_path)
     assert bad.returncode == 2 and "smallest achievable value" in bad.stderr
@@ -84,7 +86,8 @@ def test_help_imports_nothing_heavy_and_privacy_no_torch() -> None:
     """`dpadmm --help` builds every subcommand's parser without torch, numpy or dp-accounting (it answers
     in a tenth of a second), and `dpadmm privacy` needs dp-accounting but not torch."""
     assert _imported_by("from dpadmm import cli\ncli.build_parser().format_help()") == []
-    ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'objpm', '--epsilon', '0.5'])"
+    ledger = ("from dpadmm import cli\n"
+              "cli.main(['privacy', '--preset', 'papers', '--algorithm', 'objpm', '--epsilon', '0.5'])")
     assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)
     ledger = "from dpadmm import cli\ncli.main(['privacy', '--algorithm', 'dp-admm'])"  # paper 002's family
     assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)

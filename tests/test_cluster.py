@@ -47,7 +47,8 @@ HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
 RAY = str(Path(sys.executable).with_name("ray"))
 MARKER = "DPADMM_TEST_RAY_CLUSTER"
 AGENTS = 4
-RUN_CONFIG = f"num-agents={AGENTS} rounds=2 seed=3 local-steps=2 save-weights=true"
+RUN_CONFIG = (f"iadmm.num-agents={AGENTS} iadmm.rounds=2 iadmm.seed=3 iadmm.local-steps=2 "
+              "iadmm.save-weights=true")
 FEDERATION = f"num-supernodes={AGENTS} client-resources-num-cpus=1"
 
 # A driver connected to the cluster: the alive nodes, Flower's ClientApp actors with the node each
@@ -203,7 +204,7 @@ def _flwr_run(env: dict[str, str], out: Path) -> str:
     bin_dir = Path(sys.executable).parent
     env = dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
     command = ["flwr", "run", str(ROOT), "--stream", "--federation-config", FEDERATION,
-               "--run-config", f"{RUN_CONFIG} out='{out}'"]
+               "--run-config", f"{RUN_CONFIG} iadmm.out='{out}'"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]

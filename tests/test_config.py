@@ -4,41 +4,57 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 
 import pytest
 
-from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, requested
+from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, preset_values, requested
 from tests.conftest import ROOT
 
 
-def test_pyproject_run_config_is_the_papers_defaults_under_the_main_preset() -> None:
+def test_pyproject_holds_one_table_per_preset_every_key_written_out() -> None:
     app_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    app_config = {k: v for k, v in app_config.items() if not isinstance(v, dict)}  # others' tables apart
-    assert app_config == {"preset": "main", **RunConfig().to_mapping()}
-    assert RunConfig.from_mapping({k: v for k, v in app_config.items() if k != "preset"}) == RunConfig()
-    assert from_app_config(app_config) == main_job()
-    assert from_app_config({**app_config, "preset": "papers"}) == RunConfig()
+    assert {k: v for k, v in app_config.items() if not isinstance(v, dict)} == {"algorithm": "objpm",
+                                                                               "preset": "main"}
+    for preset, table in (("main", "iadmm"), ("papers", "iadmm-papers")):
+        assert {"algorithm": "objpm", **app_config[table]} == preset_values(preset)
+        assert from_app_config(app_config[table], preset) == requested({}, preset)
+    assert requested({}) == main_job() and requested({}, "papers") == RunConfig()
     assert main_job().target_epsilon == 8.0 and main_job().sampling_rate < 1
 
 
-def test_an_eps_bar_or_another_algorithm_starts_from_the_papers_defaults() -> None:
-    """Left out, a key takes the main job's value; give epsilon (eps-bar per local step) or another
-    algorithm and every key left out takes the papers' default, so those configurations run as before.
-    Through a Flower run config, a configuration on the papers' side is exactly what it says."""
-    assert requested({}) == main_job()
+def test_a_given_value_is_never_replaced_by_a_preset() -> None:
+    """The preset fills the keys left out, and only those: a value given equal to a default of the other
+    preset stays, and neither `epsilon` nor `algorithm` switches the preset."""
     assert requested({"rounds": 3}) == dataclasses.replace(main_job(), rounds=3)
-    assert requested({"epsilon": 0.5}) == RunConfig(epsilon=0.5)
-    assert requested({"algorithm": "objp"}) == RunConfig(algorithm="objp")
-    assert requested({"rounds": 3}, preset="papers") == RunConfig(rounds=3)
-    app = {"preset": "main", **RunConfig().to_mapping()}
-    papers_side = {"epsilon": 0.5, "rounds": 3, "mechanism": "gaussian", "clip-norm": 1.0}
-    assert from_app_config({**app, **papers_side}) == RunConfig.from_mapping(papers_side)
-    assert from_app_config({**app, "seed": 4}) == dataclasses.replace(main_job(), seed=4)
-    with pytest.raises(ValueError, match="unknown configuration key 'epochs'"):
-        from_app_config({**app, "epochs": 3})
-    with pytest.raises(ValueError, match="preset='paper' is not allowed; choose one of main, papers"):
-        from_app_config({**app, "preset": "paper"})
+    assert requested({"rounds": 50}, "papers") == RunConfig()  # equal to the papers' value: the same run
+    assert requested({"rounds": 10}, "papers").rounds == 10  # the main job's value, given under papers
+    assert requested({"algorithm": "objt"}) == dataclasses.replace(main_job(), algorithm="objt")
+    assert requested({"epsilon": 0.5, "target-epsilon": 0}) == dataclasses.replace(
+        main_job(), epsilon=0.5, target_epsilon=0.0)
+    assert requested({"epsilon": 0.5}, "papers") == RunConfig(epsilon=0.5)
+    main = main_job().to_mapping()
+    assert from_app_config({**main, "seed": 4}) == dataclasses.replace(main_job(), seed=4)
+    assert from_app_config({**RunConfig().to_mapping(), "rounds": 3}, "papers") == RunConfig(rounds=3)
+
+
+@pytest.mark.parametrize(("given", "preset", "message"), [
+    ({"epsilon": 0.5}, "main", "epsilon=0.5 is not used while target-epsilon=8 calibrates eps-bar for the "
+                               "whole run; give target-epsilon=0 with it, or use the papers preset"),
+    ({"epsilon": -1}, "main", "epsilon=-1.0 is not allowed; it must be > 0"),  # the value's own error first
+    ({"algorithm": "outp"}, "main", "mechanism='gaussian' is not allowed with algorithm='outp'; it is the "
+                                    "objective perturbation with L2-clipped gradients "
+                                    "(sensitivity='clipped') (the main preset sets mechanism; give it, or "
+                                    "use the papers preset)"),
+    ({"algorithm": "iadmm"}, "main", "(the main preset sets target-epsilon; give it"),
+    ({"epochs": 3}, "main", "unknown configuration key 'epochs'; known keys: algorithm, batch-size"),
+    ({}, "paper", "preset='paper' is not allowed; choose one of main, papers"),
+])
+def test_what_a_preset_cannot_run_is_refused_with_where_the_value_came_from(
+        given: dict[str, object], preset: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        requested(given, preset)
 
 
 def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:

@@ -41,8 +41,10 @@ def test_the_papers_schedule_and_the_family() -> None:
     assert config.bound == 0.02 and config.covered  # 2/b_i: one sample replaced, unit rows, labels +-1
     assert not DecentralConfig(sensitivity=0.01).covered  # the paper's 1/b_i
     assert family_of("ldp-dgd-star").name == "decentral"
-    run_config = {"algorithm": "ldp-admm", "decentral.agents": 5, "decentral.edges": 6, "rounds": 99}
+    run_config = {"algorithm": "ldp-admm", "decentral.agents": 5, "decentral.edges": 6, "iadmm.rounds": 10}
     assert from_run_config(run_config) == DecentralConfig(agents=5, edges=6)
+    with pytest.raises(ValueError, match="iadmm.rounds=99 is not read with algorithm='ldp-admm'"):
+        from_run_config({**run_config, "iadmm.rounds": 99})
 
 
 

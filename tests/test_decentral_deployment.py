@@ -28,7 +28,7 @@ from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import build
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
-from tests.conftest import Deployment, decentral_run_config
+from tests.conftest import Deployment, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,7 @@ def test_two_routed_runs_on_the_agents_files_send_their_own_noise(deployment: De
     out = deployment.root / "routed"
     config = _config(out)
     for _ in range(2):  # the same run config twice (the second run's folder is routed_1)
-        assert deployment.submit(decentral_run_config(config)).wait(timeout=600) == 0
+        assert deployment.submit(run_config_of(config)).wait(timeout=600) == 0
     log = (deployment.root / "flwr-run.log").read_text()
     assert log.count("dpadmm iteration 2/2: consensus") == 2, log[-3000:]
     assert log.count("deployment randomness: each node's noise and samples came from its own") == 2

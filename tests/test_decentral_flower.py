@@ -24,7 +24,7 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.runs.results import read_metrics
 from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
-from tests.conftest import decentral_run_config, flwr_run
+from tests.conftest import flwr_run, run_config_of
 
 
 @pytest.mark.slow
@@ -34,7 +34,7 @@ def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, flw
     out = tmp_path / "flower"
     config = DecentralConfig(algorithm=algorithm, agents=5, edges=6, rounds=4, seed=3,
                              data_dir=str(binary_dir / "adult"), out=str(out))
-    output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=5)
     assert "dpadmm iteration 4/4: log-error" in output and "-LDP, pure, a priori" in output
     assert "Randomness: simulation randomness" in output  # the simulated agents said so themselves
     flower = read_metrics(out)
@@ -54,7 +54,7 @@ def test_secagg_plus_run_equals_the_engine_up_to_its_quantisation(flwr_env: dict
     out = tmp_path / "secagg"
     config = DecentralConfig(graph="complete", agents=5, exchange="secret", rounds=4, seed=3,
                              data_dir=str(binary_dir / "adult"), out=str(out))
-    output = flwr_run(flwr_env, decentral_run_config(config), supernodes=5)
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=5)
     assert output.count("Secure aggregation completed.") == 4 and "-LDP, pure, a priori" in output
     assert "Randomness: simulation randomness" in output  # reported through SecAgg+'s fit metrics
     flower = read_metrics(out)

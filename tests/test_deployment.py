@@ -23,7 +23,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
-from tests.conftest import Deployment
+from tests.conftest import Deployment, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,8 @@ def test_an_unregistered_supernode_is_refused(deployment: Deployment) -> None:
 
 
 def _run_config(out: Path, rounds: int) -> str:
-    return (f"num-agents={AGENTS} rounds={rounds} local-steps=2 epsilon=0.5 seed=1 node-timeout=120 "
-            f"round-timeout=40 out='{out}'")
+    return run_config_of(RunConfig(num_agents=AGENTS, rounds=rounds, local_steps=2, epsilon=0.5, seed=1,
+                                   node_timeout=120, round_timeout=40, out=str(out)))
 
 
 def _wait_for_round(path: Path, t: int, run: subprocess.Popen, timeout: float = 300) -> None:

@@ -20,7 +20,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_jsonl, read_metrics
 from strategies import DPIADMM
-from tests.conftest import flower_app, flwr_run, toml_value
+from tests.conftest import flower_app, flwr_run, run_config_of
 from tests.faulty_clientapp import FAULTS
 
 
@@ -56,11 +56,8 @@ def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: di
                                                                     tmp_path: Path) -> None:
     config = RunConfig(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=5, seed=0,
                        fraction_train=0.8, out=str(tmp_path / "run"), save_weights=True)
-    mapping = config.to_mapping()
-    run_config = " ".join(f"{k}={toml_value(mapping[k])}" for k in
-                          ("algorithm", "local-steps", "epsilon", "num-agents", "rounds", "seed",
-                           "fraction-train", "out", "save-weights"))
-    output = flwr_run(flwr_env, run_config, supernodes=5, app=flower_app(tmp_path, "faulty_clientapp"))
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=5,
+                      app=flower_app(tmp_path, "faulty_clientapp"))
     assert "dpadmm round 5/5: test error" in output
 
     rounds = read_jsonl(tmp_path / "run" / "rounds.jsonl")

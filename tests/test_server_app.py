@@ -22,7 +22,7 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.runs.results import read_jsonl, read_metrics
 from server import server_app
-from tests.conftest import ROOT, flat_app_config, flwr_run, toml_value
+from tests.conftest import ROOT, flat_app_config, flwr_run, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
     """The main job (Poisson-subsampled Gaussian objective perturbation, budget-first), two rounds: it says
     its whole-run guarantee, and every round's w equals the engine's (the sampled mode on Flower)."""
     out = tmp_path / "default-run"
-    output = flwr_run(flwr_env, f"rounds=2 out='{out}' save-weights=true", supernodes=10)
+    output = flwr_run(flwr_env, f"iadmm.rounds=2 iadmm.out='{out}' iadmm.save-weights=true", supernodes=10)
     for t in (1, 2):
         assert f"dpadmm round {t}/2: test error" in output
     records = read_metrics(out)
@@ -56,11 +56,11 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
 
 
 def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) -> None:
-    """`flwr run . --run-config "epsilon=-1"`: one line names the key, the value and what is allowed, the
-    configuration checks' own frames are not printed, and the run's status is failed (`flwr run` itself
+    """`flwr run . --run-config "iadmm.epsilon=-1"`: one line names the key, the value and what is allowed,
+    the configuration checks' own frames are not printed, and the run's status is failed (`flwr run` itself
     exits 0 whatever the run's outcome: Flower's CLI, see server_app.RunConfigError)."""
-    output = flwr_run(flwr_env, "epsilon=-1")
-    message = "epsilon=-1.0 is not allowed; it must be > 0 (inf = non-private)"
+    output = flwr_run(flwr_env, "iadmm.epsilon=-1")
+    message = "iadmm.epsilon=-1.0 is not allowed; it must be > 0 (inf = non-private)"
     lines = [line for line in output.splitlines() if "dpadmm:" in line]
     assert len(lines) == 1 and lines[0].endswith(f"dpadmm: the run config is not allowed: {message}"), lines
     assert "dpadmm/iadmm/config.py" not in output and "round 1" not in output
@@ -72,7 +72,7 @@ def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) 
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"target-epsilon": 1e-9}, "target-epsilon=1e-09 is not achievable with 100 releases"),
+    ({"iadmm.target-epsilon": 1e-9}, "target-epsilon=1e-09 is not achievable with 100 releases"),
     ({"algorithm": "dp-admm", "linadmm.rounds": 0}, "linadmm.rounds=0 is not allowed; it must be >= 1"),
     ({"algorithm": "admm-sharing", "sharing.rho": "x"}, "sharing.rho='x' is not allowed; expected a"),
     ({"algorithm": "ldp-admm", "decentral.graph": "ring"},
@@ -104,10 +104,7 @@ def test_flower_simulation_equals_the_engine(algorithm: str, flwr_env: dict[str,
     steps = 2 if algorithm == "objpm" else 1
     config = RunConfig(algorithm=algorithm, epsilon=0.5, rounds=3, local_steps=steps, num_agents=5, seed=7,
                        out=str(tmp_path / "flower"), save_weights=True)
-    keys = ("algorithm", "epsilon", "rounds", "local-steps", "num-agents", "seed", "out", "save-weights")
-    mapping = config.to_mapping()
-    run_config = " ".join(f"{k}={toml_value(mapping[k])}" for k in keys)
-    flwr_run(flwr_env, run_config, supernodes=5)
+    flwr_run(flwr_env, run_config_of(config), supernodes=5)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
     flower_metrics = read_metrics(tmp_path / "flower")
     assert all(r["replies"] == 5 and r["rejected"] == 0 for r in flower_metrics)
@@ -129,10 +126,7 @@ def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: di
     ClientApps; every round's parameters equal the engine's (which vmaps the agents)."""
     config = RunConfig(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
                        local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True)
-    keys = ("model", "mechanism", "epsilon", "clip-norm", "batch-size", "rounds", "local-steps", "num-agents",
-            "seed", "out", "save-weights")
-    mapping = config.to_mapping()
-    flwr_run(flwr_env, " ".join(f"{k}={toml_value(mapping[k])}" for k in keys), supernodes=4)
+    flwr_run(flwr_env, run_config_of(config), supernodes=4)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
     assert all(r["replies"] == 4 and r["rejected"] == 0 for r in read_metrics(tmp_path / "flower"))
 
@@ -147,7 +141,8 @@ def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: di
 
 def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_path: Path) -> None:
     """Flower simulates 2 SuperNodes unless told otherwise: the error says how to fix it."""
-    output = flwr_run(flwr_env, f"num-agents=3 node-timeout=3 rounds=1 out='{tmp_path / 'run'}'")
+    output = flwr_run(flwr_env, "iadmm.num-agents=3 iadmm.node-timeout=3 iadmm.rounds=1 "
+                      f"iadmm.out='{tmp_path / 'run'}'")
     assert "only 2 of num-agents=3 nodes connected" in output
     assert "--federation-config 'num-supernodes=3'" in output
 
@@ -157,10 +152,7 @@ def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[
     """The papers' FEMNIST federation at full size: 195 SuperNodes, one per writer, on Ray."""
     config = RunConfig(dataset="femnist", data_dir=str(femnist_dir), num_agents=195, rounds=2, seed=3,
                        dtype="float32", out=str(tmp_path / "flower"), save_weights=True)
-    keys = ("dataset", "data-dir", "num-agents", "rounds", "seed", "dtype", "out", "save-weights")
-    mapping = config.to_mapping()
-    given = " ".join(f"{k}={toml_value(mapping[k])}" for k in keys)
-    output = flwr_run(flwr_env, f"preset='papers' {given}", supernodes=195,
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=195,
                       federation=("client-resources-num-cpus=1",))
     assert "dpadmm round 2/2: test error" in output
     assert [r["replied"] for r in read_jsonl(tmp_path / "flower" / "rounds.jsonl")] == [list(range(195))] * 2

@@ -24,7 +24,7 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
-from tests.conftest import Deployment, sharing_run_config
+from tests.conftest import Deployment, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment:
                                                                      binary_dir: Path) -> None:
     out = deployment.root / "aligned"
     config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
-    assert deployment.submit(sharing_run_config(config)).wait(timeout=600) == 0
+    assert deployment.submit(run_config_of(config)).wait(timeout=600) == 0
     log = (deployment.root / "flwr-run.log").read_text()
     assert "dpadmm round 3/3: test log loss" in log, log[-3000:]
     assert "deployment randomness: each node's noise and samples came from its own" in log
@@ -107,7 +107,7 @@ def test_a_party_of_other_sample_order_stops_the_run(deployment: Deployment) -> 
     out = deployment.root / "misaligned"
     config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
     # `flwr run --stream` exits 0 here too: the ServerApp's failure (exit code 201) is in the log it streams.
-    deployment.submit(sharing_run_config(config), "misaligned.log").wait(timeout=600)
+    deployment.submit(run_config_of(config), "misaligned.log").wait(timeout=600)
     log = (deployment.root / "misaligned.log").read_text()
     assert "party 1's sample ids are not aligned with the labels'" in log, log[-3000:]
     assert "must list the same ids in the same order" in log

@@ -15,7 +15,7 @@ import pytest
 from dpadmm.runs.results import read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
-from tests.conftest import flower_app, flwr_run, sharing_run_config
+from tests.conftest import flower_app, flwr_run, run_config_of
 from tests.faulty_sharing_clientapp import FAULTS
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def test_flower_run_equals_the_engine_round_by_round(noise: str, flwr_env: dict[
     out = tmp_path / "flower"
     config = SharingConfig(epsilon=1.0, noise=noise, rounds=4, data_dir=str(binary_dir / "a9a"), x_bound=0.5,
                            seed=4, eval_every=2, out=str(out))
-    output = flwr_run(flwr_env, sharing_run_config(config), supernodes=2)
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=2)
     assert "dpadmm round 4/4: test log loss" in output and "Theorem 3 of 001" in output
     assert "randomness: simulation randomness" in output  # the simulated parties said so themselves
     flower = read_metrics(out)
@@ -50,7 +50,7 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
     out = tmp_path / "run"
     config = SharingConfig(epsilon=1.0, rounds=5, data_dir=str(binary_dir / "a9a"), x_bound=0.5, seed=2,
                            out=str(out))
-    output = flwr_run(flwr_env, sharing_run_config(config), supernodes=2,
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=2,
                       app=flower_app(tmp_path, "faulty_sharing_clientapp"))
     assert "round 2: party 1 rejected: party 1 sent a vector of shape (32561,) (expected (32561,), finite)" \
         in output

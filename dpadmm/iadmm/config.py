@@ -1,7 +1,8 @@
 """One run configuration for every execution path.
 
-The Flower app reads it from ``context.run_config`` (``[tool.flwr.app.config]`` in
-pyproject.toml, overridable with ``flwr run . --run-config "..."``), the ``dpadmm`` CLI
+The Flower app reads it from ``context.run_config`` (the ``[tool.flwr.app.config.iadmm]`` table of
+pyproject.toml, or ``iadmm-papers`` under the papers preset, overridable with ``flwr run . --run-config
+"iadmm.<key>=..."``; :mod:`dpadmm.families`), the ``dpadmm`` CLI
 builds one flag per field, and the engine takes the object itself. Keys are the field
 names in kebab-case, so ``local_steps`` is ``local-steps`` everywhere. A run is a
 function of this object (the seed included): nothing else enters the mathematics.
@@ -13,6 +14,7 @@ what is allowed (the convention of Opacus and dp-accounting).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -340,16 +342,17 @@ class RunConfig(keys.Keyed):
         return f"runs/{self.algorithm}-eps{eps}-E{self.steps}-seed{self.seed}"
 
 
-# The main job: what `flwr run .` (pyproject.toml's run config under preset = "main") and `dpadmm train`
-# without flags run, budget-first: Poisson-subsampled Gaussian objective perturbation, C = 1, T = 10 rounds
-# of E = 10 steps, a constant rho and eta^t = 400 / sqrt(t) (the kind of configuration the comparison with
-# DP-SGD + FedAvg tunes, docs/results/compare/), eps-bar calibrated so that the whole run is (8, 1e-5)-DP
-# per agent for one sample added or removed. q = 0.2 and rho = 0.001 were picked among eight settings by
-# their test error on the embedded data over seeds 0-2 (docs/getting-started.md says so). The papers'
-# configuration (eps-bar per local step, full batches, Laplace, the eq. (24) presets) is the dataclass's
-# defaults: what a configuration that gives `epsilon` or another algorithm starts from.
+# The main job: what `flwr run .` (pyproject.toml's [tool.flwr.app.config.iadmm] table, the `main` preset)
+# and `dpadmm train` without flags run, budget-first: Poisson-subsampled Gaussian objective perturbation,
+# C = 1, T = 10 rounds of E = 10 steps (objpm's own), a constant rho and eta^t = 400 / sqrt(t) (the kind
+# of configuration the comparison with DP-SGD + FedAvg tunes, docs/results/compare/), eps-bar calibrated
+# so that the whole run is (8, 1e-5)-DP per agent for one sample added or removed. q = 0.2 and rho = 0.001
+# were picked among eight settings by their test error on the embedded data over seeds 0-2
+# (docs/getting-started.md says so). The papers' configuration (eps-bar per local step, full batches,
+# Laplace, the eq. (24) presets) is the dataclass's defaults: the `papers` preset
+# ([tool.flwr.app.config.iadmm-papers], `dpadmm train --preset papers`).
 MAIN_JOB: dict[str, Any] = {
-    "algorithm": "objpm", "rounds": 10, "local_steps": 10, "target_epsilon": 8.0, "delta": 1e-5,
+    "algorithm": "objpm", "rounds": 10, "target_epsilon": 8.0, "delta": 1e-5,
     "mechanism": "gaussian", "clip_norm": 1.0, "sampling_rate": 0.2, "neighbouring": "add-remove",
     "prox_scale": 400.0, "rho_preset": "custom", "rho_c1": 1e-3, "rho_c2": 0.0,
 }
@@ -363,31 +366,53 @@ def main_job() -> RunConfig:
 PRESETS = ("main", "papers")
 
 
-def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
-    """The configuration a user asks for with the kebab-case keys ``given``: the main job with them, or the
-    papers' defaults with them when ``preset`` is "papers", or when they give ``epsilon`` (the papers'
-    eps-bar per local step) or another ``algorithm`` than the main job's.
-
-    So every configuration that states its eps-bar or algorithm, as the papers' do, runs exactly as it did
-    before the main job became budget-first, and the keys a user leaves out never mix the two.
-    """
+def preset_values(preset: str) -> dict[str, Any]:
+    """The kebab-case keys of a preset, every one written out: ``main`` (the main job, the plain defaults)
+    or ``papers`` (the papers' settings, the dataclass's defaults)."""
     allowed("preset", preset, PRESETS)
-    papers = (preset == "papers" or "epsilon" in given
-              or given.get("algorithm", MAIN_JOB["algorithm"]) != MAIN_JOB["algorithm"])
-    base = {} if papers else main_job().to_mapping()
-    return RunConfig.from_mapping({**base, **given})
+    # num-agents as written (0: the data set's own count), not as resolved for the default data set, so
+    # that a preset with another data set gives that data set's count (195 FEMNIST writers)
+    return {**(main_job() if preset == "main" else RunConfig()).to_mapping(), "num-agents": 0}
 
 
-def from_app_config(run_config: Mapping[str, Any]) -> RunConfig:
-    """:func:`requested` for a Flower run config: pyproject.toml's values with the user's ``--run-config``
-    over them. pyproject.toml holds the papers' defaults and ``preset = "main"``; the keys the user gave
-    are those whose value differs from the papers' default. So a configuration on the papers' side is
-    exactly the run config; on the main job's side, a key set to its papers' default is not told apart
-    from one left out (``preset='papers'`` says it: the run config exactly)."""
-    values = dict(run_config)
-    preset = str(values.pop("preset", "main"))
-    papers = RunConfig().to_mapping()
+def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
+    """The configuration a user asks for: the preset's values with the kebab-case keys ``given`` over them.
+
+    A given value is used as given, never replaced by the preset's: the preset only fills the keys left
+    out. One given key has nothing to act on under a target: ``epsilon`` (eps-bar per local step) while
+    ``target-epsilon`` > 0 calibrates eps-bar for the whole run, so that combination is refused rather than
+    silently overwritten. A combination the preset's own values make impossible (``algorithm='outp'``
+    with the main job's Gaussian noise) is refused with the preset named, so the user knows where the
+    other value came from.
+    """
+    base = preset_values(preset)
+    try:
+        config = RunConfig.from_mapping({**base, **given})
+    except ValueError as error:
+        if preset != "main" or str(error).startswith("unknown"):
+            raise
+        papers = preset_values("papers")
+        culprits = [k for k, v in base.items() if k not in given and v != papers[k]
+                    and re.search(rf"(?<![\w-]){k}(?![\w-])", str(error))]
+        if not culprits:
+            raise
+        raise ValueError(f"{error} (the main preset sets {', '.join(culprits)}; give it, or use the papers "
+                         "preset)") from None
+    if "epsilon" in given and config.target_epsilon > 0:
+        raise ValueError(
+            f"epsilon={given['epsilon']!r} is not used while target-epsilon={config.target_epsilon:g} "
+            "calibrates eps-bar for the whole run; give target-epsilon=0 with it, or use the papers "
+            "preset (eps-bar per local step, as the papers)")
+    return config
+
+
+def from_app_config(own: Mapping[str, Any], preset: str = "main") -> RunConfig:
+    """:func:`requested` for the keys of a Flower run config's DP-IADMM table (``iadmm.*`` for the main
+    preset, ``iadmm-papers.*`` for the papers'): Flower hands the table with the user's ``--run-config``
+    merged over pyproject.toml's values, which are the preset's own, so the keys given are those whose
+    value differs from the preset's. A value equal to the preset's runs the same either way."""
+    base = preset_values(preset)
     types = {key(f.name): f.type for f in fields(RunConfig)}
     # a value as TOML or flwr gives it (ints for floats, "inf" strings) is compared once coerced to its field
-    given = {k: v for k, v in values.items() if k not in papers or keys.coerce(k, v, types[k]) != papers[k]}
+    given = {k: v for k, v in own.items() if k not in base or keys.coerce(k, v, types[k]) != base[k]}
     return requested(given, preset)
