@@ -31,12 +31,13 @@ own ``.npz`` of samples (:func:`dpadmm.decentral.problem.read_agent_file`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -63,6 +64,7 @@ from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing.config import SharingConfig
+from dpadmm.wire import REFUSED_KEY
 
 app = ClientApp()
 
@@ -211,13 +213,39 @@ def decentral_agent(config: DecentralConfig, node_config: Mapping[str, Any]) -> 
     return decentral_partition(config, agent, int(node_config["num-partitions"]))
 
 
+class Refused(Exception):
+    """This node's configuration or data is refused (a ``ValueError`` or ``OSError`` while reading them): a
+    fault every round would repeat, answered by :func:`refusal` instead of a result."""
+
+
+@contextmanager
+def refusing() -> Iterator[None]:
+    """Turn a ``ValueError`` or ``OSError`` raised while the node reads its configuration or its data into
+    :class:`Refused`. The protocol's own checks of a round's message (a replayed round, a malformed state)
+    stay outside: they cost the node that round only."""
+    try:
+        yield
+    except (ValueError, OSError) as error:
+        raise Refused(str(error)) from error
+
+
+def refusal(msg: Message, reason: str) -> Message:
+    """The reply that ends the run (``strategies.nodes.refused``): the reason in ``wire.REFUSED_KEY``."""
+    return Message(RecordDict({"config": ConfigRecord({REFUSED_KEY: reason})}), reply_to=msg)
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """ADMM sharing: this party's test scores (the other families evaluate on the server)."""
-    chosen = from_run_config(context.run_config)
-    if not isinstance(chosen, SharingConfig):
-        raise ValueError(f"algorithm={chosen.algorithm!r} evaluates on the server; no client evaluation")
-    parties, _ = sharing_party(chosen, context.node_config)
+    try:
+        with refusing():
+            chosen = from_run_config(context.run_config)
+            if not isinstance(chosen, SharingConfig):
+                raise ValueError(f"algorithm={chosen.algorithm!r} evaluates on the server; no client "
+                                 "evaluation")
+            parties, _ = sharing_party(chosen, context.node_config)
+    except Refused as error:
+        return refusal(msg, str(error))
     return scores_reply(msg, context, parties, int(context.node_config["partition-id"]))
 
 
@@ -225,20 +253,33 @@ def evaluate(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """DP-IADMM: receive w, lambda_p and the last iterate, run E local updates, send z_p^{t+1}.
     DP-ADMM / DP-AccADMM: receive the point, send the clipped gradient sum of this client's rows.
-    004: release the agent's next iterate (with exchange=secret through SecAgg+, whose mod wraps this)."""
-    chosen = from_run_config(context.run_config)
+    004: release the agent's next iterate (with exchange=secret through SecAgg+, whose mod wraps this).
+    A node whose configuration or data is refused says why (:func:`refusal`), and the server ends the run."""
+    try:
+        return _train(msg, context)
+    except Refused as error:
+        return refusal(msg, str(error))
+
+
+def _train(msg: Message, context: Context) -> Message:
+    with refusing():
+        chosen = from_run_config(context.run_config)
     partition_id = int(context.node_config["partition-id"])
     if isinstance(chosen, LinAdmmConfig):
-        features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
+        with refusing():
+            features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
         return gradient_reply(msg, chosen, features, labels, partition_id)
     if isinstance(chosen, DecentralConfig):
-        view = decentral_agent(chosen, context.node_config)
+        with refusing():
+            view = decentral_agent(chosen, context.node_config)
         reply = sum_reply if chosen.exchange == "secret" else iterate_reply
         return reply(msg, context, chosen, view, partition_id)
     if isinstance(chosen, SharingConfig):
-        parties, digest = sharing_party(chosen, context.node_config)
+        with refusing():
+            parties, digest = sharing_party(chosen, context.node_config)
         return round_reply(msg, context, chosen, parties, partition_id, digest)
-    config = calibrated(chosen)
     arrays = msg.content["arrays"]
-    data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
+    with refusing():
+        config = calibrated(chosen)
+        data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
     return train_reply(msg, config, data, partition_id, model_for(config), context.node_config)

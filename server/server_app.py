@@ -14,11 +14,12 @@ same run again with ``out`` naming that folder resumes it from the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from logging import ERROR, INFO
+from logging import DEBUG, ERROR, INFO
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -26,7 +27,7 @@ from flwr.common.logger import log
 from flwr.server import LegacyContext, ServerConfig
 from flwr.serverapp import Grid, ServerApp
 
-from dpadmm.data.vertical import read_labels_file, row_digest
+from dpadmm.data.vertical import read_labels_file, require_widths, row_digest
 from dpadmm.decentral import engine as decentral_engine
 from dpadmm.decentral import privacy as decentral_privacy
 from dpadmm.decentral.config import DecentralConfig
@@ -45,14 +46,14 @@ from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.privacy.ledger import Ledger
 from dpadmm.privacy.randomness import DEPLOYMENT, statement
-from dpadmm.runs.results import RunWriter, central_metrics
+from dpadmm.runs.results import RunWriter, central_metrics, closing
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from strategies import DPIADMM
 from strategies.decentral import GraphRouter, SecureSum, secure_workflow
 from strategies.linadmm import DPLinADMM, server_secret
-from strategies.nodes import server_kind
+from strategies.nodes import RunRefused, refuse_run, server_kind
 from strategies.sharing import ADMMSharing
 
 CHECKPOINT = "checkpoint.pt"
@@ -68,21 +69,39 @@ class RunConfigError(ValueError):
     run's outcome (flwr 1.41's CLI ends when the log stream ends)."""
 
 
+def refuse(reason: str) -> NoReturn:
+    """Log ``reason`` on one line and end the run as failed (:class:`RunConfigError`), before it starts."""
+    log(ERROR, "dpadmm: the run config is not allowed: %s", reason)
+    raise RunConfigError(reason)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """Refusals end the run with one line and a short traceback (raised from None), not the checks' frames:
+    a key refused here, a node that refuses its configuration or data, or a federation that does not match
+    (:class:`strategies.nodes.RunRefused`, logged where it is found), or the server's own data files (a
+    ``ValueError`` or ``OSError``, named with the file by the loaders; the frames go to the debug log)."""
     try:
         config = configured(context.run_config)
     except ValueError as error:
-        log(ERROR, "dpadmm: the run config is not allowed: %s", error)
-        raise RunConfigError(str(error)) from None  # Flower prints this short traceback, not the checks'
-    if isinstance(config, DecentralConfig):
-        decentral_main(grid, context, config)
-    elif isinstance(config, SharingConfig):
-        sharing_main(grid, config)
-    elif isinstance(config, LinAdmmConfig):
-        linadmm_main(grid, config)
-    else:
-        iadmm_main(grid, config)
+        refuse(str(error))
+    try:
+        if isinstance(config, DecentralConfig):
+            decentral_main(grid, context, config)
+        elif isinstance(config, SharingConfig):
+            sharing_main(grid, config)
+        elif isinstance(config, LinAdmmConfig):
+            linadmm_main(grid, config)
+        else:
+            iadmm_main(grid, config)
+    except (RunConfigError, RunRefused) as error:
+        raise type(error)(str(error)) from None
+    except (ValueError, OSError) as error:
+        log(DEBUG, "dpadmm: %s", "".join(traceback.format_exception(error)))
+        try:
+            refuse_run(str(error))
+        except RunRefused as refused:
+            raise refused from None
 
 
 def configured(run_config: Mapping[str, Any]) -> Any:
@@ -96,18 +115,16 @@ def configured(run_config: Mapping[str, Any]) -> Any:
 def run_folder(config: Any, ledger: Ledger | Statement | None,
                kinds: Callable[[], Iterable[str]] | None = None) -> Iterator[RunWriter]:
     """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
-    runs and closed whatever happens. At the end, ``kinds`` (the kinds of randomness the nodes reported,
-    :mod:`clients.randomness`) goes into the statement, privacy.json is written again with it, and the
-    statement's summary is logged."""
+    runs and closed whatever happens (marked failed, failed.json, when the strategy raises). At the end,
+    ``kinds`` (the kinds of randomness the nodes reported, :mod:`clients.randomness`) goes into the
+    statement, privacy.json is written again with it, and the statement's summary is logged."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
-    try:
+    with closing([writer]):
         yield writer
-    finally:
-        writer.close()
     if ledger and kinds is not None:
         ledger = dataclasses.replace(ledger, randomness=statement(set(kinds())))
         writer.write_ledger(ledger)
@@ -229,13 +246,16 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     outside Flower's simulation engine the server refuses it first, on one line, unless its environment
     forces the simulation kind (:func:`strategies.nodes.server_kind`)."""
     if config.private and config.noise == "paper" and server_kind(grid) == DEPLOYMENT:
-        log(ERROR, "dpadmm: the run config is not allowed: %s", sharing_engine.PAPER_REFUSED)
-        raise RunConfigError(sharing_engine.PAPER_REFUSED)
+        refuse(sharing_engine.PAPER_REFUSED)
     if config.labels_path:
         held = read_labels_file(config.labels_path)
         y_train, y_test, digest = held.y, held.y_test, held.digest()
     else:
-        dataset = sharing_engine.dataset_of(config)  # the server uses the labels only
+        dataset = sharing_engine.dataset_of(config)  # the server uses the labels, and checks the widths
+        try:
+            require_widths(config.widths, dataset.num_features)
+        except ValueError as error:
+            refuse(f"sharing.{error}")
         y_train, y_test = dataset.y_train, dataset.y_test
         digest = row_digest(len(y_train), len(y_test))
     dtype = sharing_engine.DTYPES[config.dtype]
@@ -296,11 +316,9 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
             record.get("consensus-violation", float("nan")))
         return MetricRecord({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
-    try:
+    with closing([writer]):
         strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,
                        evaluate_fn=evaluate)
-    finally:
-        writer.close()
     if ledger:  # what the agents reported using (clients.randomness), said in the statement and privacy.json
         ledger = dataclasses.replace(ledger, randomness=statement(set(strategy.kinds.values())))
         writer.write_ledger(ledger)

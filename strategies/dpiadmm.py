@@ -34,7 +34,7 @@ from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
 from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.runs import checkpoint
-from strategies.nodes import Roster, claimed_partition, reported_kind
+from strategies.nodes import Roster, claimed_partition, refused, reported_kind
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -166,8 +166,8 @@ class DPIADMM(Strategy):
         for t in range(self.round + 1, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", t, num_rounds)
-            replies = grid.send_and_receive(messages=self.configure_train(t, arrays, train_config, grid),
-                                            timeout=timeout)
+            replies = refused(grid.send_and_receive(
+                messages=self.configure_train(t, arrays, train_config, grid), timeout=timeout))
             arrays, metrics = self.aggregate_train(t, replies)
             result.arrays = arrays
             result.train_metrics_clientapp[t] = metrics

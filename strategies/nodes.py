@@ -1,16 +1,24 @@
-"""Which connected node holds which agent: the roster every strategy of the app keeps.
+"""Which connected node holds which agent: the roster every strategy of the app keeps; and the faults that
+end a run.
 
 Node ids are random and change when a device reconnects; an agent is its partition id, which
 each node states once when asked (a query message, answered by ``clients.dpiadmm.answer_query``).
 The roster keeps node -> partition, refuses a second node claiming a partition that a connected
 node holds, and moves a partition to a new node when its old node is gone.
+
+Two kinds of fault. A transient one (a timeout, a lost node, a reply that fails a check) costs that
+node its round, by each strategy's dropout rules. A fault that would repeat every round ends the run
+(:class:`RunRefused`, ``finished:failed``): a node that refuses its configuration or its data (it replies
+with ``wire.REFUSED_KEY``, :func:`refusal_in`) and a federation sized against the configuration (a node
+claiming a partition the run does not have).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from logging import INFO, WARNING
+from collections.abc import Iterable, Mapping
+from logging import ERROR, INFO, WARNING
+from typing import NoReturn
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
@@ -18,7 +26,43 @@ from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
 from dpadmm.privacy.randomness import DEPLOYMENT, FORCED_SIMULATION, SIMULATION, forced_kind
-from dpadmm.wire import KIND_KEY
+from dpadmm.wire import KIND_KEY, REFUSED_KEY
+
+
+class RunRefused(RuntimeError):
+    """A fault that every round would repeat: a node refused its configuration or its data, the federation
+    does not match the configuration, or the server cannot read its own data. The reason is logged on one
+    line (``dpadmm: the run cannot go on: ...``); raised out of the ServerApp it ends the run as
+    ``finished:failed`` with the reason as its details (``flwr ls``), as a refused run config does."""
+
+
+def refuse_run(reason: str) -> NoReturn:
+    """Log ``reason`` on one line and raise :class:`RunRefused` with it."""
+    log(ERROR, "dpadmm: the run cannot go on: %s", reason)
+    raise RunRefused(reason)
+
+
+def refusal_in(reply: Message) -> str | None:
+    """The reason a reply refuses the run (``wire.REFUSED_KEY``), or None."""
+    if reply.has_error():
+        return None
+    try:
+        return str(reply.content["config"][REFUSED_KEY])
+    except (KeyError, TypeError):
+        return None
+
+
+def refused(replies: Iterable[Message]) -> list[Message]:
+    """``replies`` as a list, after ending the run (:func:`refuse_run`) if any refuses it: every strategy
+    passes what ``grid.send_and_receive`` returns through this."""
+    replies = list(replies)
+    reasons = [(reply.metadata.src_node_id, reason) for reply in replies
+               if (reason := refusal_in(reply)) is not None]
+    if reasons:
+        node, reason = reasons[0]
+        more = f" (and {len(reasons) - 1} more nodes)" if len(reasons) > 1 else ""
+        refuse_run(f"node {node} refused: {reason}{more}")
+    return replies
 
 
 class Roster:
@@ -64,18 +108,22 @@ class Roster:
     def _query(self, grid: Grid, nodes: list[int], connected: set[int]) -> None:
         """Ask new nodes for their partition id and bind the valid, unclaimed ones."""
         question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
-        replies = grid.send_and_receive(
+        replies = refused(grid.send_and_receive(
             [Message(content=question, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
-            timeout=self.round_timeout)
+            timeout=self.round_timeout))
         for reply in replies:
             node = reply.metadata.src_node_id
             claimed = claimed_partition(reply)
             holder = {p: n for n, p in self.nodes.items() if n in connected}.get(claimed)
             if reply.has_error():
                 log(WARNING, "node %s did not say its partition: %s", node, reply.error.reason)
-            elif claimed is None or not 0 <= claimed < self.num_agents:
-                log(WARNING, "node %s claims partition %s, outside 0..%d; not bound", node, claimed,
-                    self.num_agents - 1)
+            elif claimed is None:
+                log(WARNING, "node %s states no readable partition id; not bound", node)
+            elif not 0 <= claimed < self.num_agents:
+                refuse_run(f"node {node} holds partition {claimed}, but this run has {self.num_agents} (0.."
+                           f"{self.num_agents - 1}): the federation does not match the configuration. In "
+                           "simulation, size it to match: flwr run . --federation-config "
+                           f"'num-supernodes={self.num_agents}'")
             elif holder is not None:
                 log(WARNING, "node %s claims partition %d, which connected node %s holds; not bound", node,
                     claimed, holder)

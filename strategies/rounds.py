@@ -18,6 +18,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.nodes import refused
+
 
 def run_rounds(strategy: Strategy, grid: Grid, num_rounds: int, timeout: float,
                after_round: Callable[[int, float], None]) -> Result:
@@ -33,7 +35,7 @@ def run_rounds(strategy: Strategy, grid: Grid, num_rounds: int, timeout: float,
         log(INFO, "[ROUND %s/%s]", t, num_rounds)
         begun = time.perf_counter()
         messages = strategy.configure_train(t, ArrayRecord(), ConfigRecord(), grid)
-        replies = grid.send_and_receive(messages=messages, timeout=timeout)
+        replies = refused(grid.send_and_receive(messages=messages, timeout=timeout))
         result.arrays, result.train_metrics_clientapp[t] = strategy.aggregate_train(t, replies)
         after_round(t, time.perf_counter() - begun)
     log(INFO, "Strategy execution finished in %.2fs", time.time() - started)

@@ -51,7 +51,7 @@ from dpadmm.wire import (
     PULLED_KEY,
     SCORES_KEY,
 )
-from strategies.nodes import Roster, reported_kind
+from strategies.nodes import Roster, refused, reported_kind
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -105,7 +105,8 @@ class ADMMSharing(Strategy):
             self.elapsed += seconds
             if t % self.config.eval_every == 0 or t == num_rounds:
                 asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
-                record = self.aggregate_evaluate(t, grid.send_and_receive(messages=asks, timeout=timeout))
+                record = self.aggregate_evaluate(t, refused(grid.send_and_receive(messages=asks,
+                                                                                  timeout=timeout)))
                 if evaluate_fn is not None and record is not None:
                     evaluate_fn(t, dict(record))
 

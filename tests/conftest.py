@@ -4,6 +4,7 @@ loopback deployment (a TLS SuperLink and SuperNodes started with `dpadmm deploy`
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -159,6 +160,16 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     return output
+
+
+def last_run_status(env: dict[str, str], *connection: str) -> tuple[str, str]:
+    """(status, status details) of the newest run that ``flwr ls`` lists, on the local SuperLink of ``env``
+    or on ``connection``: `flwr run --stream` exits 0 whatever the run's outcome, the status says it."""
+    flwr = Path(sys.executable).parent / "flwr"
+    listed = subprocess.run([str(flwr), "ls", *connection, "--format", "json"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    run = max(json.loads(listed.stdout)["runs"], key=lambda r: r["pending-at"])
+    return run["status"], run["status-details"]
 
 
 def toml_value(value: object) -> str:

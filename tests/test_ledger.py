@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import time
 
 import dp_accounting
 import pytest
@@ -19,6 +21,7 @@ from dpadmm.privacy.ledger import (
     advanced_composition,
     basic_composition,
     calibrate_multiplier,
+    composed_epsilon,
     ledger,
     pld_epsilon,
     rdp_epsilon,
@@ -116,3 +119,38 @@ def test_the_rdp_accountants_warnings_leave_logging_as_it_was(capfd: pytest.Capt
     assert logging.root.handlers == []
     assert 8.0 < epsilon < 9.5  # RDP's bound, above PLD's 8 for the same releases
     assert "absl" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(("release", "count", "method"), [
+    (Release("laplace", 20.0), 10**7, "RDP; the PLD accountant is too slow for more than 1000000 releases"),
+    (Release("gaussian", 1.0), 10**7, "exact: 10000000 Gaussian releases are one Gaussian; the PLD"),
+    (Release("gaussian", 38.0, 0.2), 10**7, "RDP; the PLD accountant is too slow for more than"),
+    (Release("laplace", 2.0, 0.1), 10**7, "advanced composition; the PLD accountant is too slow for more"),
+    (Release("laplace", 1e-6), 1, "pure composition; the PLD accountant is too slow for an epsilon above"),
+])
+def test_any_count_of_releases_is_stated_in_seconds_by_a_named_valid_bound(release: Release, count: int,
+                                                                          method: str) -> None:
+    """Where the PLD accountant would take minutes (or run out of memory), the tightest of the fast bounds,
+    each an upper bound, is stated with its name: never below the exact value where one is known."""
+    started = time.perf_counter()
+    epsilon, how = composed_epsilon(release, count, 1e-5)
+    assert time.perf_counter() - started < 15 and how.startswith(method)
+    assert math.isfinite(epsilon)
+    assert epsilon <= basic_composition(single_release(release, 1e-5 / count), count)
+    if release.mechanism == "gaussian" and release.sampling == 1:  # the exact composition, as dp-accounting's
+        one = dp_accounting.get_epsilon_gaussian(release.deployed_multiplier / math.sqrt(count), 1e-5)
+        assert epsilon == pytest.approx(one, rel=1e-6)
+    if release.mechanism == "laplace" and release.sampling == 1 and count == 1:
+        assert epsilon == pytest.approx(1e6)  # a pure release's epsilon is 1/multiplier
+
+
+def test_no_statement_prints_an_epsilon_that_is_not_finite() -> None:
+    """Advanced composition of releases of epsilon 1e6 overflows: the statement says there is no finite
+    bound, and the JSON stays JSON (null, not Infinity)."""
+    assert advanced_composition(1e6, 10, 1e-5) == math.inf
+    book = ledger(algorithm="objpm", release=Release("laplace", 1e-6), per_round=10, rounds=5, delta=1e-5,
+                  epsilon_bar=1e6, calibration="clipped", sensitivity="L1", noise_scale="b", covered=True,
+                  neighbouring="replace-one", note="")
+    assert "advanced none (not finite)" in book.summary() and "inf" not in book.summary()
+    text = json.dumps(book.to_dict())
+    assert "Infinity" not in text and json.loads(text)["whole_run"]["epsilon_advanced"] is None

@@ -10,8 +10,6 @@ import dataclasses
 import json
 import logging
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.runs.results import read_jsonl, read_metrics
 from server import server_app
-from tests.conftest import ROOT, flat_app_config, flwr_run, run_config_of
+from tests.conftest import flat_app_config, flwr_run, last_run_status, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +62,8 @@ def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) 
     lines = [line for line in output.splitlines() if "dpadmm:" in line]
     assert len(lines) == 1 and lines[0].endswith(f"dpadmm: the run config is not allowed: {message}"), lines
     assert "dpadmm/iadmm/config.py" not in output and "round 1" not in output
-    flwr = Path(sys.executable).parent / "flwr"  # this environment's, as flwr_run's
-    listed = subprocess.run([str(flwr), "ls", "--format", "json"], cwd=ROOT, env=flwr_env,
-                            capture_output=True, text=True, timeout=60, check=True)
-    [run] = json.loads(listed.stdout)["runs"]
-    assert run["status"] == "finished:failed" and run["status-details"].endswith(message)
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and details.endswith(message)
 
 
 @pytest.mark.parametrize(("keys", "message"), [

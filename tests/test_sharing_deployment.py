@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
-from dpadmm.runs.results import read_jsonl, read_metrics
+from dpadmm.runs.results import failure, read_jsonl, read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
-from tests.conftest import Deployment, run_config_of
+from tests.conftest import Deployment, last_run_status, run_config_of
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def _node_config(path: Path, party: int) -> str:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> Iterator[Deployment]:
     """The files, certificates and keys (node-2 for the misaligned party), a SuperLink and both parties."""
-    d = Deployment(tmp_path_factory.mktemp("sharing-deployment"), nodes=3)
+    d = Deployment(tmp_path_factory.mktemp("sharing-deployment"), nodes=4)
     files = d.root / "files"
     d.dpadmm("deploy", "vertical", "--dataset", "a9a", "--data-dir", str(binary_dir / "a9a"),
              "--parties", ",".join(map(str, PARTIES)), "--out", str(files))
@@ -46,13 +46,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> It
         order = np.random.default_rng(0).permutation(len(own["ids"]))
         np.savez(files / "party-1-permuted.npz", ids=own["ids"][order], x=own["x"][order],
                  test_ids=own["test_ids"], x_test=own["x_test"])
-    d.prepare(["node-0", "node-1", "node-2"])
+        np.savez(files / "party-1-short.npz", ids=own["ids"], x=own["x"][:, :-1],  # one column short
+                 test_ids=own["test_ids"], x_test=own["x_test"][:, :-1])
+    d.prepare(["node-0", "node-1", "node-2", "node-3"])
     try:
         d.start_superlink()
         for party in range(len(PARTIES)):
             d.register(f"node-{party}")
             d.start_supernode(party, _node_config(files / f"party-{party}.npz", party))
         d.register("node-2")
+        d.register("node-3")
         d.wait_for(lambda: d.online() == len(PARTIES), "both parties' SuperNodes online")
         yield d
     finally:
@@ -112,3 +115,23 @@ def test_a_party_of_other_sample_order_stops_the_run(deployment: Deployment) -> 
     assert "party 1's sample ids are not aligned with the labels'" in log, log[-3000:]
     assert "must list the same ids in the same order" in log
     assert "dpadmm round 1/3" not in log and not read_metrics(out)  # stopped in round 1
+
+
+def test_a_party_file_one_column_short_ends_the_run_with_its_reason(deployment: Deployment) -> None:
+    """Party 1's node now reads a file one column short of its 57: the node refuses its data on its first
+    round, and the server ends the run with the node's reason (not "completed" with empty metrics)."""
+    for name in [n for n in deployment.processes if n.startswith("supernode-") and n != "supernode-0"]:
+        deployment.stop(name)  # whichever node holds party 1 now
+    deployment.wait_for(lambda: deployment.online() == 1, "party 1's SuperNode to leave")
+    deployment.start_supernode(3, _node_config(deployment.root / "files" / "party-1-short.npz", 1))
+    deployment.wait_for(lambda: deployment.online() == 2, "the short party's SuperNode online")
+    out = deployment.root / "short"
+    config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
+    deployment.submit(run_config_of(config), "short.log").wait(timeout=600)
+    log = (deployment.root / "short.log").read_text()
+    reason = "x has 56 columns but parties='66,57' gives party 1 57"
+    assert "dpadmm: the run cannot go on: node" in log and reason in log, log[-3000:]
+    assert "dpadmm round 1/3" not in log and not read_metrics(out)
+    status, details = last_run_status(deployment.env, deployment.connection)
+    assert status == "finished:failed" and reason in details
+    assert reason in failure(out)["reason"]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dpadmm.runs.results import read_metrics
+from dpadmm.runs.results import failure, read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
-from tests.conftest import flower_app, flwr_run, run_config_of
+from tests.conftest import flower_app, flwr_run, last_run_status, run_config_of
 from tests.faulty_sharing_clientapp import FAULTS
 
 pytestmark = pytest.mark.slow
@@ -81,3 +81,33 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
         expected = engine.evaluate(problem, state, t, config.l2)[0]
         for key in ("test-log-loss", "test-error", "primal-residual"):
             assert record[key] == pytest.approx(expected[key], rel=1e-9, abs=1e-12), (key, t)
+
+
+def test_widths_that_miss_columns_are_refused_before_anything_runs(flwr_env: dict[str, str], tmp_path: Path,
+                                                                   binary_dir: Path) -> None:
+    """parties='60,57' covers 117 of a9a's 123 columns: the server, which holds the data set in a simulation,
+    refuses it before the first round, on one line, and leaves no run folder."""
+    config = SharingConfig(parties="60,57", rounds=2, data_dir=str(binary_dir / "a9a"),
+                           out=str(tmp_path / "r"))
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=2)
+    message = ("sharing.parties='60,57' cover 117 columns but the data set has 123; give widths that sum "
+               "to 123")
+    assert f"dpadmm: the run config is not allowed: {message}" in output
+    assert "[ROUND 1" not in output and not (tmp_path / "r").exists()
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and details.endswith(message)
+
+
+def test_a_federation_larger_than_the_parties_ends_the_run(flwr_env: dict[str, str], tmp_path: Path,
+                                                          binary_dir: Path) -> None:
+    """3 SuperNodes for 2 parties: the third node holds partition 2, which this run does not have. The server
+    says so when the nodes connect, before any party computes, and marks the run folder failed."""
+    out = tmp_path / "r"
+    config = SharingConfig(rounds=2, data_dir=str(binary_dir / "a9a"), out=str(out))
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=3)
+    reason = "holds partition 2, but this run has 2 (0..1): the federation does not match the configuration"
+    assert "dpadmm: the run cannot go on: node" in output and reason in output
+    assert "dpadmm round 1/2" not in output and not read_metrics(out)
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and reason in details
+    assert reason in failure(out)["reason"] and failure(out)["last-round"] is None

@@ -41,11 +41,16 @@ LABELS_ARRAYS = ("ids", "y", "test_ids", "y_test")
 LABELS_FILE = "labels.npz"
 
 
+def require_widths(widths: Sequence[int], columns: int) -> None:
+    """A ValueError unless the parties' ``widths`` cover the data set's ``columns`` exactly."""
+    if sum(widths) != columns:
+        raise ValueError(f"parties={','.join(map(str, widths))!r} cover {sum(widths)} columns but the data "
+                         f"set has {columns}; give widths that sum to {columns}")
+
+
 def split_columns(x: torch.Tensor, widths: Sequence[int]) -> list[torch.Tensor]:
     """The contiguous column blocks of ``x`` [N, J] with the given widths, which must sum to J."""
-    if sum(widths) != x.shape[1]:
-        raise ValueError(f"parties={','.join(map(str, widths))!r} cover {sum(widths)} columns but the data "
-                         f"set has {x.shape[1]}; give widths that sum to {x.shape[1]}")
+    require_widths(widths, x.shape[1])
     return list(torch.split(x, list(widths), dim=1))
 
 

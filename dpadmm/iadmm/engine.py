@@ -34,7 +34,7 @@ from dpadmm.models.modules import build_model, initial_parameters, numel, tree_m
 from dpadmm.privacy.ledger import Ledger
 from dpadmm.privacy.randomness import SIMULATION, Secret, statement
 from dpadmm.runs import checkpoint
-from dpadmm.runs.results import RunWriter, central_metrics, progress_bar
+from dpadmm.runs.results import RunWriter, central_metrics, closing, progress_bar
 
 # Elements of a module's per-chunk temporaries (gradients, noise, iterates) in the engine (2**25: 128 MiB
 # in float32 each): the number of agents updated at once is this over the model's size.
@@ -163,40 +163,39 @@ def run_seeds(
     bar = progress_bar(config.rounds, progress, initial=first - 1)
     last_save = time.monotonic()
     try:
-        for t in range(first, config.rounds + 1):
-            started = time.perf_counter()
-            magnitude = step(config, data, state, t, seeds, module=module, vectorize=vectorize)
-            if data.x.is_cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
-            if t % config.eval_every == 0 or t == config.rounds:
-                for s in range(len(seeds)):
-                    run_state = state.run(s)
-                    record = {
-                        "round": t,
-                        **central_metrics(run_state.w, dataset, config.beta, module),
-                        "consensus-violation": consensus_violation(run_state.w, run_state.z),
-                        "noise-magnitude": float(magnitude[s]),
-                        "rho": schedules.rho_at(config, t),
-                        "seconds": seconds,
-                    }
-                    records[s].append(record)
-                    if writers:
-                        writers[s].record(record, run_state.w)
-                if checkpoint is not None and (t == config.rounds
-                                               or time.monotonic() - last_save >= checkpoint_seconds):
-                    _save_checkpoint(checkpoint, config, seeds, state, t)
-                    last_save = time.monotonic()
+        with closing(writers):
+            for t in range(first, config.rounds + 1):
+                started = time.perf_counter()
+                magnitude = step(config, data, state, t, seeds, module=module, vectorize=vectorize)
+                if data.x.is_cuda:
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                if t % config.eval_every == 0 or t == config.rounds:
+                    for s in range(len(seeds)):
+                        run_state = state.run(s)
+                        record = {
+                            "round": t,
+                            **central_metrics(run_state.w, dataset, config.beta, module),
+                            "consensus-violation": consensus_violation(run_state.w, run_state.z),
+                            "noise-magnitude": float(magnitude[s]),
+                            "rho": schedules.rho_at(config, t),
+                            "seconds": seconds,
+                        }
+                        records[s].append(record)
+                        if writers:
+                            writers[s].record(record, run_state.w)
+                    if checkpoint is not None and (t == config.rounds
+                                                   or time.monotonic() - last_save >= checkpoint_seconds):
+                        _save_checkpoint(checkpoint, config, seeds, state, t)
+                        last_save = time.monotonic()
+                    if bar is not None:
+                        mean_error = sum(r[-1]["test-error"] for r in records) / len(seeds)
+                        bar.set_postfix({"test-error": f"{mean_error:.4f}"})
                 if bar is not None:
-                    mean_error = sum(r[-1]["test-error"] for r in records) / len(seeds)
-                    bar.set_postfix({"test-error": f"{mean_error:.4f}"})
-            if bar is not None:
-                bar.update(1)
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-        for writer in writers:
-            writer.close()
     return [
         EngineResult(records=records[i], state=state.run(i), config=c, ledger=ledger,
                      directory=writers[i].directory if writers else None)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dpadmm.privacy.ledger import Ledger
-from dpadmm.runs.results import RunWriter, progress_bar
+from dpadmm.runs.results import RunWriter, closing, progress_bar
 
 
 def seed_writers(config: Any, seeds: Sequence[int], ledger: Ledger | None,
@@ -51,24 +51,23 @@ def timed_rounds(rounds: int, step: Callable[[int], None], evaluate: Callable[[i
     bar = progress_bar(rounds, progress, unit=unit)
     elapsed = 0.0
     try:
-        for t in range(1, rounds + 1):
-            started = time.perf_counter()
-            step(t)
-            if cuda:  # the clock must see the kernels finish
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
-            elapsed += seconds
-            if t % eval_every == 0 or t == rounds:
-                for i, metrics in enumerate(evaluate(t)):
-                    metrics.update(seconds=seconds, elapsed=elapsed)
-                    records[i].append(metrics)
-                    if writers:
-                        writers[i].record(metrics)
-            if bar is not None:
-                bar.update(1)
+        with closing(writers):
+            for t in range(1, rounds + 1):
+                started = time.perf_counter()
+                step(t)
+                if cuda:  # the clock must see the kernels finish
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                elapsed += seconds
+                if t % eval_every == 0 or t == rounds:
+                    for i, metrics in enumerate(evaluate(t)):
+                        metrics.update(seconds=seconds, elapsed=elapsed)
+                        records[i].append(metrics)
+                        if writers:
+                            writers[i].record(metrics)
+                if bar is not None:
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-        for writer in writers:
-            writer.close()
     return records

@@ -1,7 +1,9 @@
 """Run outputs a person can open: config.json, privacy.json, metrics.jsonl, optional weights.npz.
 
 Shared by the engine and the Flower ServerApp so both write the same files. Metrics are
-appended and flushed round by round, so an interrupted run keeps what it computed.
+appended and flushed round by round, so an interrupted run keeps what it computed; a run that
+fails after its folder was made also gets ``failed.json`` (why, and its last recorded round), so that
+nobody takes its partial metrics for a result (:func:`failure`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from dpadmm.data import Dataset
 from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logits, training_loss
 from dpadmm.models.modules import Params, logits_of
 from dpadmm.privacy.ledger import Ledger
+
+FAILED = "failed.json"
 
 
 def fresh_directory(path: str | Path) -> Path:
@@ -93,6 +98,8 @@ class RunWriter:
         header = {key: json_value(v) for key, v in settings.items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
+        (self.directory / FAILED).unlink(missing_ok=True)  # a resumed or restarted run has not failed (yet)
+        self.last_round: int | None = resume_round
         self._resume_round = resume_round
         self._metrics, self.kept = self._open_log("metrics.jsonl")
         self._rounds: Any = None
@@ -123,6 +130,7 @@ class RunWriter:
         line = {key: json_value(v) for key, v in metrics.items()}
         self._metrics.write(json.dumps(line) + "\n")
         self._metrics.flush()
+        self.last_round = metrics.get("round", self.last_round)
         if self.save_weights and w is not None:
             key = f"round-{metrics['round']}"
             if isinstance(w, torch.Tensor):
@@ -137,13 +145,39 @@ class RunWriter:
         self._rounds.write(json.dumps({key: json_value(v) for key, v in report.items()}) + "\n")
         self._rounds.flush()
 
-    def close(self) -> None:
-        """Finish the run: close the logs and write weights.npz (keys ``round-<t>``)."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Finish the run: close the logs and write weights.npz (keys ``round-<t>``); after ``error``, mark
+        the folder failed (failed.json: the error, its type, the last recorded round)."""
         self._metrics.close()
         if self._rounds is not None:
             self._rounds.close()
         if self._weights:
             np.savez(self.directory / "weights.npz", **self._weights)
+        if error is not None:
+            failed = {"reason": str(error) or type(error).__name__, "error": type(error).__name__,
+                      "last-round": self.last_round}
+            (self.directory / FAILED).write_text(json.dumps(failed, indent=2) + "\n")
+
+
+@contextmanager
+def closing(writers: Sequence[RunWriter]) -> Iterator[None]:
+    """Close ``writers`` when the block ends; when it raises (an error, an interrupt), each folder is marked
+    failed first (:meth:`RunWriter.close`), then the exception goes on."""
+    try:
+        yield
+    except BaseException as error:
+        for writer in writers:
+            writer.close(error)
+        raise
+    for writer in writers:
+        writer.close()
+
+
+def failure(directory: str | Path) -> dict[str, Any] | None:
+    """What failed.json says of a run folder (None for a run that did not fail): a reader of results checks
+    this before it takes a folder's metrics for a finished run."""
+    path = Path(directory) / FAILED
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
