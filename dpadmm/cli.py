@@ -347,7 +347,9 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
         description="Cut a data set into party-<m>.npz per party (ids, x, test_ids, x_test: its column "
                     "block) and labels.npz (ids, y, test_ids, y_test) in --out, with ids = the row numbers. "
                     "Party m's SuperNode reads its own file (node config partition-id=<m> "
-                    "data-path=<file>); the server reads the labels (run config sharing.labels-path).")
+                    "data-path=<file>); the server reads the labels (run config sharing.labels-path). "
+                    "Nothing is written unless a run could use the files: the widths must cover the "
+                    "data set's columns exactly.")
     vertical.add_argument("--dataset", choices=DATASETS, default=DATASETS[0],
                           help=f"the data set (default: {DATASETS[0]})")
     vertical.add_argument("--data-dir", required=True, help="folder with the data set's files")
@@ -359,10 +361,13 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
         description="Write agent-<i>.npz per agent (x: its rows of UCI Adult, the encoded columns in [0, 1]; "
                     "y: labels 0/1) in --out, the rows the run of --seed draws, so that a deployment equals "
                     "the simulation. Agent i's SuperNode reads its own file (node config partition-id=<i> "
-                    "data-path=<file>); the server holds no data (run config decentral.data-dir='').")
+                    "data-path=<file>); the server holds no data (run config decentral.data-dir=''). "
+                    "Nothing is written unless a run could use the files.")
     agents.add_argument("--data-dir", required=True, help="folder with adult.data and adult.test (or .gz)")
-    agents.add_argument("--agents", type=int, default=10, help="N, the number of agents (default: 10)")
-    agents.add_argument("--samples", type=int, default=100, help="b_i, the samples of each (default: 100)")
+    agents.add_argument("--agents", type=int, default=10,
+                        help="N, the number of agents, at least 3 (default: 10)")
+    agents.add_argument("--samples", type=int, default=100,
+                        help="b_i, the samples of each, at least 1 (default: 100)")
     agents.add_argument("--seed", type=int, default=0,
                         help="the run's seed, which draws the rows (default: 0)")
     agents.add_argument("--out", required=True, help="folder to write into (existing files are refused)")

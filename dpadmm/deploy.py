@@ -171,11 +171,15 @@ def vertical_files(dataset: str, data_dir: str | Path, parties: str, out: str | 
 
     Outside a test the parties' data would already live apart; these files stand in for them, laid out
     as a deployment reads them, so that a deployment can be tried with the data sets of 001.
+
+    Nothing is written unless a run could use the files: the family's configuration accepts ``dataset``
+    and ``parties`` (at least one party, each at least one column), the loader accepts the data set,
+    the widths cover its columns exactly and every file passes the checks its reader applies.
     """
     from dpadmm.data.vertical import load_vertical, write_vertical_files
-    from dpadmm.sharing.config import parse_parties
+    from dpadmm.sharing.config import SharingConfig
 
-    widths = parse_parties(parties)
+    widths = SharingConfig(dataset=dataset, parties=parties).widths
     return write_vertical_files(load_vertical(dataset, data_dir), widths, out)
 
 
@@ -183,11 +187,25 @@ def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out:
     """The files of a 004 deployment: ``agent-<i>.npz`` for each of ``agents`` agents, its ``samples`` rows of
     UCI Adult in ``data_dir`` as the run of ``seed`` draws them
     (:func:`dpadmm.decentral.problem.write_agent_files`), so that a deployment on them equals the
-    simulation. Outside a test each agent's data would already live on its device."""
+    simulation. Outside a test each agent's data would already live on its device.
+
+    Nothing is written unless a run could use the files: the family's configuration accepts ``agents``,
+    ``samples`` and ``seed`` on any graph (at least 3 agents, at least one sample each), the training set
+    has ``agents`` x ``samples`` rows to draw, and its rows pass the checks a device applies to its file
+    (:func:`dpadmm.data.node.check_samples`, with labels 0/1); those checks go row by row, so every
+    agent's rows pass them too.
+    """
     from dpadmm.data.adult import load_adult
+    from dpadmm.data.node import check_samples
+    from dpadmm.decentral.config import DecentralConfig
     from dpadmm.decentral.problem import write_agent_files
 
-    return write_agent_files(load_adult(data_dir), agents, samples, seed, out)
+    # A complete graph adds no rule of its own; a random one adds only the edge count, which is the run's.
+    DecentralConfig(agents=agents, samples=samples, seed=seed, graph="complete")
+    dataset = load_adult(data_dir)
+    check_samples(dataset.x_train.numpy(), dataset.y_train.numpy(), f"{data_dir} (UCI Adult's training rows)",
+                  num_classes=2)
+    return write_agent_files(dataset, agents, samples, seed, out)
 
 
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,

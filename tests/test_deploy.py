@@ -11,7 +11,9 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import shlex
+import shutil
 import socket
 import ssl
 import subprocess
@@ -29,7 +31,10 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
 from dpadmm import deploy
 from dpadmm.cli import main
+from dpadmm.data.checks import DataError
+from dpadmm.data.node import load_node_data
 from tests.conftest import free_ports
+from tests.corrupt import head, write_gz
 
 NODE_CONFIG = "partition-id=0 data-path='/x.npz' num-samples-total=60000"
 
@@ -368,3 +373,83 @@ def test_cli_execs_a_real_secure_superlink(tmp_path: Path, flwr_env: dict[str, s
     finally:
         link.terminate()
         link.wait(timeout=30)
+
+
+# --- the data files of a deployment: nothing is written that no run could use ---------------------
+
+
+def _adult_with_nan(folder: Path, binary_dir: Path) -> Path:
+    """A copy of the real UCI Adult files whose training line 17 has age nan."""
+    lines = head(binary_dir / "adult" / "adult.data.gz", 40_000)
+    lines[16] = b"nan" + lines[16][lines[16].index(b","):]
+    write_gz(folder / "adult.data.gz", lines)
+    shutil.copy(binary_dir / "adult" / "adult.test.gz", folder / "adult.test.gz")
+    return folder
+
+
+@pytest.mark.parametrize(("agents", "samples", "message"), [
+    (2, 100, "agents=2 is not allowed; give at least 3"),  # 004 needs a connected graph of 3 or more
+    (0, 100, "agents=0 is not allowed; give at least 3"),
+    (3, 0, "samples=0 is not allowed; it must be >= 1"),  # an agent with no sample
+    (3, 20_000, "agents=3 x samples=20000 = 60000 rows, but adult has 30162 training rows"),
+])
+def test_agent_files_refuse_a_run_that_cannot_be(tmp_path: Path, binary_dir: Path, agents: int, samples: int,
+                                                 message: str) -> None:
+    out = tmp_path / "agents"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        deploy.agent_files(binary_dir / "adult", agents, samples, 0, out)
+    assert not out.exists()
+
+
+def test_agent_files_refuse_bad_data_and_write_good_files(tmp_path: Path, binary_dir: Path) -> None:
+    bad = _adult_with_nan(tmp_path / "adult", binary_dir)
+    with pytest.raises(DataError, match=re.escape(f"{bad / 'adult.data.gz'} line 17: age is nan; allowed: "
+                                                  "finite numbers")):
+        deploy.agent_files(bad, 3, 5, 0, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    paths = deploy.agent_files(binary_dir / "adult", 3, 5, 0, tmp_path / "good")
+    assert [p.name for p in paths] == ["agent-0.npz", "agent-1.npz", "agent-2.npz"]
+    for path in paths:  # what a device reads: its 5 samples of 14 columns in [0, 1], labels 0/1
+        x, y = load_node_data(path, num_classes=2)
+        assert x.shape == (5, 14) and set(y.tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize(("parties", "message"), [
+    ("60,60", "parties='60,60' cover 120 columns but the data set has 123; give widths that sum to 123"),
+    ("100,30", "parties='100,30' cover 130 columns but the data set has 123"),
+    ("0,123", "parties='0,123' is not allowed; give comma-separated positive column counts"),
+    ("", "parties='' is not allowed"),
+])
+def test_vertical_files_refuse_widths_that_do_not_cover_the_columns(tmp_path: Path, binary_dir: Path,
+                                                                    parties: str, message: str) -> None:
+    out = tmp_path / "vertical"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        deploy.vertical_files("a9a", binary_dir / "a9a", parties, out)
+    assert not out.exists()
+
+
+def test_vertical_files_refuse_bad_data(tmp_path: Path, binary_dir: Path) -> None:
+    lines = head(binary_dir / "a9a" / "a9a.gz", 200)
+    lines[16] = lines[16].rstrip(b"\n") + b" 124:1\n"
+    path = write_gz(tmp_path / "a9a" / "a9a.gz", lines)
+    shutil.copy(binary_dir / "a9a" / "a9a.t.gz", tmp_path / "a9a" / "a9a.t.gz")
+    with pytest.raises(DataError, match=re.escape(f"{path} line 17: feature index 124 is beyond the declared "
+                                                  "width 123 (allowed: 1..123)")):
+        deploy.vertical_files("a9a", tmp_path / "a9a", "66,57", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["agents", "--agents", "2"], "agents=2 is not allowed; give at least 3"),
+    (["agents", "--samples", "0"], "samples=0 is not allowed"),
+    (["vertical", "--parties", "60,60"], "parties='60,60' cover 120 columns but the data set has 123"),
+])
+def test_cli_refuses_files_no_run_could_use(tmp_path: Path, binary_dir: Path,
+                                            capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+                                            ) -> None:
+    data = binary_dir / ("adult" if argv[0] == "agents" else "a9a")
+    out = tmp_path / "out"
+    assert main(["deploy", *argv, "--data-dir", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpadmm: error: ") and message in err and err.count("\n") == 1
+    assert not out.exists()

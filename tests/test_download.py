@@ -20,6 +20,7 @@ import functools
 import gzip
 import hashlib
 import logging
+import re
 import shutil
 import socket
 import threading
@@ -32,6 +33,7 @@ import pytest
 import torch
 
 from dpadmm.data import load_dataset
+from dpadmm.data.checks import DataError
 from dpadmm.data.download import (
     DEFAULT_MIRRORS,
     MNIST_MD5,
@@ -44,6 +46,7 @@ from dpadmm.data.download import (
     mnist_mirrors,
 )
 from dpadmm.data.mnist import MNIST_FILES, load_mnist
+from tests.corrupt import flipped, truncated
 
 TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS = MNIST_FILES
 
@@ -223,6 +226,20 @@ def test_wrong_content_raises_and_saves_nothing(
     assert isinstance(error, MnistDownloadError) and isinstance(error, FileNotFoundError)
     assert mirror.requests == [f"/{variant}/{TRAIN_LABELS}.gz"]
     assert _listing(cache) == [f"{TRAIN_IMAGES}.gz"]  # nothing under the final name, no temporary file
+
+
+@pytest.mark.parametrize("fault", ["truncated", "flipped"])
+def test_a_cached_file_damaged_later_is_refused_naming_it_not_fetched_again(
+    mirror: Mirror, cache: Path, mnist_gz: Path, fault: str
+) -> None:
+    """A cached file is not checksummed again on every load; one damaged after its download (a full disk,
+    a copy that stopped) is refused by the loader with one line naming it, and nothing is downloaded."""
+    _seed(cache, mnist_gz, MNIST_FILES)
+    path = {"truncated": truncated, "flipped": flipped}[fault](cache / f"{TEST_LABELS}.gz")
+    with pytest.raises(DataError, match=re.escape(f"{path}: cannot decompress the gzip data")) as info:
+        load_dataset("mnist", "")
+    assert "\n" not in str(info.value)
+    assert mirror.requests == []
 
 
 # --- mirrors: fallback and failure ----------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +13,11 @@ import pytest
 import torch
 
 from dpadmm.data import load_dataset
+from dpadmm.data.checks import DataError
 from dpadmm.data.femnist import load_femnist, read_leaf, sample_folders
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data
+from tests.corrupt import flipped, not_utf8, truncated, write_gz
 
 
 def _write(path: Path, users: dict[str, list[int]], fill: float, gz: bool) -> None:
@@ -72,8 +76,93 @@ def test_bad_folders_are_named(tmp_path: Path) -> None:
         load_femnist(tmp_path)
     (tmp_path / "s" / "train").mkdir(parents=True)
     (tmp_path / "s" / "train" / "all_data_0_x.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not a readable LEAF JSON"):
+    with pytest.raises(DataError, match="all_data_0_x.json line 1: not a readable LEAF JSON"):
         load_femnist(tmp_path / "s")
+
+
+LEAF_FILE = "all_data_3_niid_05_keep_0_{}_9.json.gz"
+
+
+@pytest.fixture(scope="module")
+def leaf_file(femnist_dir: Path) -> dict:
+    """The first two writers of a real LEAF training file of ../shared/data/femnist/leaf-sample-a, their
+    first 10 samples each."""
+    with gzip.open(femnist_dir / "leaf-sample-a" / "train" / LEAF_FILE.format("train"), "rt") as fh:
+        data = json.load(fh)
+    users = data["users"][:2]
+    return {"users": users, "num_samples": [10, 10],
+            "user_data": {u: {k: v[:10] for k, v in data["user_data"][u].items()} for u in users}}
+
+
+def _writer(data: dict, change: str) -> dict:
+    """A deep copy of ``data`` with its second writer's record changed as ``change`` says."""
+    data = json.loads(json.dumps(data))
+    user = data["users"][1]
+    record = data["user_data"][user]
+    if change == "nan":
+        record["x"][3][100] = float("nan")  # JSON's NaN, which Python's reader accepts
+    elif change == "inf":
+        record["x"][3][100] = float("inf")
+    elif change == "label":
+        record["y"][5] = 62
+    elif change == "fraction":
+        record["y"][5] = 3.5
+    elif change == "pixels":
+        record["x"] = [row[:-1] for row in record["x"]]  # 783 values per image
+    elif change == "ragged":
+        record["x"][3] = record["x"][3][:-1]  # 783 values in one image
+    elif change == "no y":
+        del record["y"]
+    elif change == "no writer":
+        del data["user_data"][user]
+    elif change == "count":
+        data["num_samples"][1] += 1
+    elif change == "no samples":
+        record["x"], record["y"], data["num_samples"][1] = [], [], 0
+    elif change == "no users":
+        data = {"users": [], "num_samples": [], "user_data": {}}
+    elif change == "no user_data":
+        del data["user_data"]
+    return data
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("nan", "writer {w}, image 3, pixel 100: x is nan; allowed: finite numbers"),
+    ("inf", "writer {w}, image 3, pixel 100: x is inf; allowed: finite numbers"),
+    ("label", "writer {w}, sample 5: y holds the label 62; allowed: 0..61 (the 62 classes)"),
+    ("fraction", "writer {w}, sample 5: y holds the label 3.5; allowed: 0..61"),
+    ("pixels", "writer {w}: 783 values per image, expected 784 (28 x 28 pixels)"),
+    ("ragged", "writer {w}: x or y is not a rectangular list of numbers"),
+    ("no y", "writer {w}: missing key(s) y (found: x); allowed: LEAF's JSON"),
+    ("no writer", "writer {w}: users lists the writer but user_data has no {{x, y}} for it"),
+    ("count", "writer {w}: x of shape"),
+    ("no samples", "writer {w}: holds no training sample"),
+    ("no users", "holds no writer (users is empty)"),
+    ("no user_data", "missing key(s) user_data (found: users, num_samples)"),
+    ("utf8", "line 1: byte 0xff at column 1 is not UTF-8 text"),
+    ("truncated", "cannot decompress the gzip data (it ends early)"),
+    ("flipped", ""),
+    ("empty", "the file is empty (0 bytes)"),
+])
+def test_a_corrupted_leaf_file_is_refused_naming_the_file_and_writer(tmp_path: Path, femnist_dir: Path,
+                                                                    leaf_file: dict, fault: str,
+                                                                    message: str) -> None:
+    """Two real writers of a LEAF training file, damaged one way each (the real test file beside it): a NaN
+    pixel would train a model of NaNs and label 62 is no class of FEMNIST's 62."""
+    sample = tmp_path / "sample"
+    text = json.dumps(_writer(leaf_file, fault)).encode()
+    path = write_gz(sample / "train" / LEAF_FILE.format("train"), not_utf8([text], 1) if fault == "utf8"
+                    else [text])
+    (sample / "test").mkdir()
+    shutil.copy(femnist_dir / "leaf-sample-a" / "test" / LEAF_FILE.format("test"), sample / "test")
+    {"truncated": truncated, "flipped": flipped}.get(fault, lambda p: p)(path)
+    if fault == "empty":
+        path.write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape(str(path)) + r"[ :]") as info:
+        load_femnist(sample)
+    assert message.format(w=leaf_file["users"][1]) in str(info.value) and "\n" not in str(info.value)
+    write_gz(path, [json.dumps(leaf_file).encode()])  # the writers unchanged: they load
+    assert load_femnist(sample).agent_names == tuple(leaf_file["users"])
 
 
 def test_real_samples_give_the_papers_federation(femnist_dir: Path) -> None:

@@ -11,6 +11,7 @@ network switched off.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import DataError
 from dpadmm.data.femnist import Writer, read_leaf, sample_folders
 from tests.conftest import SHARED_DATA
 
@@ -59,25 +61,35 @@ def leaf_writers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Writer]:
     return writers
 
 
-@pytest.fixture(scope="module")
-def parquet_file(leaf_writers: dict[str, Writer], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The writers as one flwrlabs/femnist-like "train" split in a parquet file."""
+def _write_parquet(writers: dict[str, Writer], path: Path, fault: str = "") -> Path:
+    """The writers as one flwrlabs/femnist-like "train" split in a parquet file; ``fault`` "label" gives the
+    last writer's first sample the label 62, "column" leaves out the labels' column."""
     rows: dict[str, list] = {"image": [], "writer_id": [], "hsf_id": [], "character": []}
-    for writer in leaf_writers.values():
+    for writer in writers.values():
         pixels = np.rint(writer.x * 255.0).astype(np.uint8).reshape(-1, 28, 28)  # LEAF polarity, 0..255
         rows["image"].extend(list(pixels))
         rows["writer_id"].extend([writer.name] * len(writer.y))
         rows["hsf_id"].extend([0] * len(writer.y))
         rows["character"].extend(writer.y.tolist())
-    features = datasets.Features({
+    features = {
         "image": datasets.Image(),
         "writer_id": datasets.Value("string"),
         "hsf_id": datasets.Value("int64"),
-        "character": datasets.ClassLabel(num_classes=62),
-    })
-    path = tmp_path_factory.mktemp("flwr-femnist") / "train.parquet"
-    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(path))
+        # a ClassLabel could not hold 62, a plain integer column can
+        "character": datasets.Value("int64") if fault == "label" else datasets.ClassLabel(num_classes=62),
+    }
+    if fault == "label":
+        rows["character"][-len(writers[SINGLE].y)] = 62
+    elif fault == "column":
+        del rows["character"], features["character"]
+    datasets.Dataset.from_dict(rows, features=datasets.Features(features)).to_parquet(str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def parquet_file(leaf_writers: dict[str, Writer], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The writers as one flwrlabs/femnist-like "train" split in a parquet file."""
+    return _write_parquet(leaf_writers, tmp_path_factory.mktemp("flwr-femnist") / "train.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +192,17 @@ def test_num_agents_out_of_range_names_the_writers(parquet_file: Path, offline: 
 def test_test_fraction_must_be_a_fraction() -> None:
     with pytest.raises(ValueError, match="test_fraction"):
         load_flwr_femnist(3, test_fraction=1.0)
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ("label", f"writer {SINGLE}, sample 0: character holds the label 62; allowed: 0..61 (the 62 classes)"),
+    ("column", "missing column(s) character (found: image, writer_id, hsf_id); allowed: a train split"),
+])
+def test_a_bad_copy_is_refused_naming_the_data_and_the_writer(leaf_writers: dict[str, Writer], offline: Path,
+                                                              tmp_path: Path, fault: str, message: str
+                                                              ) -> None:
+    """The real writers with a label outside FEMNIST's 62 classes, or without the labels' column."""
+    path = _write_parquet(leaf_writers, tmp_path / "train.parquet", fault)
+    with pytest.raises(DataError, match=re.escape(f"parquet data_files={{'train': '{path}'}}")) as info:
+        _load(path, offline, len(leaf_writers))
+    assert message in str(info.value) and "\n" not in str(info.value)

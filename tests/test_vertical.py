@@ -8,6 +8,8 @@ allowed.
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,8 @@ import pytest
 import torch
 
 from dpadmm.cli import main
+from dpadmm.data import Dataset
+from dpadmm.data.checks import DataError
 from dpadmm.data.libsvm import load_binary
 from dpadmm.data.vertical import (
     MNIST_4V9_TRAIN,
@@ -30,6 +34,7 @@ from dpadmm.data.vertical import (
 )
 from dpadmm.sharing import engine
 from dpadmm.sharing.config import SharingConfig
+from tests.corrupt import flipped, truncated
 
 WIDTHS = (66, 57)
 
@@ -107,22 +112,23 @@ def _party(tmp_path: Path, **changes: object) -> Path:
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"x_test": None}, r"missing array\(s\) x_test \(found: ids, x, test_ids\); the file must hold ids"),
-    ({"x": np.ones((3, 3))}, "x has 3 columns but parties='4,2' gives party 1 2; give this party's block"),
-    ({"x_test": np.ones((2, 1))}, "x_test has 1 columns but parties='4,2' gives party 1 2"),
-    ({"x": np.ones((2, 2))}, "x has 2 rows but ids lists 3 samples; give one row per id"),
-    ({"x": np.ones(6)}, r"x must be a 2-D array of real numbers \[N, d_m\], got float64 \(6,\)"),
+    ({"x_test": None}, ": missing array(s) x_test (found: ids, x, test_ids); allowed: ids [N], x [N, d_m]"),
+    ({"x": np.ones((3, 3))}, ": x has 3 columns but parties='4,2' gives party 1 2; allowed: this party's"),
+    ({"x_test": np.ones((2, 1))}, ": x_test has 1 columns but parties='4,2' gives party 1 2"),
+    ({"x": np.ones((2, 2))}, ": x has 2 rows but ids lists 3 samples; allowed: one row per id"),
+    ({"x": np.ones(6)}, ": x is float64 of shape (6,); allowed: a 2-D array of real numbers [N, d_m]"),
     ({"x": np.array([[1.0, 0.0], [np.nan, 1.0], [1.0, 1.0]])},
-     "x is not finite \\(NaN or inf\\) in row 1 \\(id 11\\)"),
-    ({"x_test": np.array([[1.0, np.inf], [1.0, 1.0]])}, "x_test is not finite .* in row 0 \\(id 't0'\\)"),
-    ({"ids": np.array([0.0, 1.0, 2.0])}, "ids must be a 1-D array of integers or strings, got float64"),
-    ({"ids": np.array([1, 2, 1])}, "ids repeats 1; every sample needs its own id"),
-    ({"test_ids": np.array([], dtype=np.int64), "x_test": np.ones((0, 2))}, "test_ids is empty"),
-    ({"ids": np.array([{"a": 1}, 2, 3], dtype=object)}, "an array needs pickle to be read"),
+     " row 1 (id 11), column 0: x is nan; allowed: finite numbers"),
+    ({"x_test": np.array([[1.0, np.inf], [1.0, 1.0]])}, " row 0 (id 't0'), column 1: x_test is inf"),
+    ({"ids": np.array([0.0, 1.0, 2.0])}, ": ids is float64 of shape (3,); allowed: a 1-D array of integers"),
+    ({"ids": np.array([1, 2, 1])}, ": ids repeats 1; allowed: every sample with its own id"),
+    ({"test_ids": np.array([], dtype=np.int64), "x_test": np.ones((0, 2))},
+     ": holds no sample (test_ids is empty); allowed: at least one"),
+    ({"ids": np.array([{"a": 1}, 2, 3], dtype=object)}, ": array ids cannot be read without pickle"),
 ])
 def test_a_bad_party_file_is_named(tmp_path: Path, changes: dict, message: str) -> None:
     path = _party(tmp_path, **changes)
-    with pytest.raises(ValueError, match=f"data-path {path}: {message}"):
+    with pytest.raises(DataError, match=re.escape(f"data-path {path}{message}")):
         read_party_file(path, (4, 2), 1)
 
 
@@ -132,7 +138,7 @@ def test_a_party_file_that_is_missing_or_no_npz_or_of_no_party_is_named(tmp_path
         read_party_file(tmp_path / "nowhere.npz", (4, 2), 1)
     text = tmp_path / "party.csv"
     text.write_text("id,x\n1,0.5\n")
-    with pytest.raises(ValueError, match="party.csv: not a NumPy .npz file"):
+    with pytest.raises(DataError, match="party.csv: not a NumPy .npz file"):
         read_party_file(text, (4, 2), 1)
     single = tmp_path / "single.npy"
     np.save(single, np.ones(3))
@@ -143,18 +149,46 @@ def test_a_party_file_that_is_missing_or_no_npz_or_of_no_party_is_named(tmp_path
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"y": np.array([0, 1, -1])}, "y holds -1; labels must be 0 or 1 \\(write -1 as 0\\)"),
-    ({"y_test": np.array([0.5, 1.0])}, "y_test holds 0.5; labels must be 0 or 1"),
-    ({"y": np.array([0, 1])}, "y has 2 rows but ids lists 3 samples"),
-    ({"y_test": None}, r"missing array\(s\) y_test \(found: ids, y, test_ids\)"),
+    ({"y": np.array([0, 1, -1])}, " row 2 (id 2): y holds the label -1; allowed: 0 or 1"),
+    ({"y_test": np.array([0.5, 1.0])}, " row 0 (id 0): y_test holds the label 0.5; allowed: 0 or 1"),
+    ({"y": np.array([0.0, np.nan, 1.0])}, " row 1 (id 1): y holds the label nan; allowed: 0 or 1"),
+    ({"y": np.array([0, 1])}, ": y has 2 rows but ids lists 3 samples"),
+    ({"y_test": None}, ": missing array(s) y_test (found: ids, y, test_ids)"),
 ])
 def test_a_bad_labels_file_is_named(tmp_path: Path, changes: dict, message: str) -> None:
     arrays: dict[str, object] = {"ids": np.arange(3), "y": np.array([0, 1, 1]), "test_ids": np.arange(2),
                                  "y_test": np.array([True, False])}
     path = tmp_path / "labels.npz"
     np.savez(path, **{k: v for k, v in {**arrays, **changes}.items() if v is not None})
-    with pytest.raises(ValueError, match=f"labels-path {path}: {message}"):
+    with pytest.raises(DataError, match=re.escape(f"labels-path {path}{message}")):
         read_labels_file(path)
+
+
+@pytest.mark.parametrize("fault", [truncated, flipped])
+@pytest.mark.parametrize("index", [0, 2])
+def test_a_damaged_copy_of_a_real_file_is_named(tmp_path: Path, a9a_files: list[Path], index: int,
+                                                fault: object) -> None:
+    """A party's or the server's real a9a file, cut short or with a byte flipped: one line naming it."""
+    path = fault(Path(shutil.copy(a9a_files[index], tmp_path / a9a_files[index].name)))  # type: ignore[operator]
+    key = "labels-path" if index == 2 else "data-path"
+    with pytest.raises(DataError, match=re.escape(f"{key} {path}: ") + ".*damaged") as info:
+        read_labels_file(path) if index == 2 else read_party_file(path, WIDTHS, 0)
+    assert "\n" not in str(info.value)
+
+
+def test_nothing_is_written_that_no_run_could_use(tmp_path: Path, binary_dir: Path) -> None:
+    """The widths must cover the columns exactly, and the arrays pass the readers' checks, before any file is
+    written: a data set with a NaN (which a Dataset built by hand may hold) leaves the folder untouched."""
+    a9a = load_binary("a9a", binary_dir / "a9a")
+    with pytest.raises(ValueError, match="parties='60,60' cover 120 columns but the data set has 123"):
+        write_vertical_files(a9a, (60, 60), tmp_path / "widths")
+    x = a9a.x_train[:200].clone()
+    x[17, 70] = float("nan")
+    bad = Dataset("a9a", x, a9a.y_train[:200], a9a.x_test[:50], a9a.y_test[:50], num_classes=2)
+    message = f"{tmp_path / 'nan' / 'party-1.npz'} row 17 (id 17), column 4: x is nan; allowed: finite"
+    with pytest.raises(DataError, match=re.escape(message)):
+        write_vertical_files(bad, WIDTHS, tmp_path / "nan")
+    assert not (tmp_path / "widths").exists() and not (tmp_path / "nan").exists()
 
 
 def test_a_good_labels_file_reads_as_0_1(tmp_path: Path) -> None:

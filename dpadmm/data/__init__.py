@@ -98,13 +98,15 @@ class Dataset:
             )
         if self.num_classes < 1:
             raise ValueError(f"{where}: num_classes={self.num_classes} must be >= 1")
+        # The loaders refuse bad values where they read them (dpadmm.data.checks), naming the file and line.
+        # Labels are checked here too, whoever built the Dataset: a label outside the classes fails far from
+        # its cause. Features are not: a loader whose format can hold a NaN checks them, and checking MNIST's
+        # 47M pixels, finite by construction, would slow every load.
+        from dpadmm.data.checks import require_labels
+
         for split in ("train", "test"):
-            y = getattr(self, f"y_{split}")
-            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
-                raise ValueError(
-                    f"{where}: y_{split} has labels in [{int(y.min())}, {int(y.max())}], "
-                    f"expected 0..{self.num_classes - 1}"
-                )
+            y = getattr(self, f"y_{split}").detach().cpu().numpy()
+            require_labels(y, self.num_classes, where, f"y_{split}", lambda i: f"sample {i[0]}")
 
         if self.agent_sizes is not None:
             if sum(self.agent_sizes) != self.num_train or min(self.agent_sizes, default=0) < 1:

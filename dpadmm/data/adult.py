@@ -11,49 +11,81 @@ rows" and that a sample is a point of R^14, so every attribute is one column (NO
   clipped into [0, 1]). These statistics come from the data and no guarantee covers them; they are
   public here as the UCI's own documented ranges would be.
 
-Labels: 1 for ``>50K`` (the test file writes ``>50K.``), else 0. Scaling rows to unit norm is the
-family's step (:func:`dpadmm.data.libsvm.normalise_rows`).
+Labels: 1 for ``>50K``, 0 for ``<=50K`` (the test file writes ``>50K.`` and ``<=50K.``). Scaling rows to
+unit norm is the family's step (:func:`dpadmm.data.libsvm.normalise_rows`).
+
+A file that is cut off, damaged or not text, a line with another number of fields, a numeric
+attribute that is not a finite number and an income that is neither label are refused with a
+:class:`~dpadmm.data.checks.DataError` naming the file and line.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
 import numpy as np
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import DataError, open_text, require_finite, require_nonempty, require_width
 
 COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
            "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country")
 CATEGORICAL = frozenset({"workclass", "education", "marital-status", "occupation", "relationship", "race",
                          "sex", "native-country"})
+LABELS = {"<=50K": 0, ">50K": 1}  # the income column; the test file ends each with a dot
 ROWS = (30_162, 15_060)  # (train, test) rows without a missing value, checked after reading
+_LAYOUT = f"{', '.join(COLUMNS)}, income (<=50K or >50K)"
 
 
-def _lines(directory: Path, name: str) -> list[str]:
+def _file(directory: Path, name: str) -> Path:
     for path in (directory / name, directory / f"{name}.gz"):
         if path.is_file():
-            if path.suffix == ".gz":
-                with gzip.open(path, "rt", encoding="ascii") as fh:
-                    return fh.read().splitlines()
-            return path.read_text(encoding="ascii").splitlines()
+            return path
     raise FileNotFoundError(f"data-dir {directory} has no {name} or {name}.gz (UCI Adult's files)")
 
 
-def _records(lines: list[str], name: str) -> list[list[str]]:
-    """The complete rows: 15 fields, none missing; comment and empty lines skipped."""
-    rows = []
+def _records(path: Path) -> tuple[list[list[str]], list[int]]:
+    """The complete rows of ``path`` (15 fields, none missing; comment and empty lines skipped) and the
+    line of each."""
+    with open_text(path) as fh:
+        lines = fh.read().splitlines()
+    rows, numbers = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.startswith("|"):
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != len(COLUMNS) + 1:
-            raise ValueError(f"{name} line {number}: {len(fields)} fields, expected {len(COLUMNS) + 1}")
+        require_width(len(fields), len(COLUMNS) + 1, path, "fields", _LAYOUT, f"line {number}")
         if "?" not in fields:
             rows.append(fields)
-    return rows
+            numbers.append(number)
+    require_nonempty(len(rows), path, f"complete row ({_LAYOUT})")
+    return rows, numbers
+
+
+def _numbers(path: Path, rows: list[list[str]], lines: list[int], j: int) -> np.ndarray:
+    """Column ``j`` of ``rows`` as finite numbers."""
+    values = []
+    for fields, line in zip(rows, lines, strict=True):
+        try:
+            values.append(float(fields[j]))
+        except ValueError:
+            raise DataError(path, f"{COLUMNS[j]} {fields[j]!r} is not a number; allowed: numbers",
+                            f"line {line}") from None
+    array = np.array(values)
+    require_finite(array, path, COLUMNS[j], lambda i: f"line {lines[i[0]]}")
+    return array
+
+
+def _labels(path: Path, rows: list[list[str]], lines: list[int]) -> np.ndarray:
+    """The income column as 0/1; anything but <=50K and >50K (with or without the test file's dot) is refused
+    rather than read as class 0."""
+    labels = [LABELS.get(fields[-1].removesuffix("."), -1) for fields in rows]
+    if -1 in labels:
+        i = labels.index(-1)
+        raise DataError(path, f"income {rows[i][-1]!r} is not a label; allowed: <=50K or >50K",
+                        f"line {lines[i]}")
+    return np.array(labels, dtype=np.int64)
 
 
 def load_adult(data_dir: str | os.PathLike) -> Dataset:
@@ -61,10 +93,15 @@ def load_adult(data_dir: str | os.PathLike) -> Dataset:
     import torch
 
     directory = Path(data_dir).expanduser()
-    train, test = (_records(_lines(directory, name), name) for name in ("adult.data", "adult.test"))
+    paths = [_file(directory, name) for name in ("adult.data", "adult.test")]
+    (train, train_lines), (test, test_lines) = (_records(path) for path in paths)
+    parts = [(paths[0], train, train_lines), (paths[1], test, test_lines)]
+    numeric = {j: [_numbers(path, rows, lines, j) for path, rows, lines in parts]
+               for j, name in enumerate(COLUMNS) if name not in CATEGORICAL}
+    y_train, y_test = (_labels(path, rows, lines) for path, rows, lines in parts)
     if (len(train), len(test)) != ROWS:
-        raise ValueError(f"{directory}: {len(train)} and {len(test)} complete rows, expected {ROWS[0]} and "
-                         f"{ROWS[1]} (UCI Adult's files)")
+        raise DataError(directory, f"{len(train)} and {len(test)} complete rows, expected {ROWS[0]} and "
+                                   f"{ROWS[1]} (UCI Adult's files)")
     columns = []
     for j, name in enumerate(COLUMNS):
         if name in CATEGORICAL:
@@ -74,11 +111,12 @@ def load_adult(data_dir: str | os.PathLike) -> Dataset:
             if np.isnan(pair[1]).any():  # a value the training file never has: at its nearest end, 0
                 pair[1] = np.nan_to_num(pair[1], nan=0.0)
         else:
-            pair = [np.array([float(r[j]) for r in rows]) for rows in (train, test)]
+            pair = numeric[j]
         low, high = pair[0].min(), pair[0].max()
+        if low == high:  # scaling by the range would divide by zero
+            raise DataError(paths[0], f"{name} is {low:g} in every complete row; allowed: a column with at "
+                                      "least two values")
         columns.append([np.clip((p - low) / (high - low), 0.0, 1.0) for p in pair])
     x_train, x_test = (np.stack([c[i] for c in columns], axis=1) for i in (0, 1))
-    y_train, y_test = (np.array([r[-1].rstrip(".") == ">50K" for r in rows], dtype=np.int64)
-                       for rows in (train, test))
     return Dataset(name="adult", x_train=torch.from_numpy(x_train), y_train=torch.from_numpy(y_train),
                    x_test=torch.from_numpy(x_test), y_test=torch.from_numpy(y_test), num_classes=2)

@@ -28,7 +28,6 @@ change them without affecting each other.
 from __future__ import annotations
 
 import functools
-import gzip
 import importlib.metadata
 import importlib.util
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dpadmm.data import Dataset, _dataset_from_pixels
+from dpadmm.data.checks import DataError, open_text, require_labels, require_nonempty, require_width
 
 __all__ = ["EMBEDDED_RESOURCE", "embedded_path", "load_embedded"]
 
@@ -101,26 +101,20 @@ def _embedded_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     path = embedded_path()
     # numpy's loadtxt parses integers exactly in C (about 0.1 s for this file).
     try:
-        with gzip.open(path, "rt", encoding="ascii") as f:
+        with open_text(path) as f:
             table = np.loadtxt(f, delimiter=",", dtype=np.int64, comments=None, ndmin=2)
-    except (OSError, EOFError, ValueError) as e:
-        raise ValueError(
-            f"{path}: cannot read the MNIST sample as gzip-compressed CSV of integers: {e}"
-        ) from e
-    if table.shape[1] != _NUM_COLUMNS:
-        raise ValueError(
-            f"{path}: expected {_NUM_COLUMNS} columns (784 pixels and the label), got {table.shape[1]}"
-        )
+    except DataError:  # open_text's: a damaged file or bytes that are not text, already named
+        raise
+    except ValueError as e:  # loadtxt's message names the row and column
+        raise DataError(path, f"cannot read the MNIST sample as CSV of integers ({e}); allowed: 784 pixels "
+                              "0..255 and a label 0..9 per line") from e
+    require_nonempty(table.shape[0], path, "image")
+    require_width(table.shape[1], _NUM_COLUMNS, path, "columns", "784 pixels and the label")
     pixels, labels = table[:, :_NUM_PIXELS], table[:, _NUM_PIXELS]
-    if pixels.size and (int(pixels.min()) < 0 or int(pixels.max()) > 255):
-        raise ValueError(
-            f"{path}: pixel values must be in 0..255, found {int(pixels.min())}..{int(pixels.max())}"
-        )
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= EMBEDDED_NUM_CLASSES):
-        raise ValueError(
-            f"{path}: labels must be in 0..{EMBEDDED_NUM_CLASSES - 1}, "
-            f"found {int(labels.min())}..{int(labels.max())}"
-        )
+    if int(pixels.min()) < 0 or int(pixels.max()) > 255:
+        row, column = np.argwhere((pixels < 0) | (pixels > 255))[0]
+        raise DataError(path, f"pixel {column} is {pixels[row, column]}; allowed: 0..255", f"line {row + 1}")
+    require_labels(labels, EMBEDDED_NUM_CLASSES, path, "the label", lambda i: f"line {i[0] + 1}")
     is_test = np.zeros(labels.size, dtype=bool)
     for c in range(EMBEDDED_NUM_CLASSES):
         members = np.flatnonzero(labels == c)

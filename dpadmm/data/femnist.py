@@ -14,25 +14,40 @@ occurrence; the later one is dropped whole, train and test.
 
 Pixels: LEAF stores background 1.0 and ink 0.0; the authors' reader uses ``1 - x``
 (background 0, as in MNIST), and so does this one. Labels 0..61 (digits, upper, lower case).
+
+A file that is empty, cut off, damaged, not UTF-8 or not LEAF's JSON, a writer without x or y,
+an image of another size, a pixel that is not finite and a label outside the 62 classes are
+refused with a :class:`~dpadmm.data.checks.DataError` naming the file and the writer.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import (
+    DataError,
+    open_text,
+    require_finite,
+    require_keys,
+    require_labels,
+    require_nonempty,
+    require_width,
+)
 
 __all__ = ["FEMNIST_NUM_CLASSES", "Writer", "load_femnist", "read_leaf", "read_leaf_files", "sample_folders"]
 
 FEMNIST_NUM_CLASSES = 62
+FEMNIST_PIXELS = 784
+_LAYOUT = "LEAF's JSON: users, num_samples, user_data[user] = {x: [[784 numbers]], y: [labels 0..61]}"
 
 _INDEX = re.compile(r"all_data_(\d+)_")
 
@@ -90,24 +105,56 @@ def _leaf_files(folder: Path) -> list[Path]:
 
 
 def _read_json(path: Path) -> dict:
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
+        with open_text(path) as fh:
             data = json.load(fh)
-    except (OSError, EOFError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable LEAF JSON file ({e})") from e
-    for key in ("users", "user_data"):
-        if key not in data:
-            raise ValueError(f"{path}: not a LEAF JSON file (no {key!r} key; expected users, num_samples, "
-                             "user_data)")
+    except json.JSONDecodeError as e:
+        raise DataError(path, f"not a readable LEAF JSON file ({e.msg}); allowed: {_LAYOUT}",
+                        f"line {e.lineno}") from e
+    if not isinstance(data, dict):
+        raise DataError(path, f"not a LEAF JSON file (a JSON {type(data).__name__}); allowed: {_LAYOUT}")
+    require_keys(data, ("users", "user_data"), path, _LAYOUT)
+    users, counts = data["users"], data.get("num_samples")
+    if (not isinstance(users, list) or not all(isinstance(u, str) for u in users)
+            or not isinstance(data["user_data"], dict)):
+        raise DataError(path, f"users is not a list of names or user_data not an object; allowed: {_LAYOUT}")
+    if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+        raise DataError(path, f"num_samples does not list one count per user ({len(users)} users); allowed: "
+                              f"{_LAYOUT}")
     return data
+
+
+def _writer_arrays(path: Path, user: str, record: Any, count: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32 [n, 784], y int64 [n]) of one writer's record, or a DataError naming the file and writer."""
+    where = f"writer {user}"
+    if not isinstance(record, dict):
+        raise DataError(path, f"users lists the writer but user_data has no {{x, y}} for it; allowed: "
+                              f"{_LAYOUT}", where)
+    require_keys(record, ("x", "y"), path, _LAYOUT, where=where)
+    try:
+        x = np.asarray(record["x"], dtype=np.float32)
+        y = np.asarray(record["y"])
+    except (ValueError, TypeError) as e:
+        raise DataError(path, f"x or y is not a rectangular list of numbers ({e}); allowed: {_LAYOUT}",
+                        where) from None
+    if x.ndim == 1 and x.size == 0:  # "x": [], a writer without samples in this file
+        x = x.reshape(0, FEMNIST_PIXELS)
+    if x.ndim < 2 or y.ndim != 1 or x.shape[0] != y.shape[0] or (count is not None and count != y.shape[0]):
+        raise DataError(path, f"x of shape {x.shape}, y of shape {y.shape} and num_samples {count}; allowed: "
+                              "as many images as labels and num_samples", where)
+    x = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))  # [n, 28, 28] -> [n, 784]; also for n = 0
+    require_width(x.shape[1], FEMNIST_PIXELS, path, "values per image", "28 x 28 pixels", where)
+    require_finite(x, path, "x", lambda i: f"{where}, image {i[0]}, pixel {i[1]}")
+    y = require_labels(y, FEMNIST_NUM_CLASSES, path, "y", lambda i: f"{where}, sample {i[0]}")
+    return x, y
 
 
 def read_leaf(folders: Sequence[Path], split: str) -> dict[str, Writer]:
     """Every writer of ``split`` ("train" or "test") in the given samples, in LEAF order, first occurrence.
 
     Returns an insertion-ordered dict writer name -> :class:`Writer`. ``num_samples`` is
-    checked against the data, and every x against 784 features.
+    checked against the data, every x against 784 finite features, every y against the 62
+    classes; a training writer needs at least one sample (it is an agent).
     """
     if split not in ("train", "test"):
         raise ValueError(f"split={split!r} is not allowed; choose train or test")
@@ -116,7 +163,7 @@ def read_leaf(folders: Sequence[Path], split: str) -> dict[str, Writer]:
         files = _leaf_files(folder / split)
         if not files:
             raise FileNotFoundError(f"{folder / split} holds no LEAF .json or .json.gz file")
-        _add_sample(files, writers)
+        _add_sample(files, writers, need_samples=split == "train")
     return writers
 
 
@@ -127,25 +174,20 @@ def read_leaf_files(files: Sequence[Path]) -> dict[str, Writer]:
     return writers
 
 
-def _add_sample(files: Sequence[Path], writers: dict[str, Writer]) -> None:
-    """Add the writers of one sample's files; writers already there from earlier samples are kept."""
+def _add_sample(files: Sequence[Path], writers: dict[str, Writer], need_samples: bool = False) -> None:
+    """Add the writers of one sample's files; writers already there from earlier samples are kept.
+    ``need_samples``: a writer listed with no sample is refused (a training writer is an agent)."""
     seen_here: set[str] = set()
     for path in files:
         data = _read_json(path)
-        counts = data.get("num_samples", [None] * len(data["users"]))
+        require_nonempty(len(data["users"]), path, "writer (users is empty)")
+        counts = data.get("num_samples") or [None] * len(data["users"])
         for user, count in zip(data["users"], counts, strict=True):
             if user in writers and user not in seen_here:
                 continue  # a writer of an earlier sample: keep that one
-            record = data["user_data"][user]
-            x = np.asarray(record["x"], dtype=np.float32).reshape(len(record["x"]), -1)
-            y = np.asarray(record["y"], dtype=np.int64)
-            if x.shape[0] != y.shape[0] or (count is not None and count != y.shape[0]):
-                raise ValueError(f"{path}: writer {user} has {x.shape[0]} images, {y.shape[0]} labels "
-                                 f"and num_samples {count}")
-            if x.shape[0] and x.shape[1] != 784:
-                raise ValueError(f"{path}: writer {user} has images of {x.shape[1]} values, expected 784")
-            if y.size and (y.min() < 0 or y.max() >= FEMNIST_NUM_CLASSES):
-                raise ValueError(f"{path}: writer {user} has labels outside 0..{FEMNIST_NUM_CLASSES - 1}")
+            x, y = _writer_arrays(path, user, data["user_data"].get(user), count)
+            if need_samples:
+                require_nonempty(y.shape[0], f"{path} writer {user}", "training sample")
             if user in writers:  # the same sample lists the writer in two files: join them
                 old = writers[user]
                 x, y = np.concatenate([old.x, x]), np.concatenate([old.y, y])

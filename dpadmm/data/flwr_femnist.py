@@ -29,11 +29,14 @@ import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import DataError, require_keys, require_labels
 from dpadmm.data.femnist import FEMNIST_NUM_CLASSES
 
 __all__ = ["FLWR_FEMNIST", "load_flwr_femnist"]
 
 FLWR_FEMNIST = "flwrlabs/femnist"
+COLUMNS = ("image", "writer_id", "character")
+_LAYOUT = "a train split with the columns image (28x28 grayscale), writer_id and character (labels 0..61)"
 
 _SIDE = 28
 
@@ -77,7 +80,9 @@ def load_flwr_femnist(
 
     Raises ``ImportError`` (with the install command) when flwr-datasets is missing,
     ``ValueError`` for a ``num_agents`` outside 1..(number of writers) (naming that
-    number), a ``test_fraction`` outside (0, 1), or images that are not 28x28.
+    number) or a ``test_fraction`` outside (0, 1), and a
+    :class:`~dpadmm.data.checks.DataError` naming the data set and the writer for a missing
+    column, an image that is not 28x28 or a label outside 0..61.
     """
     if isinstance(num_agents, bool) or not isinstance(num_agents, int):
         raise ValueError(f"num_agents must be an int, got {num_agents!r}")
@@ -99,6 +104,9 @@ def load_flwr_femnist(
         **load_dataset_kwargs,
     )
     partitioner = fds.partitioners["train"]  # loads (downloads once) and shuffles the data
+    files = load_dataset_kwargs.get("data_files")
+    source = dataset if files is None else f"{dataset} data_files={files!r}"  # how errors name the data
+    require_keys(partitioner.dataset.column_names, COLUMNS, source, _LAYOUT, what="column(s)")
     available = partitioner.num_partitions
     if not 1 <= num_agents <= available:
         raise ValueError(f"num_agents={num_agents} is not allowed for {dataset}: it has {available} "
@@ -119,11 +127,11 @@ def load_flwr_femnist(
         else:
             parts = partition.train_test_split(test_size=test_fraction, seed=seed)
             train, test = parts["train"], parts["test"]
-        train_x.append(_pixels(train["image"], names[-1]))
-        train_y.append(np.asarray(train["character"], dtype=np.int64))
-        if test is not None:
-            test_x.append(_pixels(test["image"], names[-1]))
-            test_y.append(np.asarray(test["character"], dtype=np.int64))
+        for part, xs, ys in ((train, train_x, train_y), (test, test_x, test_y)):
+            if part is not None:
+                xs.append(_pixels(part["image"], source, names[-1]))
+                ys.append(require_labels(np.asarray(part["character"]), FEMNIST_NUM_CLASSES, source,
+                                         "character", lambda i: f"writer {names[-1]}, sample {i[0]}"))
 
     def features(parts: list[np.ndarray]) -> torch.Tensor:
         if not parts:
@@ -145,13 +153,13 @@ def load_flwr_femnist(
     )
 
 
-def _pixels(images: Any, writer: str) -> np.ndarray:
+def _pixels(images: Any, source: str, writer: str) -> np.ndarray:
     """The decoded images (PIL) as uint8 ``[n, 784]``, converted to grayscale where needed."""
     rows = []
-    for image in images:
+    for i, image in enumerate(images):
         array = np.asarray(image if image.mode == "L" else image.convert("L"), dtype=np.uint8)
         if array.shape != (_SIDE, _SIDE):
-            raise ValueError(f"writer {writer} has an image of shape {array.shape}, expected "
-                             f"({_SIDE}, {_SIDE}) as in FEMNIST")
+            raise DataError(source, f"an image of shape {array.shape}; allowed: ({_SIDE}, {_SIDE}) as in "
+                                    "FEMNIST", f"writer {writer}, sample {i}")
         rows.append(array.reshape(-1))
     return np.stack(rows) if rows else np.zeros((0, _SIDE * _SIDE), dtype=np.uint8)

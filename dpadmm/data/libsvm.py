@@ -17,15 +17,16 @@ gradient bound of 002 needs, is :func:`normalise_rows`, applied by the family th
 
 from __future__ import annotations
 
-import gzip
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import DataError, open_text, require_finite, require_nonempty, require_width
 
 if TYPE_CHECKING:
     import torch
@@ -50,16 +51,6 @@ BINARY_SETS = {
 BIO_SPLIT_SEED = 2004  # the KDD Cup's year: a public constant, chosen before looking at any result
 
 
-class DataFormatError(ValueError):
-    """A data file that does not have the expected format; the message names the file, line and reason."""
-
-
-def _open(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="ascii")
-    return open(path, encoding="ascii")  # noqa: SIM115 - returned to a with-statement
-
-
 def find_file(folder: str | os.PathLike, name: str) -> Path:
     """``folder/name`` or ``folder/name.gz``; a FileNotFoundError naming both when neither exists."""
     base = Path(folder)
@@ -73,26 +64,28 @@ def read_libsvm(path: str | os.PathLike, num_features: int) -> tuple[np.ndarray,
     """(x float64 [N, num_features] dense, y int64 [N] in {0, 1}) from a LIBSVM file, plain or .gz.
 
     Labels must be -1 or +1 (any numeric spelling: -1.0, +1); indices 1..num_features,
-    increasing within a line. A malformed line raises :class:`DataFormatError` naming the
-    file, the line number and what is wrong.
+    increasing within a line; values finite. A malformed line raises
+    :class:`~dpadmm.data.checks.DataError` naming the file, the line number, the value and
+    what is allowed; so does a file that is empty, cut off, damaged or not text.
     """
     path = Path(path)
     labels: list[int] = []
+    lines: list[int] = []  # the line of each sample, for the errors found after reading
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
-    with _open(path) as fh:
+    with open_text(path) as fh:
         for number, line in enumerate(fh, start=1):
             fields = line.split()
             if not fields:
                 continue
-            where = f"{path}, line {number}"
+            where = f"line {number}"
             try:
                 label = float(fields[0])
             except ValueError:
-                raise DataFormatError(f"{where}: label {fields[0]!r} is not a number") from None
+                label = np.nan
             if label not in (-1.0, 1.0):
-                raise DataFormatError(f"{where}: label {fields[0]!r} is not -1 or +1")
+                raise DataError(path, f"label {fields[0]!r} is not -1 or +1 (allowed: -1 or +1)", where)
             previous = 0
             for item in fields[1:]:
                 index_text, sep, value_text = item.partition(":")
@@ -101,56 +94,75 @@ def read_libsvm(path: str | os.PathLike, num_features: int) -> tuple[np.ndarray,
                 except ValueError:
                     index, value = -1, 0.0
                 if not sep or index < 1:
-                    raise DataFormatError(f"{where}: {item!r} is not <index>:<value> with index >= 1")
+                    raise DataError(path, f"{item!r} is not <index>:<value> with index >= 1; allowed: "
+                                          f"indices 1..{num_features} and numbers", where)
                 if index > num_features:
-                    raise DataFormatError(f"{where}: index {index} is larger than the {num_features} "
-                                          "features")
+                    raise DataError(path, f"feature index {index} is beyond the declared width "
+                                          f"{num_features} (allowed: 1..{num_features})", where)
                 if index <= previous:
-                    raise DataFormatError(f"{where}: index {index} does not increase (after {previous})")
+                    raise DataError(path, f"index {index} does not increase (after {previous}); allowed: "
+                                          "increasing indices within a line", where)
                 previous = index
                 rows.append(len(labels))
                 cols.append(index - 1)
                 vals.append(value)
             labels.append(1 if label > 0 else 0)
+            lines.append(number)
+    require_nonempty(len(labels), path, "sample (no line <label> <index>:<value> ...)")
+    row_of, col_of = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    values = np.asarray(vals, dtype=np.float64)
+    require_finite(values, path, "the value",
+                   lambda k: f"line {lines[row_of[k[0]]]}, feature {col_of[k[0]] + 1}")
     x = np.zeros((len(labels), num_features), dtype=np.float64)
-    x[np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)] = vals
+    x[row_of, col_of] = values
     return x, np.asarray(labels, dtype=np.int64)
 
 
 def read_bio(path: str | os.PathLike, num_features: int = 74) -> tuple[np.ndarray, np.ndarray]:
     """(x float64 [N, 74], y int64 [N] in {0, 1}) from KDD Cup 2004's tab-separated protein homology file.
 
-    numpy's C reader parses it; when it fails, the file is scanned line by line for the first
-    wrong line, so that the :class:`DataFormatError` names it.
+    numpy's C reader parses it; when it fails, or the table holds a wrong label or a value
+    that is not finite, the file is scanned line by line for the first wrong line, so that
+    the :class:`~dpadmm.data.checks.DataError` names it.
     """
     path = Path(path)
     width = 3 + num_features
     try:
-        with _open(path) as fh:
+        with open_text(path) as fh, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "loadtxt: input contained no data", UserWarning)  # named below
             table = np.loadtxt(fh, dtype=np.float64, ndmin=2)
         if table.shape[1] != width or not np.isin(table[:, 2], (0.0, 1.0)).all():
             raise ValueError
-    except ValueError:
+        require_finite(table, path, "a value")
+    except ValueError as err:
         _first_bad_bio_line(path, num_features)
-        raise
+        raise DataError(path, f"not a table of numbers ({err}); allowed: lines of block id, example id, "
+                              f"label 0/1 and {num_features} features") from err
     return np.ascontiguousarray(table[:, 3:]), table[:, 2].astype(np.int64)
 
 
 def _first_bad_bio_line(path: Path, num_features: int) -> None:
-    """Raise :class:`DataFormatError` for the first line of ``path`` that is not a bio_train row."""
-    with _open(path) as fh:
+    """Raise :class:`~dpadmm.data.checks.DataError` for the first line of ``path`` that is not a bio_train
+    row, and for a file with no row."""
+    layout = f"block id, example id, label, {num_features} features"
+    rows = 0
+    with open_text(path) as fh:
         for number, line in enumerate(fh, start=1):
             fields = line.split()
-            where = f"{path}, line {number}"
-            if len(fields) != 3 + num_features:
-                raise DataFormatError(f"{where}: {len(fields)} fields, expected {3 + num_features} (block "
-                                      f"id, example id, label, {num_features} features)")
+            if not fields:
+                continue
+            where = f"line {number}"
+            require_width(len(fields), 3 + num_features, path, "fields", layout, where)
             if fields[2] not in ("0", "1"):
-                raise DataFormatError(f"{where}: label {fields[2]!r} is not 0 or 1")
+                raise DataError(path, f"label {fields[2]!r} is not 0 or 1; allowed: 0 or 1", where)
             try:
-                [float(v) for v in fields]
+                values = np.array([float(v) for v in fields])
             except ValueError:
-                raise DataFormatError(f"{where}: a field is not a number") from None
+                raise DataError(path, f"a field is not a number; allowed: {layout}, all numbers",
+                                where) from None
+            require_finite(values, path, "the value", lambda k, where=where: f"{where}, field {k[0] + 1}")
+            rows += 1
+    require_nonempty(rows, path, f"row ({layout})")
 
 
 def load_binary(name: str, data_dir: str | os.PathLike) -> Dataset:
@@ -173,8 +185,8 @@ def load_binary(name: str, data_dir: str | os.PathLike) -> Dataset:
                  *read_libsvm(find_file(data_dir, spec.test), spec.features))
     got = (len(parts[1]), len(parts[3]))
     if got != spec.rows:
-        raise DataFormatError(f"{name} in {data_dir}: {got[0]} training and {got[1]} test rows, expected "
-                              f"{spec.rows[0]} and {spec.rows[1]}")
+        raise DataError(data_dir, f"{got[0]} training and {got[1]} test rows of {name}, expected "
+                                  f"{spec.rows[0]} and {spec.rows[1]} (the data set's own files)")
     x_train, y_train, x_test, y_test = (torch.from_numpy(np.ascontiguousarray(a)) for a in parts)
     return Dataset(name=name, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, num_classes=2)
 

@@ -15,14 +15,13 @@ checks their MD5 and renames them into place, after which :func:`load_mnist` fin
 
 from __future__ import annotations
 
-import gzip
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from dpadmm.data import Dataset, _dataset_from_pixels
+from dpadmm.data.checks import DataError, read_bytes, require_labels, require_nonempty
 
 __all__ = ["MNIST_FILES", "IdxFormatError", "MnistFilesMissing", "find_mnist_files", "load_mnist", "read_idx"]
 
@@ -46,11 +45,10 @@ _IDX_DTYPES = {
     0x0E: np.dtype(">f8"),
 }
 
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
-class IdxFormatError(ValueError):
-    """A file is not a well-formed IDX file (bad magic number, truncated, trailing bytes, bad gzip)."""
+class IdxFormatError(DataError):
+    """A file is not a well-formed IDX file (bad magic number, truncated, trailing bytes)."""
 
 
 class MnistFilesMissing(FileNotFoundError):
@@ -62,23 +60,6 @@ class MnistFilesMissing(FileNotFoundError):
         self.missing = missing
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's content, decompressed when it starts with the gzip magic bytes 1f 8b."""
-    with open(path, "rb") as f:
-        head = f.read(2)
-        f.seek(0)
-        if head != _GZIP_MAGIC:
-            return f.read()
-        try:
-            with gzip.GzipFile(fileobj=f, mode="rb") as g:
-                return g.read()
-        except (EOFError, OSError, zlib.error) as e:
-            # EOFError: the gzip stream is cut short; BadGzipFile (an OSError) / zlib.error: corrupt.
-            raise IdxFormatError(
-                f"{path}: cannot decompress the gzip data ({e}); the file is damaged or truncated"
-            ) from e
-
-
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an IDX file (raw or gzip-compressed, detected by its first bytes) into a numpy array.
 
@@ -87,50 +68,40 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     big-endian int32; then the data, big-endian, in C order. The result has the file's
     shape and the type in native byte order, and is a fresh, writable array.
 
-    Raises :class:`IdxFormatError` (a ``ValueError``) naming the path and what was expected
-    for a bad magic number, an unknown type code, a truncated file or trailing bytes.
+    Raises :class:`IdxFormatError` (a :class:`~dpadmm.data.checks.DataError`) naming the path
+    and what was expected for a bad magic number, an unknown type code, a truncated file or
+    trailing bytes; a ``DataError`` for an empty file or a cut-off or damaged gzip stream.
     """
     path = Path(path)
-    data = _read_bytes(path)
+    data = read_bytes(path)
     if len(data) < 4:
-        raise IdxFormatError(
-            f"{path}: truncated IDX file: {len(data)} bytes, expected at least the 4-byte magic number"
-        )
+        raise IdxFormatError(path, f"truncated IDX file: {len(data)} bytes, expected at least the 4-byte "
+                                   "magic number")
     magic = data[:4]
     if magic[0] != 0 or magic[1] != 0:
-        raise IdxFormatError(
-            f"{path}: not an IDX file: magic number 0x{magic.hex()} does not start with two zero bytes "
-            "(expected 0x0000TTDD: type code TT, number of dimensions DD)"
-        )
+        raise IdxFormatError(path, f"not an IDX file: magic number 0x{magic.hex()} does not start with two "
+                                   "zero bytes (expected 0x0000TTDD: type code TT, number of dimensions DD)")
     code, ndim = magic[2], magic[3]
     dtype = _IDX_DTYPES.get(code)
     if dtype is None:
         known = ", ".join(f"0x{c:02X} {d.name}" for c, d in _IDX_DTYPES.items())
-        raise IdxFormatError(
-            f"{path}: not an IDX file: magic number 0x{magic.hex()} has unknown type code 0x{code:02X} "
-            f"(expected one of {known})"
-        )
+        raise IdxFormatError(path, f"not an IDX file: magic number 0x{magic.hex()} has unknown type code "
+                                   f"0x{code:02X} (expected one of {known})")
     header = 4 + 4 * ndim
     if len(data) < header:
-        raise IdxFormatError(
-            f"{path}: truncated IDX file: {len(data)} bytes, expected a header of {header} bytes "
-            f"(magic number and {ndim} dimensions)"
-        )
+        raise IdxFormatError(path, f"truncated IDX file: {len(data)} bytes, expected a header of {header} "
+                                   f"bytes (magic number and {ndim} dimensions)")
     shape = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
     if any(d < 0 for d in shape):
-        raise IdxFormatError(f"{path}: IDX header has a negative dimension: {shape}")
+        raise IdxFormatError(path, f"IDX header has a negative dimension: {shape}")
     count = int(np.prod(shape, dtype=np.int64))
     expected = header + count * dtype.itemsize
     if len(data) < expected:
-        raise IdxFormatError(
-            f"{path}: truncated IDX file: {len(data)} bytes, expected {expected} "
-            f"(header {header} + {count} values of {dtype.name} for shape {shape})"
-        )
+        raise IdxFormatError(path, f"truncated IDX file: {len(data)} bytes, expected {expected} (header "
+                                   f"{header} + {count} values of {dtype.name} for shape {shape})")
     if len(data) > expected:
-        raise IdxFormatError(
-            f"{path}: {len(data) - expected} unexpected trailing bytes after the IDX data "
-            f"(expected {expected} bytes in all for shape {shape} of {dtype.name})"
-        )
+        raise IdxFormatError(path, f"{len(data) - expected} unexpected trailing bytes after the IDX data "
+                                   f"(expected {expected} bytes in all for shape {shape} of {dtype.name})")
     array = np.frombuffer(data, dtype=dtype, count=count, offset=header).reshape(shape)
     return array.astype(dtype.newbyteorder("="))
 
@@ -169,21 +140,16 @@ def find_mnist_files(data_dir: str | os.PathLike) -> dict[str, Path]:
 
 def _check_pair(images: np.ndarray, labels: np.ndarray, image_path: Path, label_path: Path) -> None:
     if images.ndim != 3 or images.dtype != np.uint8:
-        raise IdxFormatError(
-            f"{image_path}: expected uint8 images of shape [N, rows, cols], got {images.dtype} {images.shape}"
-        )
+        raise IdxFormatError(image_path, "expected uint8 images of shape [N, rows, cols], got "
+                                         f"{images.dtype} {images.shape}")
     if labels.ndim != 1 or labels.dtype != np.uint8:
-        raise IdxFormatError(
-            f"{label_path}: expected uint8 labels of shape [N], got {labels.dtype} {labels.shape}"
-        )
+        raise IdxFormatError(label_path, f"expected uint8 labels of shape [N], got {labels.dtype} "
+                                         f"{labels.shape}")
     if images.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"{image_path} has {images.shape[0]} images but {label_path} has {labels.shape[0]} labels"
-        )
-    if labels.size and int(labels.max()) >= MNIST_NUM_CLASSES:
-        raise ValueError(
-            f"{label_path}: label {int(labels.max())} is out of range 0..{MNIST_NUM_CLASSES - 1}"
-        )
+        raise DataError(image_path, f"{images.shape[0]} images but {label_path} has {labels.shape[0]} "
+                                    "labels; allowed: one label per image")
+    require_nonempty(labels.shape[0], label_path, "labels")
+    require_labels(labels, MNIST_NUM_CLASSES, label_path, "the file", lambda i: f"record {i[0]}")
 
 
 def load_mnist(data_dir: str | os.PathLike) -> Dataset:
@@ -194,7 +160,8 @@ def load_mnist(data_dir: str | os.PathLike) -> Dataset:
     code), int64 labels 0..9. The training order is the file's order, unchanged.
 
     Raises :class:`MnistFilesMissing` when files are missing, :class:`IdxFormatError` for a
-    malformed file, ``ValueError`` when images and labels do not match.
+    malformed file, :class:`~dpadmm.data.checks.DataError` for a damaged or empty one, images and
+    labels that do not match, and labels outside 0..9.
     """
     paths = find_mnist_files(data_dir)
     train_images_path, train_labels_path, test_images_path, test_labels_path = (paths[n] for n in MNIST_FILES)
@@ -205,10 +172,8 @@ def load_mnist(data_dir: str | os.PathLike) -> Dataset:
     _check_pair(train_images, train_labels, train_images_path, train_labels_path)
     _check_pair(test_images, test_labels, test_images_path, test_labels_path)
     if train_images.shape[1:] != test_images.shape[1:]:
-        raise ValueError(
-            f"{train_images_path} has images of {train_images.shape[1:]} but "
-            f"{test_images_path} has {test_images.shape[1:]}"
-        )
+        raise DataError(test_images_path, f"images of {test_images.shape[1:]} but {train_images_path} has "
+                                          f"{train_images.shape[1:]}; allowed: the training images' size")
     return _dataset_from_pixels(
         "mnist", train_images, train_labels, test_images, test_labels, MNIST_NUM_CLASSES
     )

@@ -8,8 +8,11 @@ On a real device the agent holds only its own samples, in one of three formats:
   LEAF reader;
 - an MNIST-style IDX pair: ``path`` the images (``[n, rows, cols]`` uint8), ``labels_path``
   the labels (raw or ``.gz``; :func:`dpadmm.data.mnist.read_idx`); pixels ``x / 255``;
-- a NumPy ``.npz`` with arrays ``x`` (``[n, ...]``: uint8 pixels, scaled ``/ 255``, or
-  floats already in [0, 1]) and ``y`` (integer labels).
+- a NumPy ``.npz`` with arrays ``x`` (``[n, J]`` or ``[n, rows, cols]``: uint8 pixels, scaled
+  ``/ 255``, or floats already in [0, 1]) and ``y`` (integer labels).
+
+Whatever the format, the samples are checked alike (:func:`check_samples`): finite values in
+[0, 1], one integer label >= 0 per sample (below ``num_classes`` when given), at least one sample.
 
 The global sample count I, by which eq. (63) divides, is not in the device's data: the
 operator passes it as a public parameter (``num-samples-total`` in the node config).
@@ -23,18 +26,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpadmm.data.checks import (
+    DataError,
+    load_npz,
+    require_array,
+    require_finite,
+    require_labels,
+    require_nonempty,
+)
 from dpadmm.data.femnist import read_leaf_files
 from dpadmm.data.mnist import read_idx
 
-__all__ = ["load_node_data"]
+__all__ = ["check_samples", "load_node_data", "write_npz"]
+
+_NPZ_LAYOUT = "x [n, J] or [n, rows, cols] (uint8 pixels, or floats in [0, 1]) and y [n] (integer labels)"
 
 
-def load_node_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = "",
-                   writer: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+def load_node_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = "", writer: str = "",
+                   num_classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x float64 [n, J] in [0, 1], y int64 [n]) of one device, from LEAF JSON, IDX or npz.
 
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file and
-    what was expected for anything else (unknown format, missing writer or labels, shapes).
+    ``num_classes`` K, when given, limits the labels to 0..K-1 (else any label >= 0). Raises
+    ``FileNotFoundError`` for a missing file and a :class:`~dpadmm.data.checks.DataError` (a
+    ``ValueError``) naming the file, the record and what is allowed for anything else (unknown format,
+    missing writer, labels or arrays, a damaged file, shapes, values that are not finite or outside
+    [0, 1], labels outside the classes, no sample).
     """
     path = Path(path).expanduser()
     if not path.is_file():
@@ -47,14 +63,30 @@ def load_node_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = 
     elif "idx" in name:
         x, y = _idx(path, labels_path)
     else:
-        raise ValueError(f"data-path {path}: unknown format; expected a LEAF .json/.json.gz file, an IDX "
-                         "image file (with labels-path) or an .npz with arrays x and y")
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"data-path {path}: {x.shape[0]} samples and {y.shape[0]} labels; need the same "
-                         "number, at least one")
-    if y.min() < 0:
-        raise ValueError(f"data-path {path}: negative labels")
-    return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+        raise DataError(f"data-path {path}", "unknown format; allowed: a LEAF .json/.json.gz file, an IDX "
+                                             "image file (with labels-path) or an .npz with arrays x and y")
+    x, y = check_samples(x, y, f"data-path {path}", num_classes)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def check_samples(x: np.ndarray, y: np.ndarray, source: str, num_classes: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y as int64) when they are samples an agent can learn from, else a DataError naming ``source``
+    and the first bad sample: as many labels as samples and at least one, x finite and in [0, 1], labels
+    integers in 0..K-1 (``num_classes`` K; None: >= 0).
+
+    Every check is row by row, so rows of a set that passes pass too: what `dpadmm deploy agents` relies
+    on when it checks the whole training set before cutting it into the agents' files."""
+    if x.shape[0] != y.shape[0]:
+        raise DataError(source, f"{x.shape[0]} samples and {y.shape[0]} labels; allowed: one label per "
+                                "sample")
+    require_nonempty(x.shape[0], source, "sample")
+    require_finite(x, source, "x")
+    if x.size and (x.min() < 0 or x.max() > 1):
+        row, column = np.argwhere((x < 0) | (x > 1))[0]
+        raise DataError(source, f"x is {x[row, column].item()!r}; float x must lie in [0, 1] (or give uint8 "
+                                "pixels 0..255)", f"row {row}, column {column}")
+    return x, require_labels(y, num_classes, source)
 
 
 def _leaf(path: Path, writer: str) -> tuple[np.ndarray, np.ndarray]:
@@ -62,40 +94,36 @@ def _leaf(path: Path, writer: str) -> tuple[np.ndarray, np.ndarray]:
     if writer:
         if writer not in writers:
             listed = ", ".join(list(writers)[:5]) + (" ..." if len(writers) > 5 else "")
-            raise ValueError(f"data-path {path} has no writer {writer!r}; it has {listed}")
+            raise DataError(f"data-path {path}", f"no writer {writer!r}; allowed: one of {listed}")
         chosen = writers[writer]
     elif len(writers) == 1:
         chosen = next(iter(writers.values()))
     else:
-        raise ValueError(f"data-path {path} holds {len(writers)} writers; name this device's one with "
-                         "writer=<id> in the node config")
+        raise DataError(f"data-path {path}", f"holds {len(writers)} writers; name this device's one with "
+                                             "writer=<id> in the node config")
     return 1.0 - chosen.x.astype(np.float64), chosen.y
 
 
 def _idx(path: Path, labels_path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     if not labels_path:
-        raise ValueError(f"data-path {path} is an IDX image file; give its labels with labels-path")
+        raise DataError(f"data-path {path}", "an IDX image file; give its labels with labels-path")
     images, labels = read_idx(path), read_idx(Path(labels_path).expanduser())
     if images.ndim < 2 or images.dtype != np.uint8 or labels.ndim != 1:
-        raise ValueError(f"{path}, {labels_path}: expected uint8 images [n, rows, cols] and labels [n], got "
-                         f"{images.dtype} {images.shape} and {labels.shape}")
+        raise DataError(f"data-path {path}", f"uint8 images [n, rows, cols] and labels [n] expected, got "
+                                             f"{images.dtype} {images.shape} and labels {labels.shape}")
     return images.reshape(images.shape[0], -1).astype(np.float64) / 255.0, labels
 
 
 def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path) as data:
-        if "x" not in data or "y" not in data:
-            raise ValueError(f"data-path {path}: expected arrays x and y, found {', '.join(data.files)}")
-        x, y = data["x"], data["y"]
-    if not np.issubdtype(y.dtype, np.integer) or y.ndim != 1:
-        raise ValueError(f"data-path {path}: y must be a 1-D integer array, got {y.dtype} {y.shape}")
-    x = x.reshape(x.shape[0], -1)
+    source = f"data-path {path}"
+    arrays = load_npz(path, ("x", "y"), _NPZ_LAYOUT, source)
+    x, y = arrays["x"], arrays["y"]
+    require_array(x, (2, 3), source, "x", _NPZ_LAYOUT)
+    require_array(y, 1, source, "y", _NPZ_LAYOUT)
+    x = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))  # [n, rows, cols] -> [n, J]; also for n = 0
     if x.dtype == np.uint8:
         return x.astype(np.float64) / 255.0, y
-    x = x.astype(np.float64)
-    if x.size and (x.min() < 0 or x.max() > 1):
-        raise ValueError(f"data-path {path}: float x must lie in [0, 1] (or give uint8 pixels 0..255)")
-    return x, y
+    return x.astype(np.float64), y
 
 
 def write_npz(path: Path, **arrays: np.ndarray) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,15 @@ import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.checks import (
+    DataError,
+    Where,
+    load_npz,
+    require_array,
+    require_finite,
+    require_labels,
+    require_nonempty,
+)
 from dpadmm.data.node import write_npz
 
 MNIST_4V9_DIGITS = (4, 9)
@@ -143,101 +151,89 @@ class LabelsFile:
         return ids_digest(self.ids, self.test_ids)
 
 
-def _load_npz(path: str | os.PathLike, key: str, names: Sequence[str], layout: str) -> dict[str, np.ndarray]:
-    """The arrays ``names`` of the .npz at ``path``; errors name the node- or run-config ``key``."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{key} {path} is not a file; give the .npz with {layout}")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise ValueError(f"{key} {path}: not a NumPy .npz file ({err}); the file must hold {layout}") from err
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise ValueError(f"{key} {path}: a single array (.npy), not an .npz; the file must hold {layout}")
-    with data:
-        missing = [n for n in names if n not in data.files]
-        if missing:
-            raise ValueError(f"{key} {path}: missing array(s) {', '.join(missing)} (found: "
-                             f"{', '.join(data.files) or 'none'}); the file must hold {layout}")
-        try:
-            return {n: data[n] for n in names}
-        except ValueError as err:  # an object array, which only pickle could read
-            raise ValueError(f"{key} {path}: an array needs pickle to be read ({err}); store ids as integers "
-                             "or strings and the values as numbers") from err
+_PARTY_LAYOUT = "ids [N], x [N, d_m], test_ids [N_test] and x_test [N_test, d_m]"
+_LABELS_LAYOUT = "ids [N], y [N] (0/1), test_ids [N_test] and y_test [N_test] (0/1)"
 
 
-def _check_ids(where: str, name: str, ids: np.ndarray) -> np.ndarray:
+def _by_id(ids: np.ndarray) -> Where:
+    """Names a row by its number and its sample's id (and the column, in a block)."""
+    def where(index: tuple[int, ...]) -> str:
+        named = f"row {index[0]} (id {ids[index[0]].item()!r})"
+        return named + (f", column {index[1]}" if len(index) > 1 else "")
+
+    return where
+
+
+def _check_ids(source: str, name: str, ids: np.ndarray) -> np.ndarray:
     """``ids`` as a 1-D array of integers or strings, each appearing once."""
-    if ids.ndim != 1 or ids.dtype.kind not in "iuU":
-        raise ValueError(f"{where}: {name} must be a 1-D array of integers or strings, got {ids.dtype} "
-                         f"{ids.shape}")
-    if ids.size == 0:
-        raise ValueError(f"{where}: {name} is empty; at least one sample is needed")
+    require_array(ids, 1, source, name, "a 1-D array of integers or strings, one per sample", kinds="iuU")
+    require_nonempty(ids.size, source, f"sample ({name} is empty)")
     values, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
-        raise ValueError(f"{where}: {name} repeats {values[counts > 1][0].item()!r}; every sample needs its "
-                         "own id")
+        raise DataError(source, f"{name} repeats {values[counts > 1][0].item()!r}; allowed: every sample "
+                                "with its own id")
     return ids
 
 
-def _check_rows(where: str, name: str, values: np.ndarray, ids_name: str, ids: np.ndarray, ndim: int
-                ) -> np.ndarray:
-    """``values`` as finite real numbers, one row per id."""
-    if values.ndim != ndim or values.dtype.kind not in "biuf":
-        shape = "[N, d_m]" if ndim == 2 else "[N]"
-        raise ValueError(f"{where}: {name} must be a {ndim}-D array of real numbers {shape}, got "
-                         f"{values.dtype} {values.shape}")
+def _check_rows(source: str, name: str, values: np.ndarray, ids_name: str, ids: np.ndarray, ndim: int
+                ) -> None:
+    """``values``: real numbers of ``ndim`` dimensions, one row per id."""
+    shape = "[N, d_m]" if ndim == 2 else "[N]"
+    require_array(values, ndim, source, name, f"a {ndim}-D array of real numbers {shape}")
     if values.shape[0] != ids.shape[0]:
-        raise ValueError(f"{where}: {name} has {values.shape[0]} rows but {ids_name} lists {ids.shape[0]} "
-                         "samples; give one row per id, in the ids' order")
-    bad = ~np.isfinite(values.astype(np.float64))
-    if bad.any():
-        row = int(np.argwhere(bad)[0][0])
-        raise ValueError(f"{where}: {name} is not finite (NaN or inf) in row {row} (id "
-                         f"{ids[row].item()!r}); every value must be finite")
-    return values.astype(np.float64)
+        raise DataError(source, f"{name} has {values.shape[0]} rows but {ids_name} lists {ids.shape[0]} "
+                                "samples; allowed: one row per id, in the ids' order")
+
+
+def _party(source: str, arrays: dict[str, np.ndarray], widths: Sequence[int], party: int) -> PartyFile:
+    """The checked :class:`PartyFile` of ``arrays`` (:data:`PARTY_ARRAYS`): what a party reads, and what
+    :func:`write_vertical_files` checks before it writes."""
+    ids, test_ids = (_check_ids(source, n, arrays[n]) for n in ("ids", "test_ids"))
+    blocks = []
+    for name, of_name, of in (("x", "ids", ids), ("x_test", "test_ids", test_ids)):
+        values = arrays[name]
+        _check_rows(source, name, values, of_name, of, 2)
+        if values.shape[1] != widths[party]:
+            raise DataError(source, f"{name} has {values.shape[1]} columns but parties="
+                                    f"{','.join(map(str, widths))!r} gives party {party} {widths[party]}; "
+                                    f"allowed: this party's block of {widths[party]} columns, or the parties "
+                                    "that match the files")
+        values = values.astype(np.float64)
+        require_finite(values, source, name, _by_id(of))
+        blocks.append(torch.from_numpy(values))
+    return PartyFile(ids=ids, x=blocks[0], test_ids=test_ids, x_test=blocks[1])
+
+
+def _labels(source: str, arrays: dict[str, np.ndarray]) -> LabelsFile:
+    """The checked :class:`LabelsFile` of ``arrays`` (:data:`LABELS_ARRAYS`), as :func:`_party`."""
+    ids, test_ids = (_check_ids(source, n, arrays[n]) for n in ("ids", "test_ids"))
+    labels = []
+    for name, of_name, of in (("y", "ids", ids), ("y_test", "test_ids", test_ids)):
+        _check_rows(source, name, arrays[name], of_name, of, 1)
+        labels.append(torch.from_numpy(require_labels(arrays[name], 2, source, name, _by_id(of))))
+    return LabelsFile(ids=ids, y=labels[0], test_ids=test_ids, y_test=labels[1])
 
 
 def read_party_file(path: str | os.PathLike, widths: Sequence[int], party: int) -> PartyFile:
     """Party ``party``'s file (node config ``data-path``) of a split into blocks of ``widths``.
 
     An .npz with ``ids`` [N] (integers or strings), ``x`` [N, d_m], ``test_ids`` [N_test] and ``x_test``
-    [N_test, d_m], where d_m = ``widths[party]``. ValueErrors name the file, the value and what is allowed
+    [N_test, d_m], where d_m = ``widths[party]``. :class:`~dpadmm.data.checks.DataError`s (ValueErrors)
+    name the file, the row and its id where that applies, the value and what is allowed
     (FileNotFoundError for a missing file).
     """
     if not 0 <= party < len(widths):
         raise ValueError(f"partition-id={party} is not allowed; parties={','.join(map(str, widths))!r} has "
                          f"parties 0..{len(widths) - 1}")
-    layout = "ids [N], x [N, d_m], test_ids [N_test] and x_test [N_test, d_m]"
-    arrays = _load_npz(path, "data-path", PARTY_ARRAYS, layout)
-    where = f"data-path {Path(path).expanduser()}"
-    ids, test_ids = (_check_ids(where, n, arrays[n]) for n in ("ids", "test_ids"))
-    x = _check_rows(where, "x", arrays["x"], "ids", ids, 2)
-    x_test = _check_rows(where, "x_test", arrays["x_test"], "test_ids", test_ids, 2)
-    width = widths[party]
-    for name, values in (("x", x), ("x_test", x_test)):
-        if values.shape[1] != width:
-            raise ValueError(f"{where}: {name} has {values.shape[1]} columns but parties="
-                             f"{','.join(map(str, widths))!r} gives party {party} {width}; give this party's "
-                             f"block of {width} columns, or the parties that match the files")
-    return PartyFile(ids=ids, x=torch.from_numpy(x), test_ids=test_ids, x_test=torch.from_numpy(x_test))
+    source = f"data-path {Path(path).expanduser()}"
+    return _party(source, load_npz(path, PARTY_ARRAYS, _PARTY_LAYOUT, source), widths, party)
 
 
 def read_labels_file(path: str | os.PathLike) -> LabelsFile:
     """The server's labels file (run config ``labels-path``): an .npz with ``ids`` [N], ``y`` [N] (0/1),
     ``test_ids`` [N_test] and ``y_test`` [N_test]. Errors as :func:`read_party_file`'s."""
-    layout = "ids [N], y [N] (0/1), test_ids [N_test] and y_test [N_test] (0/1)"
-    arrays = _load_npz(path, "labels-path", LABELS_ARRAYS, layout)
-    where = f"labels-path {Path(path).expanduser()}"
-    ids, test_ids = (_check_ids(where, n, arrays[n]) for n in ("ids", "test_ids"))
-    labels = []
-    for name, of in (("y", ids), ("y_test", test_ids)):
-        y = _check_rows(where, name, arrays[name], "ids" if name == "y" else "test_ids", of, 1)
-        outside = y[(y != 0) & (y != 1)]
-        if outside.size:
-            raise ValueError(f"{where}: {name} holds {outside[0]:g}; labels must be 0 or 1 (write -1 as 0)")
-        labels.append(torch.from_numpy(y.astype(np.int64)))
-    return LabelsFile(ids=ids, y=labels[0], test_ids=test_ids, y_test=labels[1])
+    source = f"labels-path {Path(path).expanduser()}"
+    return _labels(source, load_npz(path, LABELS_ARRAYS, _LABELS_LAYOUT, source))
 
 
 def party_file_name(party: int) -> str:
@@ -249,20 +245,29 @@ def write_vertical_files(dataset: Dataset, widths: Sequence[int], out: str | os.
     ``labels.npz``, with ids = the row numbers; returns their paths, the labels' last.
 
     These are the files a deployment starts from: each party's SuperNode gets only its own file, the
-    server only the labels. Existing files are refused rather than overwritten, since a party keeping an
-    older file would no longer be aligned with the new labels.
+    server only the labels. Before anything is written, the widths must cover the data set's columns
+    exactly and every file's arrays must pass the checks its reader applies (:func:`read_party_file`,
+    :func:`read_labels_file`), so that no file is written that no run could use. Existing files are
+    refused rather than overwritten, since a party keeping an older file would no longer be aligned
+    with the new labels.
     """
     blocks = split_columns(dataset.x_train, widths)
     test_blocks = split_columns(dataset.x_test, widths)
     out = Path(out)
     paths = [out / party_file_name(m) for m in range(len(widths))] + [out / LABELS_FILE]
+    ids, test_ids = np.arange(dataset.num_train), np.arange(len(dataset.y_test))
+    contents = [{"ids": ids, "x": blocks[m].numpy(), "test_ids": test_ids, "x_test": test_blocks[m].numpy()}
+                for m in range(len(widths))]
+    contents.append({"ids": ids, "y": dataset.y_train.numpy(), "test_ids": test_ids,
+                     "y_test": dataset.y_test.numpy()})
+    for m, path in enumerate(paths[:-1]):
+        _party(str(path), contents[m], widths, m)
+    _labels(str(paths[-1]), contents[-1])
     existing = [str(p) for p in paths if p.exists()]
     if existing:
         raise FileExistsError(f"{', '.join(existing)} already exist; remove them or choose another folder")
     out.mkdir(parents=True, exist_ok=True)
-    ids, test_ids = np.arange(dataset.num_train), np.arange(len(dataset.y_test))
-    for m, path in enumerate(paths[:-1]):
-        write_npz(path, ids=ids, x=blocks[m].numpy(), test_ids=test_ids, x_test=test_blocks[m].numpy())
-    write_npz(paths[-1], ids=ids, y=dataset.y_train.numpy(), test_ids=test_ids, y_test=dataset.y_test.numpy())
+    for path, arrays in zip(paths, contents, strict=True):
+        write_npz(path, **arrays)
     return paths
 
