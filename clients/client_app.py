@@ -92,6 +92,14 @@ def _device_data(config: RunConfig, agent: int, path: str, labels_path: str, wri
                                  dtype=DTYPES[config.dtype], device=resolve_device(config.device))
 
 
+def require_federation(num_partitions: int, agents: int, setting: str, who: str = "agent") -> None:
+    """A simulated federation has one SuperNode per agent: a ValueError naming ``setting`` (the key that sets
+    the run's ``agents``) and the fix unless it has ``agents`` SuperNodes."""
+    if num_partitions != agents:
+        raise ValueError(f"the federation has {num_partitions} SuperNodes but {setting} needs {agents}, one "
+                         f"per {who}: flwr run . --federation-config 'num-supernodes={agents}'")
+
+
 def agent_data_for(config: RunConfig, node_config: Mapping[str, Any], num_classes: int) -> AgentData:
     """The agent's data: the device's own file when the node config names one, else its partition."""
     partition_id = int(node_config["partition-id"])
@@ -105,10 +113,8 @@ def agent_data_for(config: RunConfig, node_config: Mapping[str, Any], num_classe
         return _device_data(config, partition_id, str(node_config["data-path"]),
                             str(node_config.get("labels-path", "")), str(node_config.get("writer", "")),
                             int(node_config["num-samples-total"]), num_classes)
-    num_partitions = int(node_config["num-partitions"])
-    if num_partitions != config.num_agents:
-        raise ValueError(f"the federation has {num_partitions} partitions but "
-                         f"num-agents={config.num_agents}; set both to the same value")
+    agents = config.num_agents
+    require_federation(int(node_config["num-partitions"]), agents, f"num-agents={agents}")
     return _partition(config, partition_id)
 
 
@@ -129,7 +135,14 @@ def num_classes_for(config: RunConfig, arrays: ArrayRecord) -> int:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which agent this node is (its partition id, from the node config)."""
+    """Tell the server which agent this node is (its partition id, from the node config), once the node has
+    read its configuration and its data as its rounds will (:func:`read_node`): a node that refuses them says
+    why instead (:func:`refusal`), and the server ends the run before round 1 (``Roster.admit``), before it
+    writes anything and before any node releases anything."""
+    try:
+        read_node(context)
+    except Refused as error:
+        return refusal(msg, str(error))
     return answer_query(msg, int(context.node_config["partition-id"]))
 
 
@@ -137,9 +150,7 @@ def query(msg: Message, context: Context) -> Message:
 def linadmm_rows(config: LinAdmmConfig, partition_id: int,
                  num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(features with unit-norm rows, labels +-1) of this client's contiguous block of the training rows."""
-    if num_partitions != config.num_agents:
-        raise ValueError(f"the federation has {num_partitions} partitions but num-agents="
-                         f"{config.num_agents}; set both to the same value")
+    require_federation(num_partitions, config.num_agents, f"num-agents={config.num_agents}")
     dataset = load_binary(config.dataset, config.data_dir)
     block = partition_contiguous(dataset.num_train, config.num_agents)[partition_id]
     return problem_rows(dataset.x_train[block], dataset.y_train[block], linadmm_engine.DTYPES[config.dtype])
@@ -150,9 +161,7 @@ def sharing_partition(config: SharingConfig, partition_id: int, num_partitions: 
                       ) -> tuple[sharing_engine.Parties, str]:
     """(this party's column block of the configured data set, its ids' digest) in simulation: party =
     partition id, one per SuperNode; the ids are the row numbers."""
-    if num_partitions != len(config.widths):
-        raise ValueError(f"the federation has {num_partitions} SuperNodes but parties={config.parties!r} "
-                         f"names {len(config.widths)}; run one SuperNode per party")
+    require_federation(num_partitions, len(config.widths), f"parties={config.parties!r}", "party")
     dataset = sharing_engine.dataset_of(config)
     parties = sharing_engine.parties_of(dataset, config.widths, [partition_id],
                                         sharing_engine.DTYPES[config.dtype])
@@ -191,9 +200,7 @@ def decentral_dataset(name: str, data_dir: str) -> Dataset:
 def decentral_partition(config: DecentralConfig, agent: int, num_partitions: int) -> Agents:
     """What agent ``agent`` of 004 holds and knows in simulation: its samples of the run's draw, the public
     graph."""
-    if num_partitions != config.agents:
-        raise ValueError(f"the federation has {num_partitions} SuperNodes but agents={config.agents}; run "
-                         "one SuperNode per agent")
+    require_federation(num_partitions, config.agents, f"agents={config.agents}")
     dtype = decentral_engine.DTYPES[config.dtype]
     return agent_view(config, decentral_dataset(config.dataset, config.data_dir), agent, dtype)
 
@@ -234,18 +241,39 @@ def refusal(msg: Message, reason: str) -> Message:
     return Message(RecordDict({"config": ConfigRecord({REFUSED_KEY: reason})}), reply_to=msg)
 
 
+def read_node(context: Context, msg: Message | None = None) -> tuple[Any, Any]:
+    """(the family's configuration, what this node holds for it), read as its rounds read them: DP-ADMM's
+    (features, labels), a 004 agent's view, a sharing party's (block, ids' digest), DP-IADMM's data. Anything
+    refused: :class:`Refused`. ``msg`` is a train message: it gives DP-IADMM's class count (a logistic
+    model's is the server's w's, :func:`num_classes_for`), and DP-IADMM's configuration comes calibrated.
+    Without one (the query) the class count is the data set's, as the server's model has, and nothing is
+    calibrated: the server calibrated the same run config before it asked, and a deployed node, which
+    starts a process per message, would pay for the accountant once more."""
+    with refusing():
+        chosen = from_run_config(context.run_config)
+        partition_id = int(context.node_config["partition-id"])
+        if isinstance(chosen, LinAdmmConfig):
+            return chosen, linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
+        if isinstance(chosen, DecentralConfig):
+            return chosen, decentral_agent(chosen, context.node_config)
+        if isinstance(chosen, SharingConfig):
+            return chosen, sharing_party(chosen, context.node_config)
+        if msg is None:
+            return chosen, agent_data_for(chosen, context.node_config, NUM_CLASSES[chosen.dataset])
+        data = agent_data_for(chosen, context.node_config, num_classes_for(chosen, msg.content["arrays"]))
+        return calibrated(chosen), data
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """ADMM sharing: this party's test scores (the other families evaluate on the server)."""
     try:
-        with refusing():
-            chosen = from_run_config(context.run_config)
-            if not isinstance(chosen, SharingConfig):
-                raise ValueError(f"algorithm={chosen.algorithm!r} evaluates on the server; no client "
-                                 "evaluation")
-            parties, _ = sharing_party(chosen, context.node_config)
+        config, held = read_node(context)
     except Refused as error:
         return refusal(msg, str(error))
+    if not isinstance(config, SharingConfig):
+        return refusal(msg, f"algorithm={config.algorithm!r} evaluates on the server; no client evaluation")
+    parties, _ = held
     return scores_reply(msg, context, parties, int(context.node_config["partition-id"]))
 
 
@@ -254,32 +282,21 @@ def train(msg: Message, context: Context) -> Message:
     """DP-IADMM: receive w, lambda_p and the last iterate, run E local updates, send z_p^{t+1}.
     DP-ADMM / DP-AccADMM: receive the point, send the clipped gradient sum of this client's rows.
     004: release the agent's next iterate (with exchange=secret through SecAgg+, whose mod wraps this).
-    A node whose configuration or data is refused says why (:func:`refusal`), and the server ends the run."""
+    A node whose configuration or data is refused says why (:func:`refusal`), and the server ends the run.
+    The protocol's own checks of a round's message (a replayed round, a malformed state) raise: they cost
+    the node that round only."""
     try:
-        return _train(msg, context)
+        config, held = read_node(context, msg)
     except Refused as error:
         return refusal(msg, str(error))
-
-
-def _train(msg: Message, context: Context) -> Message:
-    with refusing():
-        chosen = from_run_config(context.run_config)
     partition_id = int(context.node_config["partition-id"])
-    if isinstance(chosen, LinAdmmConfig):
-        with refusing():
-            features, labels = linadmm_rows(chosen, partition_id, int(context.node_config["num-partitions"]))
-        return gradient_reply(msg, chosen, features, labels, partition_id)
-    if isinstance(chosen, DecentralConfig):
-        with refusing():
-            view = decentral_agent(chosen, context.node_config)
-        reply = sum_reply if chosen.exchange == "secret" else iterate_reply
-        return reply(msg, context, chosen, view, partition_id)
-    if isinstance(chosen, SharingConfig):
-        with refusing():
-            parties, digest = sharing_party(chosen, context.node_config)
-        return round_reply(msg, context, chosen, parties, partition_id, digest)
-    arrays = msg.content["arrays"]
-    with refusing():
-        config = calibrated(chosen)
-        data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
-    return train_reply(msg, config, data, partition_id, model_for(config), context.node_config)
+    if isinstance(config, LinAdmmConfig):
+        features, labels = held
+        return gradient_reply(msg, config, features, labels, partition_id)
+    if isinstance(config, DecentralConfig):
+        reply = sum_reply if config.exchange == "secret" else iterate_reply
+        return reply(msg, context, config, held, partition_id)
+    if isinstance(config, SharingConfig):
+        parties, digest = held
+        return round_reply(msg, context, config, parties, partition_id, digest)
+    return train_reply(msg, config, held, partition_id, model_for(config), context.node_config)

@@ -17,8 +17,9 @@ T = TypeVar("T")
 
 IDENTITY_KEY = "run-identity"  # server -> node, in every train config record: the run's identity
 KIND_KEY = "randomness"  # node -> server, in the reply's config record: the kind of randomness it used
-# node -> server, in the reply's config record instead of a result: why this node cannot take part at all (its
-# configuration or its data is refused), a fault that would repeat every round, so the server ends the run
+# node -> server, in the reply's config record instead of an answer (to the partition query before round 1,
+# or to a round's message): why this node cannot take part at all (its configuration or its data is
+# refused), a fault that would repeat every round, so the server ends the run
 REFUSED_KEY = "refused"
 DOWN = ("w", "lambda", "z")  # server -> agent: the model, the agent's dual, its last local iterate
 UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local iterate

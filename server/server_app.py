@@ -149,8 +149,9 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
                if config.data_dir else None)
     agents = problem.agents if problem else public_agents(config, dtype)
     stated = decentral_privacy.statement(config, FEATURES[config.dataset]) if config.private else None
-    # first: the strategy refuses what it cannot run, before a run folder is made
+    # first: the strategy refuses what it cannot run, and the nodes what they cannot, before a folder is made
     strategy = SecureSum(config, agents) if config.exchange == "secret" else GraphRouter(config, agents)
+    strategy.roster.admit(grid)
     with run_folder(config, stated, lambda: strategy.kinds.values()) as writer:
         if isinstance(strategy, SecureSum):
             decentral_secure(grid, context, config, strategy, problem, writer)
@@ -217,6 +218,7 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
     ledger = linadmm_privacy.ledger(config, problem.num_samples) if config.private else None
     if ledger:
         ledger = dataclasses.replace(ledger, randomness=statement([kind]))
+    strategy.roster.admit(grid)  # the nodes refuse what they cannot run, before a run folder is made
     train = kind != DEPLOYMENT
     clock = {"elapsed": 0.0}  # the seconds of iterations 1..t, as the engine's ``elapsed``
 
@@ -262,6 +264,7 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     labels, test_labels = ((2 * y - 1).to(dtype) for y in (y_train, y_test))
     strategy = ADMMSharing(config, labels, test_labels, digest)
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
+    strategy.roster.admit(grid)  # the parties refuse what they cannot run, before a run folder is made
     with run_folder(config, ledger, lambda: strategy.kinds.values()) as writer:
 
         def evaluate(t: int, record: dict[str, float]) -> None:
@@ -280,14 +283,17 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
     parameters = initial_parameters(module, config.seed, dtype=DTYPES[config.dtype])
     ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     resume = bool(config.out) and (Path(config.out) / CHECKPOINT).exists()
+    # Every check before the run folder is made or reopened: the checkpoint's (it must be this run's), the
+    # nodes' (their configuration and data), so that a refused run leaves no folder and a failed one's stays.
+    strategy = DPIADMM(config, parameters, checkpoint_path=Path(config.out) / CHECKPOINT if resume else None)
+    strategy.roster.admit(grid)
     if resume:
-        strategy = DPIADMM(config, parameters, checkpoint_path=Path(config.out) / CHECKPOINT)
         writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out,
                            save_weights=config.save_weights, resume_round=strategy.round)
     else:
         writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                            fresh=True, save_weights=config.save_weights)
-        strategy = DPIADMM(config, parameters, checkpoint_path=writer.directory / CHECKPOINT)
+        strategy.checkpoint_path = writer.directory / CHECKPOINT
     strategy.on_round = lambda report: writer.record_round(report.to_dict())
     log(INFO, "dpadmm: %s %s", "resuming" if resume else "writing",
         Path(writer.directory).resolve() / "metrics.jsonl")

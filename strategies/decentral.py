@@ -115,7 +115,7 @@ class GraphRouter(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Send every agent its own and its neighbours' iterates of the last iteration."""
-        holders = self.roster.bind(grid, needed=self.n)
+        holders = self.roster.bind(grid)
         missing = sorted(set(range(self.n)) - set(holders))
         if missing:
             log(WARNING, "iteration %d: no connected node holds agents %s; their last iterates are reused",
@@ -201,6 +201,8 @@ class SecureSum(LegacyStrategy):
                              f"exchange='secret' on Flower takes at most {MODULUS // QUANTIZATION - 1}")
         self.config = config
         self.evaluate_fn = evaluate_fn
+        # the federation's check before iteration 1 (Roster.admit); SecAgg+ then samples the connected nodes
+        self.roster = Roster(self.n, config.node_timeout, config.round_timeout)
         self.total = engine.initial_state(agents, [config.seed]).x[0].sum(dim=0)  # S^0
         self.summed = 0  # the last iteration whose sum arrived
         self.started = 0.0

@@ -117,7 +117,9 @@ class DPIADMM(Strategy):
         self.lam: Params = {name: torch.zeros_like(p) for name, p in self.z.items()}
         self.round = 0
         self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
-        self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout)
+        # every round samples the same number of agents: the run can start once that many are connected
+        self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout,
+                             needed=len(schedules.participants(config, 1)))
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.on_round = on_round
         self.last_train_metrics: MetricRecord | None = None
@@ -191,7 +193,7 @@ class DPIADMM(Strategy):
         self.last_report = RoundReport(round=server_round, sampled=sampled)
         if self.config.algorithm != "outp":
             self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round))
-        holders = self.roster.bind(grid, needed=len(sampled))
+        holders = self.roster.bind(grid)
         self._sent = []
         for p in sampled:
             node = holders.get(p)

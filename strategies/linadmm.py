@@ -114,7 +114,7 @@ class DPLinADMM(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Send every client the point where iteration t takes its gradient."""
-        holders = self.roster.bind(grid, needed=self.config.num_agents)
+        holders = self.roster.bind(grid)
         missing = sorted(set(range(self.config.num_agents)) - set(holders))
         if missing:
             raise RuntimeError(f"round {server_round}: no connected node holds partitions {missing}; every "

@@ -10,7 +10,11 @@ Two kinds of fault. A transient one (a timeout, a lost node, a reply that fails 
 node its round, by each strategy's dropout rules. A fault that would repeat every round ends the run
 (:class:`RunRefused`, ``finished:failed``): a node that refuses its configuration or its data (it replies
 with ``wire.REFUSED_KEY``, :func:`refusal_in`) and a federation sized against the configuration (a node
-claiming a partition the run does not have).
+claiming a partition the run does not have, or fewer nodes than the run needs within ``node-timeout``).
+
+Both are looked for before round 1 (:meth:`Roster.admit`), which a ServerApp calls before it creates the
+run folder: a node answers the partition query only after it has read its configuration and its data, so
+such a run ends with nothing written and nothing released.
 """
 
 from __future__ import annotations
@@ -60,25 +64,39 @@ def refused(replies: Iterable[Message]) -> list[Message]:
                if (reason := refusal_in(reply)) is not None]
     if reasons:
         node, reason = reasons[0]
-        more = f" (and {len(reasons) - 1} more nodes)" if len(reasons) > 1 else ""
+        others = len(reasons) - 1
+        more = f" (and {others} more node{'s' if others > 1 else ''})" if others else ""
         refuse_run(f"node {node} refused: {reason}{more}")
     return replies
 
 
 class Roster:
-    """node id -> partition id of the connected agents, for ``num_agents`` agents."""
+    """node id -> partition id of the connected agents, for ``num_agents`` agents of which a run can start
+    with ``needed`` (default: all of them)."""
 
-    def __init__(self, num_agents: int, node_timeout: float, round_timeout: float) -> None:
+    def __init__(self, num_agents: int, node_timeout: float, round_timeout: float,
+                 needed: int | None = None) -> None:
         self.num_agents = num_agents
+        self.needed = num_agents if needed is None else needed
         self.node_timeout = node_timeout
         self.round_timeout = round_timeout
         self.nodes: dict[int, int] = {}
         self.waited = False
 
-    def bind(self, grid: Grid, needed: int) -> dict[int, int]:
+    def admit(self, grid: Grid) -> None:
+        """The federation's check before round 1, which a ServerApp makes before it creates the run folder:
+        the first :meth:`bind`. A node that refuses its configuration or its data (it reads them before it
+        answers the query), a node holding a partition the run does not have (:class:`RunRefused`) or fewer
+        than ``needed`` nodes within ``node-timeout`` (a TimeoutError) end the run here, before anything is
+        written or released."""
+        holders = self.bind(grid)
+        log(INFO, "dpadmm: the nodes of %d of %d agents are connected and ready", len(holders),
+            self.num_agents)
+
+    def bind(self, grid: Grid) -> dict[int, int]:
         """partition -> connected node, after asking new nodes which partition they hold.
 
-        The first call waits up to ``node-timeout`` for every agent's node (at least
+        The first call (:meth:`admit`) waits up to ``node-timeout`` for every agent's node (at least
         ``needed`` of them, or a TimeoutError); later calls take who is connected.
         """
         deadline = time.monotonic() + self.node_timeout
@@ -91,7 +109,7 @@ class Roster:
             if self.waited or len(holders) == self.num_agents:
                 break
             if time.monotonic() > deadline:
-                if len(holders) < needed:
+                if len(holders) < self.needed:
                     raise TimeoutError(
                         f"only {len(holders)} of num-agents={self.num_agents} nodes connected within "
                         f"node-timeout={self.node_timeout:g} s ({len(connected)} nodes in all). In "

@@ -113,7 +113,7 @@ class ADMMSharing(Strategy):
         return run_rounds(self, grid, num_rounds, timeout, after_round)
 
     def _holders(self, grid: Grid, server_round: int) -> dict[int, int]:
-        holders = self.roster.bind(grid, needed=self.parties)
+        holders = self.roster.bind(grid)
         missing = sorted(set(range(self.parties)) - set(holders))
         if missing:
             log(WARNING, "round %d: no connected node holds parties %s; their last messages are used",

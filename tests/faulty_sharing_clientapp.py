@@ -2,7 +2,8 @@
 
 Used by ``tests/test_sharing_flower.py`` as the client of a real Flower simulation (copied into a
 temporary Flower app): each (party, round) in FAULTS gets one kind of bad reply, everything else
-is the real party's reply.
+is the real party's reply. "refuse" is the reply of a party that can no longer use its data (a fault that
+would repeat every round), which ends the run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from flwr.clientapp import ClientApp
 
 from clients import client_app
 
-FAULTS = {(1, 2): "non-finite", (0, 3): "raise", (1, 4): "shape"}
+FAULTS = {(1, 2): "non-finite", (0, 3): "raise", (1, 4): "shape", (1, 6): "refuse"}
 
 app = ClientApp()
 
@@ -35,6 +36,8 @@ def train(msg: Message, context: Context) -> Message:
     fault = FAULTS.get((party, t))
     if fault == "raise":
         raise RuntimeError(f"injected failure of party {party} in round {t}")
+    if fault == "refuse":
+        return client_app.refusal(msg, f"injected refusal of party {party}'s data in round {t}")
     reply = client_app.train(msg, context)
     if fault is None:
         return reply

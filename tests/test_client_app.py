@@ -9,11 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients.client_app import agent_data_for, decentral_agent, decentral_dataset
+from clients.client_app import agent_data_for, decentral_agent, decentral_dataset, query
+from dpadmm.data.vertical import load_vertical, write_vertical_files
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
+from strategies.nodes import claimed_partition, refusal_in
+from tests.conftest import flat_app_config
 
 
 def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_path: Path) -> None:
@@ -41,7 +45,7 @@ def test_bad_node_configs_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="label 12"):
         agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz"),
                                 "num-samples-total": 100}, num_classes=10)
-    with pytest.raises(ValueError, match="10 partitions but num-agents=5"):
+    with pytest.raises(ValueError, match="10 SuperNodes but num-agents=5 needs 5"):
         agent_data_for(RunConfig(num_agents=5), {"partition-id": 0, "num-partitions": 10}, num_classes=10)
 
 
@@ -64,3 +68,35 @@ def test_a_worker_serving_many_agents_reads_the_data_set_once(binary_dir: Path) 
         view = decentral_agent(config, {"partition-id": agent, "num-partitions": 10})
         assert float(view.features[0, agent].abs().sum()) > 0
     assert decentral_dataset.cache_info().misses == 1
+
+
+@pytest.mark.usefixtures("server_process")
+def test_a_node_reads_its_configuration_and_data_before_it_says_its_partition(binary_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """The partition query, which the server sends before round 1, is answered only once the node has read
+    what its rounds will read: a simulated party of a federation too large, or a deployed party whose file is
+    one column short, refuses with the reason (the server then ends the run before anything is written)."""
+    write_vertical_files(load_vertical("a9a", binary_dir / "a9a"), (66, 57), tmp_path)
+    with np.load(tmp_path / "party-1.npz") as own:
+        np.savez(tmp_path / "short.npz", ids=own["ids"], x=own["x"][:, :-1], test_ids=own["test_ids"],
+                 x_test=own["x_test"][:, :-1])
+    run_config = {**flat_app_config(), "algorithm": "admm-sharing", "sharing.parties": "66,57",
+                  "sharing.data-dir": str(binary_dir / "a9a")}
+
+    def asked(node_config: dict[str, object]) -> Message:
+        context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
+                          run_config=run_config)
+        question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
+        return query(Message(content=question, message_type=MessageType.QUERY, dst_node_id=7), context)
+
+    for node_config in ({"partition-id": 1, "num-partitions": 2},
+                        {"partition-id": 1, "data-path": str(tmp_path / "party-1.npz")}):
+        answer = asked(node_config)
+        assert refusal_in(answer) is None and claimed_partition(answer) == 1
+    assert refusal_in(asked({"partition-id": 2, "num-partitions": 3})) == (
+        "the federation has 3 SuperNodes but parties='66,57' needs 2, one per party: flwr run . "
+        "--federation-config 'num-supernodes=2'")
+    refused = refusal_in(asked({"partition-id": 1, "data-path": str(tmp_path / "short.npz")}))
+    assert refused is not None and str(tmp_path / "short.npz") in refused
+    assert "x has 56 columns but parties='66,57' gives party 1 57" in refused and "\n" not in refused
+    assert claimed_partition(asked({"partition-id": 1, "data-path": str(tmp_path / "short.npz")})) is None

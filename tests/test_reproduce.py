@@ -14,7 +14,7 @@ import torch
 
 from dpadmm.iadmm import engine, privacy
 from dpadmm.iadmm.reproduce import GridConfig, cell_name, collect, run_grid
-from dpadmm.runs.results import read_metrics
+from dpadmm.runs.results import failure, read_metrics
 
 ROUNDS = 4
 
@@ -142,3 +142,35 @@ def test_bad_grid_values_are_named() -> None:
         GridConfig(trust_radii=("huge",))
     with pytest.raises(ValueError, match="iadmm-steps='0' is not allowed"):
         GridConfig(iadmm_steps=(0,))
+
+
+def test_a_cell_whose_run_fails_is_not_complete_and_runs_again(tmp_path: Path, mnist_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell whose run raises in round 3 (a fault injected into the engine's round, as a crash would) leaves
+    its seed folder marked failed (failed.json, with the metrics of round 2) and no cell.json: the report
+    does not take it for a result, and the next call runs the cell again, to a folder no longer failed."""
+    out = tmp_path / "grid"
+    grid = _grid(out, mnist_dir, algorithms=("iadmm",), seeds=1)
+    cell = out / "runs" / "mnist-iadmm-epsinf"
+    real_step = engine.step
+
+    def crashing(config: object, data: object, state: object, t: int, *args: object, **kw: object) -> object:
+        if t == 3:
+            raise RuntimeError("the device ran out of memory in round 3")
+        return real_step(config, data, state, t, *args, **kw)
+
+    monkeypatch.setattr(engine, "step", crashing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        run_grid(grid, progress=False, log=lambda _: None)
+    assert failure(cell / "seed-0") == {"reason": "the device ran out of memory in round 3",
+                                        "error": "RuntimeError", "last-round": 2}
+    assert [r["round"] for r in read_metrics(cell / "seed-0")] == [2]
+    assert not (cell / "cell.json").exists() and collect(out) == []
+
+    monkeypatch.undo()
+    logged: list[str] = []
+    run_grid(grid, progress=False, log=logged.append)
+    assert any(cell.name in line and "running" in line for line in logged)
+    assert failure(cell / "seed-0") is None and (cell / "cell.json").exists()
+    assert [r["round"] for r in read_metrics(cell / "seed-0")] == [2, 4]
+    assert len(collect(out)) == ROUNDS // 2

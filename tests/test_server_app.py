@@ -135,11 +135,15 @@ def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: di
 
 
 def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_path: Path) -> None:
-    """Flower simulates 2 SuperNodes unless told otherwise: the error says how to fix it."""
-    output = flwr_run(flwr_env, "iadmm.num-agents=3 iadmm.node-timeout=3 iadmm.rounds=1 "
-                      f"iadmm.out='{tmp_path / 'run'}'")
-    assert "only 2 of num-agents=3 nodes connected" in output
-    assert "--federation-config 'num-supernodes=3'" in output
+    """Flower simulates 2 SuperNodes unless told otherwise: the nodes say so, with the fix, when the server
+    asks who they are before round 1; the run fails without a run folder."""
+    output = flwr_run(flwr_env, f"iadmm.num-agents=3 iadmm.rounds=1 iadmm.out='{tmp_path / 'run'}'")
+    reason = ("the federation has 2 SuperNodes but num-agents=3 needs 3, one per agent: flwr run . "
+              "--federation-config 'num-supernodes=3'")
+    assert "dpadmm: the run cannot go on: node" in output and reason in output
+    assert "[ROUND 1" not in output and not (tmp_path / "run").exists()
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and reason in details
 
 
 def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[str, str], tmp_path: Path,

@@ -101,37 +101,40 @@ def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment:
                for ours, theirs in zip(flower, keyed, strict=True))
 
 
+def _party_1_reads(d: Deployment, node: int, file: str, out: Path, log_name: str) -> str:
+    """Party 1's SuperNode (whichever node holds it now) is shut down and SuperNode ``node`` takes its place
+    reading ``file``; a run is submitted, and its log returned. `flwr run --stream` exits 0 whatever the run's
+    outcome: a ServerApp's failure (exit code 201) is in the log it streams."""
+    for name in [n for n in d.processes if n.startswith("supernode-") and n != "supernode-0"]:
+        d.stop(name)
+    d.wait_for(lambda: d.online() == 1, "party 1's SuperNode to leave")
+    d.start_supernode(node, _node_config(d.root / "files" / file, 1))
+    d.wait_for(lambda: d.online() == 2, f"the SuperNode reading {file} online")
+    config = _config(out, labels_path=str(d.root / "files" / "labels.npz"))
+    d.submit(run_config_of(config), log_name).wait(timeout=600)
+    return (d.root / log_name).read_text()
+
+
 def test_a_party_of_other_sample_order_stops_the_run(deployment: Deployment) -> None:
-    """Party 1's SuperNode is shut down and a node holding the same samples permuted takes its place."""
-    deployment.stop("supernode-1")
-    deployment.wait_for(lambda: deployment.online() == 1, "party 1's SuperNode to leave")
-    deployment.start_supernode(2, _node_config(deployment.root / "files" / "party-1-permuted.npz", 1))
-    deployment.wait_for(lambda: deployment.online() == 2, "the permuted party's SuperNode online")
+    """Party 1's SuperNode is shut down and a node holding the same samples permuted takes its place. Its
+    first reply shows it (its ids' digest): the run, started, fails in round 1 and its folder is marked so."""
     out = deployment.root / "misaligned"
-    config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
-    # `flwr run --stream` exits 0 here too: the ServerApp's failure (exit code 201) is in the log it streams.
-    deployment.submit(run_config_of(config), "misaligned.log").wait(timeout=600)
-    log = (deployment.root / "misaligned.log").read_text()
+    log = _party_1_reads(deployment, 2, "party-1-permuted.npz", out, "misaligned.log")
     assert "party 1's sample ids are not aligned with the labels'" in log, log[-3000:]
     assert "must list the same ids in the same order" in log
     assert "dpadmm round 1/3" not in log and not read_metrics(out)  # stopped in round 1
+    assert "party 1's sample ids are not aligned" in failure(out)["reason"]
 
 
 def test_a_party_file_one_column_short_ends_the_run_with_its_reason(deployment: Deployment) -> None:
-    """Party 1's node now reads a file one column short of its 57: the node refuses its data on its first
-    round, and the server ends the run with the node's reason (not "completed" with empty metrics)."""
-    for name in [n for n in deployment.processes if n.startswith("supernode-") and n != "supernode-0"]:
-        deployment.stop(name)  # whichever node holds party 1 now
-    deployment.wait_for(lambda: deployment.online() == 1, "party 1's SuperNode to leave")
-    deployment.start_supernode(3, _node_config(deployment.root / "files" / "party-1-short.npz", 1))
-    deployment.wait_for(lambda: deployment.online() == 2, "the short party's SuperNode online")
+    """Party 1's node now reads a file one column short of its 57: the node refuses its data when the server
+    asks which party it holds, and the server ends the run with the node's reason before round 1 (not
+    "completed" with empty metrics), leaving no run folder."""
     out = deployment.root / "short"
-    config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
-    deployment.submit(run_config_of(config), "short.log").wait(timeout=600)
-    log = (deployment.root / "short.log").read_text()
+    log = _party_1_reads(deployment, 3, "party-1-short.npz", out, "short.log")
     reason = "x has 56 columns but parties='66,57' gives party 1 57"
-    assert "dpadmm: the run cannot go on: node" in log and reason in log, log[-3000:]
-    assert "dpadmm round 1/3" not in log and not read_metrics(out)
+    lines = [line for line in log.splitlines() if "dpadmm: the run cannot go on: node" in line]
+    assert len(lines) == 1 and reason in lines[0], log[-3000:]
+    assert "[ROUND 1" not in log and not out.exists()
     status, details = last_run_status(deployment.env, deployment.connection)
     assert status == "finished:failed" and reason in details
-    assert reason in failure(out)["reason"]

@@ -46,9 +46,10 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
                                                                            binary_dir: Path) -> None:
     """Party 1 sends a non-finite message in round 2 and a too long one in round 4; party 0 fails in round 3.
     Each is rejected with its reason; the server uses the party's last accepted message and sends it back
-    to the party, and every round equals the engine's functions run with the same substitutions."""
+    to the party, and every round equals the engine's functions run with the same substitutions. In round 6
+    party 1 refuses its data, a fault that would repeat: the run ends as failed, its folder marked so."""
     out = tmp_path / "run"
-    config = SharingConfig(epsilon=1.0, rounds=5, data_dir=str(binary_dir / "a9a"), x_bound=0.5, seed=2,
+    config = SharingConfig(epsilon=1.0, rounds=6, data_dir=str(binary_dir / "a9a"), x_bound=0.5, seed=2,
                            out=str(out))
     output = flwr_run(flwr_env, run_config_of(config), supernodes=2,
                       app=flower_app(tmp_path, "faulty_sharing_clientapp"))
@@ -56,6 +57,12 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
         in output
     assert "round 3: party 0 rejected: node" in output and "injected failure of party 0" in output
     assert "round 4: party 1 rejected: party 1 sent a vector of shape (32562,)" in output
+    reason = "refused: injected refusal of party 1's data in round 6"
+    lines = [line for line in output.splitlines() if "dpadmm: the run cannot go on: node" in line]
+    assert len(lines) == 1 and lines[0].endswith(reason), output[-3000:]
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and details.endswith(reason)
+    assert failure(out)["reason"].endswith(reason) and failure(out)["last-round"] == 5
     flower = read_metrics(out)
     assert [r["round"] for r in flower] == [1, 2, 3, 4, 5]
 
@@ -100,14 +107,15 @@ def test_widths_that_miss_columns_are_refused_before_anything_runs(flwr_env: dic
 
 def test_a_federation_larger_than_the_parties_ends_the_run(flwr_env: dict[str, str], tmp_path: Path,
                                                           binary_dir: Path) -> None:
-    """3 SuperNodes for 2 parties: the third node holds partition 2, which this run does not have. The server
-    says so when the nodes connect, before any party computes, and marks the run folder failed."""
+    """3 SuperNodes for 2 parties: asked which party they hold before round 1, the nodes refuse the
+    federation. The server ends the run with their reason before any party computes and writes no folder."""
     out = tmp_path / "r"
     config = SharingConfig(rounds=2, data_dir=str(binary_dir / "a9a"), out=str(out))
     output = flwr_run(flwr_env, run_config_of(config), supernodes=3)
-    reason = "holds partition 2, but this run has 2 (0..1): the federation does not match the configuration"
-    assert "dpadmm: the run cannot go on: node" in output and reason in output
-    assert "dpadmm round 1/2" not in output and not read_metrics(out)
+    reason = ("the federation has 3 SuperNodes but parties='66,57' needs 2, one per party: flwr run . "
+              "--federation-config 'num-supernodes=2' (and 2 more nodes)")
+    lines = [line for line in output.splitlines() if "dpadmm: the run cannot go on" in line]
+    assert len(lines) == 1 and lines[0].endswith(reason) and "refused: " in lines[0], output[-3000:]
+    assert "[ROUND 1" not in output and not out.exists()
     status, details = last_run_status(flwr_env)
-    assert status == "finished:failed" and reason in details
-    assert reason in failure(out)["reason"] and failure(out)["last-round"] is None
+    assert status == "finished:failed" and details.endswith(reason)
