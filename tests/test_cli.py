@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _dpadmm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     script = Path(sys.executable).with_name("dpadmm")
@@ -187,3 +189,72 @@ def test_privacy_answers_for_any_count_of_releases(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     assert "per run        (10000000 releases): eps = 1.363e+04 (RDP; the PLD accountant is too slow" \
         in done.stdout
+
+
+def test_a_refused_train_leaves_no_run_folder(tmp_path: Path, binary_dir: Path) -> None:
+    """Widths that miss columns, and a data file that cannot be read, are refused on one line before the
+    run's folder is made: nothing is left that looks like a run (config.json, privacy.json, metrics.jsonl)."""
+    import gzip
+    import shutil
+
+    done = _dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir",
+                   str(binary_dir / "a9a"), "--parties", "60,57", "--epsilon", "1", "--no-progress",
+                   cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.splitlines() == ["dpadmm: error: parties='60,57' cover 117 "
+                                                                 "columns but the data set has 123; give "
+                                                                 "widths that sum to 123"]
+    corrupted = tmp_path / "a9a"  # a copy of the real a9a whose line 17 names column 130 of 123
+    corrupted.mkdir()
+    shutil.copy(binary_dir / "a9a" / "a9a.t.gz", corrupted)
+    lines = gzip.decompress((binary_dir / "a9a" / "a9a.gz").read_bytes()).decode().splitlines(keepends=True)
+    lines[16] = lines[16].rstrip("\n") + " 130:1\n"
+    (corrupted / "a9a.gz").write_bytes(gzip.compress("".join(lines).encode()))
+    done = _dpadmm("train", "--algorithm", "dp-admm", "--dataset", "a9a", "--data-dir", str(corrupted),
+                   "--rounds", "2", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "line 17" in done.stderr and "130" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a9a"]  # no runs/ folder
+
+
+def _strict_json(text: str) -> dict:
+    """JSON as the standard has it: NaN and Infinity, which Python would print and read back, refused."""
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_privacy_states_no_impossible_guarantee_in_any_family(capsys: pytest.CaptureFixture[str]) -> None:
+    """The reported sharing run printed "(411.518, 2)-DP"; a delta the grid alone spends, an overflowing
+    rate and targets below what the deployed noise costs printed inf, Infinity or a traceback. Each is now
+    stated as no guarantee (valid JSON), or refused on one line that names the value (in process: the
+    console script's main)."""
+    from dpadmm.cli import main
+
+    assert main(["privacy", "--algorithm", "admm-sharing", "--epsilon", "1", "--delta", "0.01", "--rounds",
+                 "200", "--json"]) == 0
+    note = _strict_json(capsys.readouterr().out)["note"]
+    assert "2)-DP" not in note and "Corollary 1 (eq. (17)) gives no guarantee here" in note
+    assert main(["privacy", "--target-epsilon", "0", "--delta", "1e-300", "--json"]) == 0
+    run = _strict_json(capsys.readouterr().out)["whole_run"]
+    assert run["epsilon_pld"] is None and run["method"].startswith("no guarantee: at delta=1e-300")
+    for args, named in [
+        (("--algorithm", "ldp-admm", "--rounds", "40000"), "noise-growth=1.02 over 40000 rounds"),
+        (("--algorithm", "dp-admm", "--target-epsilon", "1e-300"), "target-epsilon=1e-300 cannot be"),
+        (("--algorithm", "admm-sharing", "--epsilon", "1e-300"), "epsilon=1e-300 is not achievable"),
+        (("--target-epsilon", "1e-12", "--delta", "1e-300"), "target-epsilon=1e-12 is not achievable"),
+        (("--preset", "papers", "--epsilon", "5e-324"), "epsilon=5e-324 is not allowed"),
+    ]:
+        assert main(["privacy", *args]) == 2, args
+        refused = capsys.readouterr()
+        assert refused.out == "" and refused.err.splitlines() == [refused.err.strip()], refused.err
+        assert named in refused.err, refused.err
+
+
+def test_privacy_answers_fast_where_the_pld_of_one_release_took_minutes(tmp_path: Path) -> None:
+    """The main job with eps-bar 50 set directly: 150 s before (a sampled release's PLD of multiplier 0.02,
+    built for every scope)."""
+    started = time.monotonic()
+    done = _dpadmm("privacy", "--target-epsilon", "0", "--epsilon", "50", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 60
+    assert "(100 releases): eps = 1.358e+05 (RDP; the PLD accountant is too slow" in done.stdout

@@ -4,12 +4,15 @@ gamma of Theorem 2.3 against NOTES-004's table, and footnote 1's relaxed composi
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
 from scipy import integrate
 
 from dpadmm.decentral import privacy
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.privacy.secure import laplace_epsilon_cost
 
 # ------------------------------------------------------------------------------------------ a priori
 
@@ -259,3 +262,55 @@ def test_gamma_exact_matches_a_direct_quadrature_of_eq_10() -> None:
     total += sum(integrate.quad(integrand, a, b, epsabs=1e-12)[0]
                  for a, b in zip(kinks, kinks[1:], strict=False))
     assert privacy.gamma(omega, beta, shift) == pytest.approx(total / (beta * shift), abs=1e-7)
+
+
+# ------------------------------------------------------------------------------------------ any K
+
+
+def test_rates_beyond_floating_point_are_refused_with_the_last_round_that_fits() -> None:
+    """beta_k = 1.02^k overflows past k = 35,842: K = 40,000 ended in an OverflowError traceback (and a rate
+    of infinity would be noise of scale 0)."""
+    refusal = (r"noise-growth=1.02 over 40000 rounds is not allowed: noise-growth\^k overflows a float past "
+               r"k = 35842 .* give at most 35842 rounds")
+    with pytest.raises(ValueError, match=refusal):
+        privacy.statement(DecentralConfig(rounds=40_000), 14)
+    assert len(privacy.rates(35_842)) == 35_842 and math.isfinite(privacy.rates(35_842)[-1])
+
+
+def test_a_billion_rounds_are_stated_at_once_by_the_closed_form() -> None:
+    """Beyond SUMMED_ROUNDS the statement sums in closed form; it agrees with the sum release by release."""
+    config = DecentralConfig(rounds=10**9, noise_growth=1.0)
+    started = time.perf_counter()
+    stated = privacy.statement(config, 14)
+    assert time.perf_counter() - started < 5
+    assert stated.epsilon == pytest.approx(10**9 * 14 * 0.1 * 0.02 + stated.grid, rel=1e-12)
+    summed = DecentralConfig(rounds=privacy.SUMMED_ROUNDS, noise_growth=1.00001)
+    closed = DecentralConfig(rounds=privacy.SUMMED_ROUNDS + 1, noise_growth=1.00001)
+    last = 14 * 0.1 * 0.02 * 1.00001 ** (privacy.SUMMED_ROUNDS + 1)  # the one more release's loss
+    assert privacy.statement(closed, 14).epsilon == pytest.approx(
+        privacy.statement(summed, 14).epsilon + last + laplace_epsilon_cost(), rel=1e-9)
+    steps = DecentralConfig(algorithm="dgd", rounds=10**9, noise_growth=1.00000001, step_decay=0.99)
+    assert privacy.statement(steps, 14).epsilon == pytest.approx(  # sum of d B (0.99 x 1.00000001)^k
+        14 * 0.02 * 0.99 * 1.00000001 / (1 - 0.99 * 1.00000001) + 10**9 * laplace_epsilon_cost(), rel=1e-9)
+    calibrated = privacy.statement(DecentralConfig(rounds=10**9, target_epsilon=2.0), 14)
+    assert calibrated.epsilon == 2.0 + calibrated.grid
+
+
+@pytest.mark.parametrize(("changes", "refusal"), [
+    ({"target_epsilon": 1e-300}, r"target-epsilon=1e-300 is not achievable over rounds=100: the deployed "
+                                 r"noise's grid alone costs 2.328e-08"),
+    ({"target_epsilon": 1.0, "algorithm": "ldp-dgd-star", "rounds": 20_000},
+     r"target-epsilon=1 cannot be calibrated over rounds=20000: beta_K = eps / \(d K eta_K B\) with eta_K = "
+     r"step-decay\^K = 0 \(Theorem 3.4\) is inf, Laplace noise of scale 0"),
+    ({"target_epsilon": 1e308, "penalty": 1e10},
+     r"target-epsilon=1e\+308 cannot be calibrated over rounds=100: beta = eps D / \(B K d\) \(Theorem 3.3\) "
+     r"is inf"),
+])
+def test_a_target_no_rates_meet_is_refused_in_one_line(changes: dict, refusal: str) -> None:
+    """Tiny targets were "met" while the grid alone cost more; rates past floating point ended in a
+    traceback or a statement of noise of scale 0."""
+    config = DecentralConfig(**changes)
+    for call in (lambda: privacy.statement(config, 14), lambda: privacy.schedule(config, 14)):
+        with pytest.raises(ValueError, match=refusal) as refused:
+            call()
+        assert "\n" not in str(refused.value)

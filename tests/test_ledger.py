@@ -154,3 +154,71 @@ def test_no_statement_prints_an_epsilon_that_is_not_finite() -> None:
     assert "advanced none (not finite)" in book.summary() and "inf" not in book.summary()
     text = json.dumps(book.to_dict())
     assert "Infinity" not in text and json.loads(text)["whole_run"]["epsilon_advanced"] is None
+
+
+def test_a_release_without_finite_noise_is_refused() -> None:
+    """An infinite multiplier (eps-bar 5e-324 gives one) is no noise anyone can draw; it printed "inf"."""
+    with pytest.raises(ValueError, match="noise multiplier inf is not allowed; it must be finite and > 0"):
+        Release("laplace", math.inf)
+
+
+def test_a_delta_the_grid_alone_spends_is_stated_as_no_guarantee_in_words_and_in_json() -> None:
+    """At delta = 1e-300 the deployed Gaussian's far tails (2**-64 a release) already take more than delta:
+    every scope says "no guarantee" and why, the JSON says it too, with null for the epsilons."""
+    book = ledger(algorithm="objpm", release=Release("gaussian", 1.0, 0.2), per_round=10, rounds=10,
+                  delta=1e-300, epsilon_bar=1.0, calibration="clipped", sensitivity="L2", noise_scale="sigma",
+                  covered=True, neighbouring="add-remove", note="")
+    for g in (book.per_step, book.per_round, book.whole_run):
+        assert g.epsilon_pld == math.inf
+        assert g.method.startswith("no guarantee: at delta=1e-300 the deployed noise's far tails alone")
+    assert "per run        (100 releases): no guarantee: at delta=1e-300" in book.summary()
+    assert "inf" not in book.summary() and "eps =" not in book.summary()
+    whole = json.loads(json.dumps(book.to_dict(), allow_nan=False))["whole_run"]
+    assert whole["epsilon_pld"] is None and whole["method"].startswith("no guarantee")
+    with pytest.raises(ValueError, match="no noise gives a finite epsilon there") as refused:
+        calibrate_multiplier("gaussian", 100, 1e-12, 1e-300)
+    assert "target-epsilon=1e-12" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_sampled_release_of_little_noise_is_stated_in_seconds_by_amplification() -> None:
+    """One Poisson-sampled Gaussian release of multiplier 0.02 (eps-bar 50): its PLD took 46 s to build and
+    a ledger asked for it six times. Its epsilon is now amplification by sampling of the unsampled one,
+    log(1 + q (e^eps - 1)) at delta / q, which never exceeds the unsampled epsilon."""
+    sampled, q = Release("gaussian", 0.02, 0.2), 0.2
+    started = time.perf_counter()
+    book = ledger(algorithm="objpm", release=sampled, per_round=10, rounds=10, delta=1e-5, epsilon_bar=50.0,
+                  calibration="clipped", sensitivity="L2", noise_scale="sigma", covered=True,
+                  neighbouring="add-remove", note="")
+    assert time.perf_counter() - started < 20
+    unsampled = single_release(Release("gaussian", 0.02), 1e-5 / q)
+    amplified = unsampled + math.log(q + (1 - q) * math.exp(-unsampled))
+    assert single_release(sampled, 1e-5) == pytest.approx(amplified, rel=1e-12)
+    assert single_release(sampled, 1e-5) < single_release(Release("gaussian", 0.02), 1e-5)
+    assert "the PLD accountant is too slow for an epsilon above 10000" in book.whole_run.method
+    assert math.isfinite(book.whole_run.epsilon_pld)
+    # above the cut, a sampled release's epsilon is still its PLD's, as before
+    assert single_release(Release("gaussian", 1.1, 0.01), 1e-5) == pld_epsilon(Release("gaussian", 1.1, 0.01),
+                                                                                1, 1e-5)
+
+
+def test_between_the_fine_and_the_fast_bounds_the_pld_is_asked_at_the_coarser_interval() -> None:
+    """1000 unsampled Laplace releases of eps-bar 2: their fast bounds are above 1000, where the PLD at 1e-3
+    is slow; it is asked at 1e-2, said so, and is far below pure composition."""
+    epsilon, method = composed_epsilon(Release("laplace", 0.5), 1000, 1e-5)
+    assert method == "PLD at the coarser interval 0.01"
+    assert epsilon == pld_epsilon(Release("laplace", 0.5), 1000, 1e-5, 1e-2) and epsilon < 2000
+
+
+@pytest.mark.parametrize(("mechanism", "count", "target", "sampling"), [
+    ("gaussian", 10_000, 1000.0, 0.2),  # the PLD calibrates to 1000, the statement's RDP said 2441
+    ("gaussian", 10**7, 8.0, 0.2),  # beyond the PLD accountant: the fast bound is inverted
+    ("laplace", 10**7, 30.0, 0.2),  # no RDP bound: refused before, now calibrated on advanced composition
+    ("laplace", 10**6, 5000.0, 1.0),  # a target above the PLD's range: the PLD at 1e-2 took 32 s
+])
+def test_a_calibrated_statement_meets_its_target_in_seconds(mechanism: str, count: int, target: float,
+                                                             sampling: float) -> None:
+    started = time.perf_counter()
+    multiplier = calibrate_multiplier(mechanism, count, target, 1e-5, sampling)
+    stated, _ = composed_epsilon(Release(mechanism, multiplier, sampling), count, 1e-5)
+    assert time.perf_counter() - started < 60
+    assert stated <= target and stated > target / 3

@@ -68,3 +68,37 @@ def test_the_ledger_names_the_relation_who_is_trusted_and_what_is_not_covered() 
     assert not paper.covered and "dual-init = paper" in paper.note
     with pytest.raises(ValueError, match="target-epsilon=inf adds no noise"):
         privacy.ledger(LinAdmmConfig(target_epsilon=math.inf), 1000)
+
+
+@pytest.mark.parametrize(("target", "refusal"), [
+    (1e-300, r"target-epsilon=1e-300 cannot be calibrated by Theorem 1 over rounds=200: the noise it needs "
+             r"is beyond floating point; the deployed grid costs 1.284e-08 at any noise"),
+    (1e-9, r"target-epsilon=1e-09 is not achievable with 200 releases at delta=0.001: Theorem 1's noise "
+           r"gives 1.284e-08 on the deployed grid, which costs 1.284e-08 at any noise"),
+    (1e9, r"target-epsilon=1e\+09 cannot be calibrated by Theorem 1 over rounds=200: its noise multiplier "
+          r"sigma / Delta = 0.0004472 is below the deployed sampler's 2\*\*-10; the largest target it "
+          r"reaches is 2.097e\+08"),
+])
+def test_a_target_theorem_1_cannot_meet_is_refused_in_one_line(target: float, refusal: str) -> None:
+    """A tiny target made sigma = inf ("noise sigma = inf" and a note claiming eps = 5e-301); one below what
+    the deployed grid costs was claimed by the note; a huge one failed on the multiplier, not naming it."""
+    with pytest.raises(ValueError, match=refusal) as refused:
+        privacy.ledger(LinAdmmConfig(target_epsilon=target, rounds=200), 32561)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_largest_target_is_where_the_multiplier_reaches_the_samplers_floor() -> None:
+    config = LinAdmmConfig(target_epsilon=1.0, rounds=200)
+    largest = privacy._largest_target(config)
+    sigma = privacy.theorem_1_std(largest, config.delta, config.rdp_mu, 200, 1.0)
+    assert sigma == pytest.approx(2.0**-10, rel=1e-9)
+    assert privacy.ledger(LinAdmmConfig(target_epsilon=largest * 0.999, rounds=200), 32561).covered
+
+
+def test_a_billion_rounds_answer_in_seconds_and_meet_their_target_or_are_refused() -> None:
+    """T = 1e9: the whole run is stated by a named fast bound, at most the target; the default target 0.05
+    is below what 1e9 releases on the deployed grid cost with Theorem 1's sigma, and is refused."""
+    run = privacy.ledger(LinAdmmConfig(target_epsilon=100.0, rounds=10**9), 32561).whole_run
+    assert run.epsilon_pld <= 100.0 and "the PLD accountant is too slow for more than" in run.method
+    with pytest.raises(ValueError, match="target-epsilon=0.05 is not achievable with 1000000000 releases"):
+        privacy.ledger(LinAdmmConfig(rounds=10**9), 32561)

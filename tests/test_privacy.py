@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import dp_accounting
 import numpy as np
@@ -259,3 +260,35 @@ def test_budget_first_calibration_credits_the_sampling() -> None:
     full = privacy.calibrate(_sampled("gaussian", target_epsilon=8.0, sampling_rate=1.0))
     assert config.epsilon > 3 * full.epsilon
     assert privacy.spent(config, 10) == pytest.approx(privacy.ledger(config).whole_run.epsilon_pld, rel=1e-9)
+
+
+# ----- statements that cannot be made, and statements that must come fast -----
+
+def test_an_eps_bar_whose_noise_is_beyond_floating_point_is_refused_in_one_line() -> None:
+    """eps-bar = 5e-324 made a multiplier of inf: the ledger printed "b = Delta / eps-bar = inf" and its
+    JSON an Infinity token."""
+    refusal = r"epsilon=5e-324 is not allowed: the noise it calibrates"
+    with pytest.raises(ValueError, match=refusal) as refused:
+        privacy.ledger(RunConfig(algorithm="objpm", epsilon=5e-324), total_samples=4000)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_run_without_a_finite_guarantee_ends_on_no_guarantee_not_inf() -> None:
+    config = RunConfig(algorithm="objpm", mechanism="gaussian", epsilon=1.0, delta=1e-300, rounds=5,
+                       clip_norm=1.0)
+    ledger = privacy.ledger(config)
+    assert ledger.whole_run.epsilon_pld == math.inf and privacy.spent(config, 5) == math.inf
+    line = privacy.headline(ledger, 0.1)
+    assert "privacy of the whole run (50 releases): no guarantee: at delta=1e-300" in line
+    assert "inf" not in line
+    assert privacy.step_line(config).startswith("no guarantee at delta = 1e-300 per local step")
+
+
+def test_a_sampled_ledger_of_little_noise_is_stated_in_seconds() -> None:
+    """The main job with eps-bar 50 set directly (multiplier 0.02, q = 0.2): 150 s before, the single
+    sampled release's PLD built for every scope; now the amplification bound, and the run by RDP."""
+    config = _sampled("gaussian", epsilon=50.0, sampling_rate=0.2)
+    started = time.perf_counter()
+    run = privacy.ledger(config).whole_run
+    assert time.perf_counter() - started < 30
+    assert math.isfinite(run.epsilon_pld) and run.method.startswith("RDP; the PLD accountant is too slow")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import time
 
 import pytest
 
@@ -50,3 +52,34 @@ def test_corollary_1_states_no_delta_of_one_or_more() -> None:
     note = privacy.ledger(SharingConfig(epsilon=1.0, delta=0.01, rounds=200), 32561).note
     assert "2)-DP" not in note and "gives no guarantee here" in note and "= 2," in note
     assert "Corollary 1 (eq. (17)): the run is (" in privacy.ledger(SharingConfig(rounds=20), 32561).note
+
+
+@pytest.mark.parametrize(("epsilon", "refusal"), [
+    (1e-300, r"epsilon=1e-300 is not achievable per round at delta=1e-05: Theorem 3's noise gives 2.328e-10 "
+             r"on the deployed grid, which costs 2.328e-10 at any noise"),
+    (1e-320, r"epsilon=9.99989e-321 cannot be calibrated by Theorem 3: the noise it needs is beyond floating "
+             r"point; the deployed grid costs 2.328e-10 per round"),
+])
+def test_an_epsilon_the_deployed_mechanism_cannot_meet_is_refused_in_one_line(epsilon: float,
+                                                                               refusal: str) -> None:
+    """Theorem 3's per-round (1e-300, delta) was printed while each deployed release costs 2**-32."""
+    with pytest.raises(ValueError, match=refusal) as refused:
+        privacy.ledger(SharingConfig(epsilon=epsilon), 32561)
+    assert "\n" not in str(refused.value)
+
+
+def test_corollary_1_refused_leaves_a_valid_json_statement_of_the_composition() -> None:
+    """The reported run (epsilon 1, delta 0.01, 200 rounds): Corollary 1 is said to give no guarantee, the
+    composition (here exact: 200 Gaussian releases are one) is the run's, and the JSON is JSON."""
+    ledger = privacy.ledger(SharingConfig(epsilon=1.0, delta=0.01, rounds=200), 32561)
+    assert "the composition above is the run's guarantee" in ledger.note and "(PLD) is" not in ledger.note
+    stated = json.loads(json.dumps(ledger.to_dict(), allow_nan=False))
+    assert 0 < stated["whole_run"]["epsilon_pld"] < 411 and stated["whole_run"]["delta"] == 0.01
+
+
+def test_a_billion_rounds_are_stated_in_seconds_by_the_exact_gaussian_composition() -> None:
+    started = time.perf_counter()
+    run = privacy.ledger(SharingConfig(rounds=10**9), 32561).whole_run
+    assert time.perf_counter() - started < 30
+    assert run.method.startswith("exact: 1000000000 Gaussian releases are one Gaussian")
+    assert math.isfinite(run.epsilon_pld) and run.epsilon_pld <= run.epsilon_rdp

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,19 +61,36 @@ from dpadmm.privacy.randomness import NO_RUN
 from dpadmm.privacy.secure import laplace_epsilon_cost
 
 PAPER_GROWTH = 1.02  # beta_k = 1.02^k (Sec. 5, "following [43], [48]": diminishing noise)
+_LOG_MAX = math.log(sys.float_info.max)  # a power base^k with k ln(base) beyond it overflows
+# Up to this many releases a statement sums the a-priori losses release by release, as the engine's curve
+# does (the same number to the bit); beyond, the geometric sum's closed form, so that any K answers at once.
+SUMMED_ROUNDS = 10**5
 
 Number = float | torch.Tensor
 
 
 # --------------------------------------------------------------------------------------- a priori
 
-def geometric(base: float, rounds: int, first: int = 1) -> list[float]:
-    """base^k for k = first .. first + rounds - 1: a schedule of rates beta_k or steps eta_k."""
+def geometric(base: float, rounds: int, first: int = 1, name: str = "base") -> list[float]:
+    """base^k for k = first .. first + rounds - 1: a schedule of rates beta_k or steps eta_k. ``name`` is the
+    base's in the refusal of powers beyond floating point (:func:`_check_powers`)."""
     if not (base > 0 and math.isfinite(base)):
         raise ValueError(f"base={base!r} is not allowed; give a finite value > 0")
     if rounds < 0:
         raise ValueError(f"rounds={rounds!r} is not allowed; give a count >= 0")
+    _check_powers(name, base, first + rounds - 1, first)
     return [base**k for k in range(first, first + rounds)]
+
+
+def _check_powers(name: str, base: float, last: int, first: int = 1) -> None:
+    """Refuse base^k for k up to ``last`` where it overflows a float: as a Laplace rate beta_k it would be
+    noise of scale 0, so no finite guarantee (1.02^k does past k = 35,842)."""
+    if base <= 1 or last * math.log(base) < _LOG_MAX:
+        return
+    largest = math.floor(_LOG_MAX / math.log(base))
+    raise ValueError(f"{name}={base:g} over {last - first + 1} rounds is not allowed: {name}^k overflows a "
+                     f"float past k = {largest} (a Laplace rate of infinity is noise of scale 0: no "
+                     f"guarantee); give at most {largest - first + 1} rounds or a {name} closer to 1")
 
 
 def rates(rounds: int, growth: float = PAPER_GROWTH, first: int = 1) -> list[float]:
@@ -81,7 +99,7 @@ def rates(rounds: int, growth: float = PAPER_GROWTH, first: int = 1) -> list[flo
     if not (growth >= 1 and math.isfinite(growth)):
         raise ValueError(f"growth={growth!r} is not allowed; give a finite value >= 1 (rates that do not "
                          "fall, i.e. noise that does not grow)")
-    return geometric(growth, rounds, first)
+    return geometric(growth, rounds, first, name="noise-growth")
 
 
 def _check_positive(name: str, value: float, *, zero: bool = False) -> None:
@@ -329,6 +347,8 @@ def schedule(config: DecentralConfig, d: int) -> tuple[list[float], list[float]]
     """(alpha_k, beta_k) of a run's K releases of d coordinates, k = 1..K: beta_k = noise-growth^k, or with
     ``target-epsilon`` the calibration of Theorem 3.3 (ldp-admm) or 3.4 (the others) that makes the run cost
     exactly that epsilon."""
+    if config.target_epsilon:
+        _check_calibration(config, d)
     alphas = [config.alpha(k) for k in range(1, config.rounds + 1)]
     if not config.target_epsilon:
         return alphas, rates(config.rounds, config.noise_growth)
@@ -336,6 +356,60 @@ def schedule(config: DecentralConfig, d: int) -> tuple[list[float], list[float]]
         beta = algorithm_1_rate(config.target_epsilon, config.penalty, config.bound, config.rounds, d)
         return alphas, [beta] * config.rounds
     return alphas, algorithm_2_rates(config.target_epsilon, alphas, config.bound, d)
+
+
+def _check_calibration(config: DecentralConfig, d: int) -> None:
+    """Refuse a target-epsilon that no rates meet: one the deployed grid alone exceeds (2**-GRID_BITS per
+    release, :func:`statement`), or one whose rates of Theorem 3.3 (a constant beta) or 3.4 (beta_k grows as
+    eta_k = step-decay^k falls, so beta_K is the largest) leave floating point: noise of scale 0 or
+    infinity."""
+    rounds, target = config.rounds, config.target_epsilon
+    grid = rounds * laplace_epsilon_cost()
+    if target <= grid:
+        raise ValueError(f"target-epsilon={target:g} is not achievable over rounds={rounds}: the deployed "
+                         f"noise's grid alone costs {grid:.4g} ({laplace_epsilon_cost():.3g} per release); "
+                         "give a larger target or fewer rounds")
+    if config.algorithm == "ldp-admm":
+        beta = target * config.penalty / (config.bound * rounds * d)
+        rate = "beta = eps D / (B K d) (Theorem 3.3)"
+    else:
+        eta = config.alpha(rounds)
+        scale = d * rounds * eta * config.bound
+        beta = target / scale if scale > 0 else math.inf
+        rate = f"beta_K = eps / (d K eta_K B) with eta_K = step-decay^K = {eta:.3g} (Theorem 3.4)"
+    if not 0 < beta < math.inf:
+        raise ValueError(f"target-epsilon={target:g} cannot be calibrated over rounds={rounds}: {rate} is "
+                         f"{beta:g}, Laplace noise of scale {'0' if beta else 'infinity'}; give fewer rounds "
+                         "or another target" + ("" if config.algorithm == "ldp-admm" else
+                                                ", or a step-decay closer to 1"))
+
+
+def _geometric_sum(ratio: float, count: int) -> float:
+    """sum_{k=1}^{count} ratio^k in closed form (expm1, so that a ratio near 1 does not cancel); inf beyond
+    floating point."""
+    if ratio == 1:
+        return float(count)
+    try:
+        return ratio * math.expm1(count * math.log(ratio)) / (ratio - 1)
+    except OverflowError:
+        return math.inf
+
+
+def _a_priori_total(config: DecentralConfig, d: int) -> float:
+    """sum_k d alpha_k beta_k B over the run's K releases (Theorem 2.2 by basic composition), without the
+    grid's cost: summed release by release up to :data:`SUMMED_ROUNDS` releases, beyond in closed form
+    (the target where one is calibrated: Theorems 3.3 and 3.4 make it exact; the geometric sum of
+    (alpha beta)^k otherwise), so that a statement answers at once for any K."""
+    if config.rounds <= SUMMED_ROUNDS:
+        alphas, betas = schedule(config, d)
+        return worst_case(d, alphas, betas, config.bound)
+    if config.target_epsilon:
+        _check_calibration(config, d)
+        return config.target_epsilon
+    _check_powers("noise-growth", config.noise_growth, config.rounds)
+    if config.algorithm == "ldp-admm":
+        return d * config.bound / config.penalty * _geometric_sum(config.noise_growth, config.rounds)
+    return d * config.bound * _geometric_sum(config.step_decay * config.noise_growth, config.rounds)
 
 
 @dataclass(frozen=True)
@@ -372,9 +446,13 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: it is not "
                          "differentially private")
-    alphas, betas = schedule(config, d)
+    paper = _a_priori_total(config, d)
+    if not math.isfinite(paper):
+        raise ValueError(f"noise-growth={config.noise_growth:g} over rounds={config.rounds} is not allowed: "
+                         "the a-priori epsilon, the sum of d alpha_k beta_k B, is beyond floating point (no "
+                         "finite guarantee); give fewer rounds or a noise-growth closer to 1")
     noise = (f"Laplace rates calibrated to eps = {config.target_epsilon:g}" if config.target_epsilon
-             else f"Laplace of rate beta_k = {config.noise_growth:g}^k per coordinate")
+             else f"Laplace of rate beta_k = {config.noise_growth:.12g}^k per coordinate")
     proven = 2 / config.samples
     grid = config.rounds * laplace_epsilon_cost()
     note = (f"The sum over k of d alpha_k beta_k B_inf, plus {laplace_epsilon_cost():.3g} per release for "
@@ -385,7 +463,7 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     if not config.covered:
         note += (f" NOT COVERED: B_inf = {config.bound:g} is below 2/b_i = {proven:g}, the bound that holds, "
                  "so the true loss can be up to that ratio larger (the paper's setting).")
-    return Statement(algorithm=config.algorithm, epsilon=worst_case(d, alphas, betas, config.bound) + grid,
+    return Statement(algorithm=config.algorithm, epsilon=paper + grid,
                      releases=config.rounds, coordinates=d, bound=config.bound, proven_bound=proven,
                      covered=config.covered, noise=noise, note=note, grid=grid)
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 from dpadmm.iadmm import schedules
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.privacy.ledger import (
     Ledger,
     Release,
-    cached_pld_epsilon,
     calibrate_multiplier,
     clipped_sensitivity,
+    composed_epsilon,
     single_release,
 )
 from dpadmm.privacy.ledger import ledger as account
@@ -41,6 +42,9 @@ def outp_multiplier(epsilon: float, outp_delta: float, neighbouring: str) -> flo
 
 def release_of(config: RunConfig) -> tuple[Release, int]:
     """(the release, releases per round) of one agent under ``config``."""
+    if not 1.0 / config.epsilon < math.inf:
+        raise ValueError(f"epsilon={config.epsilon!r} is not allowed: the noise it calibrates (multiplier "
+                         f"1/epsilon) is beyond floating point; give epsilon >= {1 / sys.float_info.max:.3g}")
     if config.algorithm == "outp":
         return Release("gaussian", outp_multiplier(config.epsilon, config.outp_delta, config.neighbouring)), 1
     # The objective perturbation: noise of scale Delta / epsilon, in the mechanism's norm; each step reads a
@@ -140,13 +144,16 @@ def spent(config: RunConfig, rounds: int) -> float:
     if rounds <= 0:
         return 0.0
     release, per_round = release_of(config)
-    return cached_pld_epsilon(release, per_round * rounds, config.delta)
+    return composed_epsilon(release, per_round * rounds, config.delta)[0]
 
 
 def headline(ledger: Ledger, test_error: float) -> str:
     """The one line a run ends with: its test error and its whole-run guarantee, with what the guarantee
     is about (the full statement is the ledger's summary)."""
     run = ledger.whole_run
+    if not math.isfinite(run.epsilon_pld):  # the method says why
+        return (f"test error {test_error:.4f}; privacy of the whole run ({run.releases} releases): "
+                f"{run.method}")
     covered = "" if ledger.covered else " (NOT COVERED: data-dependent noise scale, nominal only)"
     return (f"test error {test_error:.4f}; privacy: (eps = {run.epsilon_pld:.3g}, delta = {run.delta:g}) "
             f"for the whole run ({run.releases} releases), {ledger.holder}, neighbouring data sets differ "
@@ -162,6 +169,7 @@ def step_line(config: RunConfig) -> str:
         return "non-private"
     release, _ = release_of(config)
     if release.mechanism == "gaussian":
-        return (f"eps = {single_release(release, config.delta):.4g} at delta = {config.delta:g} per local "
-                f"step, noise multiplier {release.noise_multiplier:.4g}")
+        epsilon = single_release(release, config.delta)
+        return (f"eps = {epsilon:.4g}" if math.isfinite(epsilon) else "no guarantee") + (
+            f" at delta = {config.delta:g} per local step, noise multiplier {release.noise_multiplier:.4g}")
     return f"eps-bar = {config.effective_epsilon:.4g} per local step"

@@ -22,10 +22,12 @@ un-noised gradient.
 from __future__ import annotations
 
 import math
+import sys
 
 from dpadmm.linadmm.config import LinAdmmConfig
-from dpadmm.privacy.ledger import Ledger, Release, clipped_sensitivity
+from dpadmm.privacy.ledger import Ledger, Release, clipped_sensitivity, composed_epsilon
 from dpadmm.privacy.ledger import ledger as account
+from dpadmm.privacy.secure import MIN_GAUSSIAN_MULTIPLIER
 
 
 def rdp_order(epsilon: float, delta: float, mu: float) -> float:
@@ -56,11 +58,43 @@ def sensitivity(config: LinAdmmConfig, num_samples: int) -> float:
 
 
 def noise_std(config: LinAdmmConfig, num_samples: int) -> float:
-    """sigma of Theorem 1 (eq. (8)) for the configured budget; 0 for a non-private run."""
+    """sigma of Theorem 1 (eq. (8)) for the configured budget; 0 for a non-private run.
+
+    Raises ValueError, naming the target and the targets Theorem 1 can calibrate, where sigma / Delta leaves
+    what the deployed sampler draws: below 2**-10 (a target too large) or beyond floating point (too small).
+    """
     if not config.private:
         return 0.0
-    return theorem_1_std(config.target_epsilon, config.delta, config.rdp_mu, config.rounds,
-                         sensitivity(config, num_samples))
+    delta_2 = sensitivity(config, num_samples)
+    try:
+        sigma = theorem_1_std(config.target_epsilon, config.delta, config.rdp_mu, config.rounds, delta_2)
+    except ZeroDivisionError:  # (1 - mu) epsilon rounds to 0 for a subnormal epsilon
+        sigma = math.inf
+    where = (f"target-epsilon={config.target_epsilon:g} cannot be calibrated by Theorem 1 over "
+             f"rounds={config.rounds}")
+    if not math.isfinite(sigma):
+        raise ValueError(f"{where}: the noise it needs is beyond floating point; the deployed grid costs "
+                         f"{_smallest_target(config):.4g} at any noise, a target must lie above it")
+    if sigma / delta_2 < MIN_GAUSSIAN_MULTIPLIER:
+        raise ValueError(f"{where}: its noise multiplier sigma / Delta = {sigma / delta_2:.4g} is below the "
+                         f"deployed sampler's 2**-10; the largest target it reaches is "
+                         f"{_largest_target(config):.4g}")
+    return sigma
+
+
+def _largest_target(config: LinAdmmConfig) -> float:
+    """The epsilon for which Theorem 1's sigma / Delta is 2**-10: z^2 = T (L u^2 / (1 - mu) + u) / (2 mu) for
+    u = 1/epsilon and L = ln(1/delta) (eq. (8)) is a quadratic a u^2 + u + c = 0, whose positive root is
+    u = -2c / (1 + sqrt(1 - 4ac)) (the form that does not cancel)."""
+    a = math.log(1 / config.delta) / (1 - config.rdp_mu)
+    c = -2 * config.rdp_mu * MIN_GAUSSIAN_MULTIPLIER**2 / config.rounds
+    return (1 + math.sqrt(1 - 4 * a * c)) / (-2 * c)
+
+
+def _smallest_target(config: LinAdmmConfig) -> float:
+    """What T releases of the deployed grid Gaussian mechanism cost however large the noise (its grid caps
+    the multiplier at 2**GRID_BITS): no calibration reaches a target below it."""
+    return composed_epsilon(Release("gaussian", sys.float_info.max), config.rounds, config.delta)[0]
 
 
 def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
@@ -70,6 +104,13 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
                          "differentially private")
     delta_2 = sensitivity(config, num_samples)
     sigma = noise_std(config, num_samples)
+    release = Release("gaussian", sigma / delta_2)
+    stated = composed_epsilon(release, config.rounds, config.delta)[0]
+    if not stated <= config.target_epsilon * (1 + 1e-9):  # the grid's cost above Theorem 1's slack
+        raise ValueError(f"target-epsilon={config.target_epsilon:g} is not achievable with {config.rounds} "
+                         f"releases at delta={config.delta:g}: Theorem 1's noise gives {stated:.4g} on the "
+                         f"deployed grid, which costs {_smallest_target(config):.4g} at any noise; give a "
+                         "larger target")
     alpha = rdp_order(config.target_epsilon, config.delta, config.rdp_mu)
     paper = single_order_epsilon(sigma / delta_2, config.rounds, config.delta, alpha)
     form = "c/n" if config.neighbouring == "add-remove" else "2c/n"
@@ -81,7 +122,7 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
             "whoever adds the noise sees the exact gradients (on Flower: the server, central DP). NOT "
             "covered: " + "; ".join(uncovered) + ".")
     return account(
-        algorithm=config.algorithm, release=Release("gaussian", sigma / delta_2), per_round=1,
+        algorithm=config.algorithm, release=release, per_round=1,
         rounds=config.rounds, delta=config.delta, epsilon_bar=config.target_epsilon,
         calibration="Theorem 1 (002)",
         sensitivity=f"L2: {form} = {delta_2:.6g} (c = {config.grad_bound:g}, n = {num_samples})",

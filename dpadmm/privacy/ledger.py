@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,11 +51,21 @@ CALIBRATION_INTERVAL = 1e-2  # coarser, so more pessimistic: the calibrated run 
 # epsilon (its distribution's support at PLD_INTERVAL): 1e7 sampled Gaussian releases take 76 s, 1e6 Laplace
 # releases of epsilon 1441 take 15 s, one Laplace release of eps-bar 1e6 runs out of memory. A statement must
 # come in seconds, so beyond PLD_MAX_RELEASES releases, or where the fast bounds already exceed
-# PLD_MAX_EPSILON (no guarantee anyone would quote), :func:`composed_epsilon` states the tightest of the
-# bounds that stay fast: exact for unsampled Gaussian releases, pure composition for unsampled Laplace ones,
-# RDP, advanced composition; each valid, the method named.
+# PLD_COARSE_MAX_EPSILON (no guarantee anyone would quote), :func:`composed_epsilon` states the tightest of
+# the bounds that stay fast (:func:`fast_epsilon`): exact for unsampled Gaussian releases, pure composition
+# for unsampled Laplace ones, RDP, basic and advanced composition; each valid, the method named.
 PLD_MAX_RELEASES = 10**6
 PLD_MAX_EPSILON = 1000.0
+# Between PLD_MAX_EPSILON and this, or beyond PLD_FINE_WORK releases times epsilon (1e6 releases of epsilon
+# 900: 10 s), the PLD accountant is asked at CALIBRATION_INTERVAL instead (ten times faster, still an upper
+# bound, and the calibration's own discretisation, so a calibrated run is stated at no more than its target).
+PLD_COARSE_MAX_EPSILON = 10_000.0
+PLD_FINE_WORK = 1e8
+# The PLD of one release spans its privacy losses, about 1/z (Laplace) or 1/(2 z^2) (Gaussian) for the
+# multiplier z, whether or not it is sampled: below these multipliers (an epsilon near 100 per release) it
+# takes seconds to build (one Poisson-sampled Gaussian release of multiplier 0.02: 46 s), so neither a
+# statement nor a single release's epsilon (:func:`single_release`) is computed from it.
+PLD_MIN_MULTIPLIER = {"laplace": 0.01, "gaussian": 0.1}
 ACCOUNTANTS = ("pld", "rdp")
 MECHANISMS = ("laplace", "gaussian")
 
@@ -121,8 +131,9 @@ class Release:
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"mechanism={self.mechanism!r} is not allowed; choose one of "
                              f"{', '.join(MECHANISMS)}")
-        if not self.noise_multiplier > 0:
-            raise ValueError(f"noise multiplier {self.noise_multiplier!r} is not allowed; it must be > 0")
+        if not 0 < self.noise_multiplier < math.inf:  # an infinite one is no noise anyone can draw
+            raise ValueError(f"noise multiplier {self.noise_multiplier!r} is not allowed; it must be finite "
+                             "and > 0")
         if not 0 < self.sampling <= 1:
             raise ValueError(f"sampling={self.sampling!r} is not allowed; it must be in (0, 1]")
         if self.mechanism == "gaussian" and self.noise_multiplier < MIN_GAUSSIAN_MULTIPLIER:
@@ -157,8 +168,8 @@ class Guarantee:
     scope: str  # "step", "round" or "run"
     releases: int
     delta: float  # the delta every epsilon below is stated at
-    # the number to quote: dp-accounting's PLD accountant, or for more than PLD_MAX_RELEASES releases what
-    # ``method`` says (composed_epsilon); inf: no finite guarantee
+    # the number to quote: dp-accounting's PLD accountant, or where that is too slow what ``method`` says
+    # (composed_epsilon); inf (null in JSON): no guarantee, and ``method`` says "no guarantee: " and why
     epsilon_pld: float
     epsilon_rdp: float  # dp-accounting's RDP accountant (nan where it has no bound: subsampled Laplace)
     epsilon_basic: float  # basic composition
@@ -205,8 +216,7 @@ class Ledger:
             f"neighbouring: {self.neighbouring}; {self.holder}, at delta={self.whole_run.delta:g}):",
         ]
         for g in (self.per_step, self.per_round, self.whole_run):
-            quoted = (f"eps = {g.epsilon_pld:.4g} ({g.method})" if math.isfinite(g.epsilon_pld)
-                      else "no finite guarantee")
+            quoted = f"eps = {g.epsilon_pld:.4g} ({g.method})" if math.isfinite(g.epsilon_pld) else g.method
             lines.append(f"  per {g.scope:<10} ({g.releases} release{'s' if g.releases > 1 else ''}): "
                          f"{quoted}; basic {_shown(g.epsilon_basic)}, advanced {_shown(g.epsilon_advanced)}, "
                          f"RDP {_shown(g.epsilon_rdp)}")
@@ -245,14 +255,40 @@ def pld_epsilon(release: Release, count: int, delta: float, interval: float = PL
     return _at(tracker.get_epsilon, count, delta)
 
 
-def composed_epsilon(release: Release, count: int, delta: float,
-                     interval: float = PLD_INTERVAL) -> tuple[float, str]:
+@functools.lru_cache(maxsize=4096)
+def composed_epsilon(release: Release, count: int, delta: float) -> tuple[float, str]:
     """(epsilon at delta of ``count`` composed releases, the method that gave it): the PLD accountant where
-    it answers in seconds (module constants), else the smallest of the bounds that always do: exact for
-    unsampled Gaussian releases (k Gaussians of multiplier z compose into one of multiplier z / sqrt(k)),
-    pure composition for unsampled Laplace ones (k / z, at delta 0), the RDP accountant's (none for
-    Poisson-sampled Laplace releases), and advanced composition. Each is a valid upper bound; the method is
-    stated with the number."""
+    it answers in seconds (:func:`_pld_too_slow`; at :data:`CALIBRATION_INTERVAL` where the fast bound is
+    above :data:`PLD_MAX_EPSILON` or the work above :data:`PLD_FINE_WORK`), else the smallest of the bounds
+    that always do (:func:`fast_epsilon`). Each is a valid upper bound; the method is stated with the
+    number. Where none is finite, (inf, "no guarantee: " and why). Remembered: a server asks it for the
+    budget spent every round, a calibration for the statement it makes."""
+    epsilon, method = fast_epsilon(release, count, delta)
+    slow = _pld_too_slow(release, count, epsilon)
+    if not slow:
+        # The PLD is the tightest but for its discretisation, rounded up at every release: over very many
+        # releases RDP can be tighter (1e6 sampled Gaussian ones: 1.45 against 2.12), and both are valid.
+        coarse = epsilon > PLD_MAX_EPSILON or epsilon * count > PLD_FINE_WORK
+        pld = pld_epsilon(release, count, delta, CALIBRATION_INTERVAL if coarse else PLD_INTERVAL)
+        name = f"PLD at the coarser interval {CALIBRATION_INTERVAL:g}" if coarse else "PLD"
+        epsilon, method = (pld, name) if pld <= epsilon else (epsilon, f"{method}, tighter than the "
+                                                                         f"{name}'s {pld:.4g}")
+    else:
+        method += f"; the PLD accountant is too slow for {slow}"
+    if math.isfinite(epsilon):
+        return epsilon, method
+    if count * GRID_TAIL >= delta:
+        return math.inf, (f"no guarantee: at delta={delta:g} the deployed noise's far tails alone take "
+                          f"{count} x 2**-64 = {count * GRID_TAIL:.3g} of delta; give a larger delta or "
+                          "fewer releases")
+    return math.inf, f"no guarantee: no bound on {count} such releases is finite at delta={delta:g}"
+
+
+def fast_epsilon(release: Release, count: int, delta: float) -> tuple[float, str]:
+    """(the smallest of the bounds that answer at once whatever the count, its name): exact for unsampled
+    Gaussian releases (k Gaussians of multiplier z compose into one of multiplier z / sqrt(k)), pure
+    composition for unsampled Laplace ones (k / z, at delta 0), basic composition for sampled ones, the RDP
+    accountant's (none for Poisson-sampled Laplace releases), and advanced composition."""
     import dp_accounting
 
     bounds = [(rdp_epsilon(release, count, delta), "RDP")]
@@ -262,24 +298,23 @@ def composed_epsilon(release: Release, count: int, delta: float,
                        f"exact: {count} Gaussian releases are one Gaussian"))
     if release.sampling == 1 and release.mechanism == "laplace":
         bounds.append((basic_composition(single_release(release, 0.0), count), "pure composition"))
+    if release.sampling < 1:
+        bounds.append((basic_composition(single_release(release, delta / count), count), "basic composition"))
     bounds.append((advanced_composition(single_release(release, delta / (2 * count)), count, delta / 2),
                    "advanced composition"))
-    epsilon, method = min((b for b in bounds if not math.isnan(b[0])), key=lambda b: b[0])
-    if count <= PLD_MAX_RELEASES and epsilon <= PLD_MAX_EPSILON:
-        # The PLD is the tightest but for its discretisation, rounded up at every release: over very many
-        # releases RDP can be tighter (1e6 sampled Gaussian ones: 1.45 against 2.12), and both are valid.
-        pld = pld_epsilon(release, count, delta, interval)
-        return (pld, "PLD") if pld <= epsilon else (epsilon, f"{method}, tighter than the PLD's {pld:.4g}")
-    reason = (f"more than {PLD_MAX_RELEASES} releases" if count > PLD_MAX_RELEASES
-              else f"an epsilon above {PLD_MAX_EPSILON:g}")
-    return epsilon, f"{method}; the PLD accountant is too slow for {reason}"
+    return min((b for b in bounds if not math.isnan(b[0])), key=lambda b: b[0])
 
 
-@functools.lru_cache(maxsize=4096)
-def cached_pld_epsilon(release: Release, count: int, delta: float) -> float:
-    """The epsilon of :func:`composed_epsilon`, remembered: a server asks it for the budget spent every
-    round."""
-    return composed_epsilon(release, count, delta)[0]
+def _pld_too_slow(release: Release, count: int, fast: float) -> str:
+    """Why the PLD accountant is not asked for ``count`` such releases whose fast bound is ``fast`` (the
+    module constants say what takes it minutes); empty where it answers in seconds."""
+    if count > PLD_MAX_RELEASES:
+        return f"more than {PLD_MAX_RELEASES} releases"
+    if fast > PLD_COARSE_MAX_EPSILON:
+        return f"an epsilon above {PLD_COARSE_MAX_EPSILON:g}"
+    if release.noise_multiplier < PLD_MIN_MULTIPLIER[release.mechanism]:
+        return f"a multiplier below {PLD_MIN_MULTIPLIER[release.mechanism]:g}"
+    return ""
 
 
 @functools.lru_cache(maxsize=256)
@@ -312,12 +347,35 @@ def _accountant_warnings_silenced() -> Iterator[None]:
         absl.setLevel(level)
 
 
+@functools.lru_cache(maxsize=16)  # a few: each holds a distribution of up to millions of points
+def _one_release_pld(release: Release) -> dp_accounting.PrivacyAccountant:
+    """The PLD accountant of one release, built once and asked at every delta a ledger needs."""
+    tracker = accountant("pld")
+    tracker.compose(release.event(1))
+    return tracker
+
+
+def _amplified(epsilon: float, sampling: float) -> float:
+    """log(1 + q (e^eps - 1)), written so that it neither overflows nor cancels."""
+    if epsilon < 1:
+        return math.log1p(sampling * math.expm1(epsilon))
+    return epsilon + math.log(sampling + (1 - sampling) * math.exp(-epsilon))
+
+
+@functools.lru_cache(maxsize=1024)
 def single_release(release: Release, delta: float) -> float:
     """epsilon of one release at delta: 1/multiplier for unsampled Laplace (pure DP, delta = 0: the discrete
-    Laplace's ratio is exactly that), exact for unsampled Gaussian, the PLD accountant's for a sampled one;
-    all of the deployed mechanism."""
+    Laplace's ratio is exactly that), exact for unsampled Gaussian, the PLD accountant's for a sampled one
+    (amplification by sampling of the unsampled one's below :data:`PLD_MIN_MULTIPLIER`, where that PLD is
+    too slow to build); all of the deployed mechanism. Remembered: a ledger asks it at a few deltas."""
+    if release.sampling < 1 and release.noise_multiplier >= PLD_MIN_MULTIPLIER[release.mechanism]:
+        return _at(_one_release_pld(release).get_epsilon, 1, delta)
     if release.sampling < 1:
-        return pld_epsilon(release, 1, delta)
+        # amplification by Poisson sampling, for one record added or removed (Balle, Barthe & Gaboardi
+        # 2018, Thm. 8): an (eps, d)-DP release read from a q-sample is (log(1 + q (e^eps - 1)), q d)-DP;
+        # d <= delta / q (at most 1/2: a smaller d is valid too) spends at most delta
+        return _amplified(single_release(dataclasses.replace(release, sampling=1.0),
+                                         min(delta / release.sampling, 0.5)), release.sampling)
     if release.mechanism == "laplace":
         return 1.0 / release.deployed_multiplier
     import dp_accounting
@@ -382,31 +440,32 @@ def calibrate_multiplier(mechanism: str, count: int, target_epsilon: float, delt
                          sampling: float = 1.0) -> float:
     """The noise multiplier for which ``count`` composed releases are ``target_epsilon``-DP at ``delta``.
 
-    Inverts the PLD accountant (discretised at :data:`CALIBRATION_INTERVAL`, so the result
-    meets its target); beyond :data:`PLD_MAX_RELEASES` releases, where it is too slow, the RDP accountant.
-    Both bound every epsilon :func:`composed_epsilon` states (the smallest of several valid bounds), so
-    the statement meets the target. Over very many releases the coarse PLD's rounding up at every release
-    makes the calibration cautious (1e6 sampled Gaussian releases calibrated to 8 are stated at 2.1).
-    Raises ValueError, naming the reachable range, when the target lies outside what multipliers in
-    :data:`MULTIPLIER_RANGE` give, or for more than that many Poisson-sampled Laplace releases, which no
-    accountant here inverts in reasonable time.
+    Where the statement would not ask the PLD accountant (more than :data:`PLD_MAX_RELEASES` releases, a
+    target above :data:`PLD_MAX_EPSILON`), inverts the fast bound (:func:`fast_epsilon`), which the
+    statement never exceeds, in seconds whatever the count. Otherwise inverts the PLD accountant
+    (discretised at :data:`CALIBRATION_INTERVAL`, so the result meets its target), and checks the statement
+    of the result (:func:`composed_epsilon`) against the target, raising the multiplier where it does not
+    meet it (:func:`_as_stated`). Over many releases the coarse PLD's rounding up at every release makes
+    the calibration cautious (1e6 sampled Gaussian releases calibrated to 8 would be stated at 2.1; they
+    are calibrated on the fast bound). Raises ValueError, naming the reachable range, when the target lies
+    outside what multipliers in :data:`MULTIPLIER_RANGE` give.
     """
     def release(multiplier: float) -> Release:
         return Release(mechanism, multiplier, sampling)
 
-    large = count > PLD_MAX_RELEASES
-    if large and mechanism == "laplace" and sampling < 1:
-        raise ValueError(f"a target-epsilon cannot be calibrated for {count} Poisson-sampled Laplace "
-                         f"releases (more than {PLD_MAX_RELEASES}: the PLD accountant is too slow there and "
-                         "the RDP accountant has no bound for them); use the Gaussian mechanism, fewer "
-                         "releases, or set epsilon directly")
+    fast = count > PLD_MAX_RELEASES or target_epsilon > PLD_MAX_EPSILON
 
     def epsilon(multiplier: float) -> float:
-        if large:
-            return rdp_epsilon(release(multiplier), count, delta)
+        if fast:
+            return fast_epsilon(release(multiplier), count, delta)[0]
         return pld_epsilon(release(multiplier), count, delta, CALIBRATION_INTERVAL)
     low, high = MULTIPLIER_RANGE
     floor = epsilon(high)
+    if math.isinf(floor):
+        raise ValueError(f"target-epsilon={target_epsilon:g} is not achievable with {count} releases at "
+                         f"delta={delta:g}: no noise gives a finite epsilon there ("
+                         + composed_epsilon(release(high), count, delta)[1].removeprefix("no guarantee: ")
+                         + ")")
     # A sampled release with the largest multiplier has an epsilon below the discretisation (0): the
     # accountant cannot tell targets below its interval apart, so they are refused, not met in name only.
     smallest = floor if floor > 0 else CALIBRATION_INTERVAL
@@ -425,11 +484,48 @@ def calibrate_multiplier(mechanism: str, count: int, target_epsilon: float, delt
         raise ValueError(f"target-epsilon={target_epsilon:g} needs more than {1 / low:g} per "
                          f"release ({count} releases give {ceiling:.4g} there); ask for less, or set "
                          "epsilon directly")
+    if fast:
+        return _smallest_meeting(lambda m: epsilon(m) <= target_epsilon, *bracket, 1e-4)
     import dp_accounting
 
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: accountant("rdp") if large else accountant("pld", CALIBRATION_INTERVAL),
+    calibrated = float(dp_accounting.calibrate_dp_mechanism(
+        lambda: accountant("pld", CALIBRATION_INTERVAL),
         lambda m: release(m).event(count),
         target_epsilon, delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(*bracket), tol=1e-4,
     ))
+    return _as_stated(release, calibrated, count, target_epsilon, delta)
+
+
+def _as_stated(release: Callable[[float], Release], multiplier: float, count: int, target_epsilon: float,
+               delta: float) -> float:
+    """``multiplier``, or a larger one (within 1% of the smallest) whose statement meets the target.
+
+    The statement (:func:`composed_epsilon`) need not use the calibration's accountant where the PLD is too
+    slow for it (a fast bound above :data:`PLD_COARSE_MAX_EPSILON`, a multiplier below
+    :data:`PLD_MIN_MULTIPLIER`): its looser bound can lie above the target. Nor is the grid's cost in
+    dp-accounting's number. The multiplier is then raised, by 1%, 2%, 4%, ... and bisected, until the
+    statement meets the target.
+    """
+    def meets(m: float) -> bool:
+        return composed_epsilon(release(m), count, delta)[0] <= target_epsilon
+
+    low, high, step = multiplier, multiplier, 1.01
+    while not meets(high):
+        if high >= MULTIPLIER_RANGE[1]:
+            raise ValueError(f"target-epsilon={target_epsilon:g} is not achievable with {count} releases at "
+                             f"delta={delta:g}: the statement gives "
+                             f"{composed_epsilon(release(high), count, delta)[0]:.4g} at the largest "
+                             f"multiplier searched, {high:g}")
+        low, high, step = high, min(multiplier * step, MULTIPLIER_RANGE[1]), step * step
+    return high if high == multiplier else _smallest_meeting(meets, low, high, 1e-2)
+
+
+def _smallest_meeting(meets: Callable[[float], bool], low: float, high: float, tolerance: float) -> float:
+    """A multiplier in (low, high] that meets, within a factor 1 + ``tolerance`` of the smallest that does,
+    where ``meets`` holds at ``high`` and turns true once (a larger multiplier, less epsilon): bisection
+    on the logarithm."""
+    while high > low * (1 + tolerance):
+        middle = math.sqrt(low * high)
+        low, high = (low, middle) if meets(middle) else (middle, high)
+    return high

@@ -33,8 +33,9 @@ them and computes z and y from them), and the test-time scores.
 from __future__ import annotations
 
 import math
+import sys
 
-from dpadmm.privacy.ledger import Ledger, Release, advanced_composition
+from dpadmm.privacy.ledger import Ledger, Release, advanced_composition, composed_epsilon
 from dpadmm.privacy.ledger import ledger as account
 from dpadmm.sharing.config import SharingConfig
 
@@ -61,7 +62,18 @@ def noise_std(config: SharingConfig, num_samples: int) -> float:
     """sigma of Theorem 3 for the configured epsilon; 0 for a non-private run."""
     if not config.private:
         return 0.0
-    return theorem_3_std(config.epsilon, config.delta, message_sensitivity(num_samples, config.x_bound))
+    sigma = theorem_3_std(config.epsilon, config.delta, message_sensitivity(num_samples, config.x_bound))
+    if not math.isfinite(sigma):
+        raise ValueError(f"epsilon={config.epsilon:g} cannot be calibrated by Theorem 3: the noise it needs "
+                         "is beyond floating point; the deployed grid costs "
+                         f"{_smallest_epsilon(config):.4g} per round at any noise; give a larger epsilon")
+    return sigma
+
+
+def _smallest_epsilon(config: SharingConfig) -> float:
+    """What one release of the deployed grid Gaussian mechanism costs however large the noise (its grid caps
+    the multiplier at 2**GRID_BITS): no epsilon below it is met."""
+    return composed_epsilon(Release("gaussian", sys.float_info.max), 1, config.delta)[0]
 
 
 def ledger(config: SharingConfig, num_samples: int) -> Ledger:
@@ -72,6 +84,12 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
                          "differentially private")
     c = message_sensitivity(num_samples, config.x_bound)
     sigma = noise_std(config, num_samples)
+    release = Release("gaussian", sigma / c)
+    stated = composed_epsilon(release, 1, config.delta)[0]
+    if not stated <= config.epsilon * (1 + 1e-9):  # the grid's cost above Theorem 3's slack
+        raise ValueError(f"epsilon={config.epsilon:g} is not achievable per round at delta={config.delta:g}: "
+                         f"Theorem 3's noise gives {stated:.4g} on the deployed grid, which costs "
+                         f"{_smallest_epsilon(config):.4g} at any noise; give a larger epsilon")
     total, total_delta = corollary_1(config.epsilon, config.rounds, config.delta, config.delta_prime)
     covered = config.noise == "message"
     where = ("N(0, sigma^2 I_N) on the message D_m x_m" if covered else
@@ -80,14 +98,14 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
     corollary = (f"Corollary 1 (eq. (17)): the run is ({total:.6g}, {total_delta:.3g})-DP" if total_delta < 1
                  and math.isfinite(total) else
                  "Corollary 1 (eq. (17)) gives no guarantee here (its delta, T delta + delta' = "
-                 f"{total_delta:.3g}, is not below 1); the composition above (PLD) is the run's guarantee")
+                 f"{total_delta:.3g}, is not below 1); the composition above is the run's guarantee")
     note = (f"Theorem 3 of 001: each round is ({config.epsilon:g}, {config.delta:g})-DP for each party's "
             f"features; {corollary}. "
             f"Noise: {where}. "
             "Trusted: nobody with the features (each party adds its own noise); the server holds the labels. "
             "NOT covered: the labels, the test-time scores.")
     return account(
-        algorithm=config.algorithm, release=Release("gaussian", sigma / c), per_round=1, rounds=config.rounds,
+        algorithm=config.algorithm, release=release, per_round=1, rounds=config.rounds,
         delta=config.delta, epsilon_bar=config.epsilon, calibration="Theorem 3 (001)",
         sensitivity=f"L2: 2 b sqrt(N) = {c:.6g} (b = x-bound = {config.x_bound:g}, N = {num_samples}, "
                     "rows of unit norm)",
