@@ -4,9 +4,11 @@ loopback deployment (a TLS SuperLink and SuperNodes started with `dpadmm deploy`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,6 +28,36 @@ from dpadmm.families import DEFAULT, family_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel run, OpenMP threads that sleep while they wait for work (``OMP_WAIT_POLICY=PASSIVE``).
+
+    The pytest-xdist workers outnumber the cores (``-n 4`` on 2), and beside them run the Flower and Ray
+    processes they start. torch's OpenMP threads spin while they wait by default, taking the cores from the
+    threads that have work: a CPU-bound test took three times longer, and the fast tests together three times
+    the CPU time. The workers and every process they start inherit the setting (set here, in the process that
+    starts the workers); the thread count, and so every number, stays as in a serial run.
+    """
+    if getattr(config.option, "numprocesses", None):
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the slow tests first, each followed by a quick one.
+
+    The workers are handed tests in this order, one at a time (``--dist load --maxschedchunk 1`` in
+    pyproject.toml's addopts), each worker holding the test it runs and the next. The slow tests mostly wait
+    on Flower's and Ray's timers (SuperNodes poll every 3 s, a killed one is let back in after a minute) and
+    take no shorter when they start last, so they start first, and a quick test, not another slow one, waits
+    behind each. Every worker sorts the same collection the same way, as pytest-xdist requires; a serial run
+    keeps pytest's order.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    quick = [item for item in items if not item.get_closest_marker("slow")]
+    items[:] = [item for pair in itertools.zip_longest(slow, quick) for item in pair if item is not None]
 
 
 @pytest.fixture(scope="session")
@@ -126,14 +158,47 @@ def stop_flwr_processes(home: Path) -> list[int]:
     return [p for p in _pids_with_env("FLWR_HOME", str(home)) if not _is_zombie(p)]
 
 
+# Above the fixed ports of Flower (8000, 909x) and Ray (6379, 8265, 10001), and above Ray's worker ports
+# (10002-19999 by default: Ray's workers take them, and `ray start` refuses them for its other components).
+_PORTS_FROM = 20000
+_random = random.Random()  # its own generator: a test that seeds the module's is not disturbed
+
+
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out for bind(0) and outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that nothing listens on now, on any interface (the sockets are
-    held together while the kernel picks, so the ports differ)."""
+    """``count`` distinct TCP ports that nothing listens on now, on any interface.
+
+    The server that takes a port binds it seconds later, in another process. A port of the kernel's
+    ephemeral range could be handed meanwhile to any process's outgoing connection or bind(0) (the Ray
+    instances and Flower processes of parallel test workers make many), so the ports come from outside that
+    range, from a random start, and each pytest-xdist worker draws from its own residue class modulo the
+    number of workers, so that two workers never pick the same port.
+    """
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in range(_PORTS_FROM + worker, 65536, workers) if p not in ephemeral]
+    start = _random.randrange(len(candidates))
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
+        ports: list[int] = []
+        for port in candidates[start:] + candidates[:start]:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"fewer than {count} free TCP ports from {_PORTS_FROM} outside {ephemeral}")
 
 
 def _is_zombie(pid: int) -> bool:

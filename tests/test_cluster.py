@@ -158,7 +158,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     marker = temp.name
     env = _ray_env(marker)
-    gcs, client, *agent_ports = free_ports(10)
+    gcs, client, dashboard, *agent_ports = free_ports(11)
     cluster = RayCluster(address=f"{HEAD_IP}:{gcs}", temp_dir=temp, sessions=set(), marker=marker)
 
     def node_ports(ports: list[int]) -> list[str]:
@@ -167,9 +167,12 @@ def ray_cluster() -> Iterator[RayCluster]:
                  "runtime-env-agent-port")
         return [f"--{name}={port}" for name, port in zip(names, ports, strict=True)]
 
+    # The head's (minimal) dashboard too: on the fixed 8265 it would clash with the Ray instance of a
+    # simulation that a parallel test worker starts meanwhile.
     try:
         cluster.sessions.add(_ray_start(["--head", f"--node-ip-address={HEAD_IP}", f"--port={gcs}",
                                          f"--temp-dir={temp / 'head'}", "--include-dashboard=false",
+                                         f"--dashboard-port={dashboard}",
                                          f"--ray-client-server-port={client}", *node_ports(agent_ports[:4])],
                                         env))
         cluster.sessions.add(_ray_start([f"--address={cluster.address}", f"--node-ip-address={WORKER_IP}",
