@@ -1,9 +1,10 @@
 """The ``dpadmm`` command line: ``dpadmm train`` runs the batched engine, ``dpadmm privacy``
-prints a configuration's privacy ledger, ``dpadmm reproduce`` reruns the papers' grid, and
+prints a configuration's privacy ledger, ``dpadmm audit`` attacks its releases and bounds their epsilon
+from below, ``dpadmm reproduce`` reruns the papers' grid, and
 ``dpadmm deploy`` sets up a secure Flower deployment (development CA, SuperNode keys, the
 ``flwr`` connection, and the ``flower-superlink`` / ``flower-supernode`` commands).
 
-The flags of ``train`` and ``privacy`` are the run-config keys of the Flower app
+The flags of ``train``, ``privacy`` and ``audit`` are the run-config keys of the Flower app
 (``--local-steps`` is ``local-steps``), generated from the configuration class of the family
 that ``--algorithm`` picks (:mod:`dpadmm.families`; DP-IADMM's by default), so the two cannot
 drift apart.
@@ -104,6 +105,21 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
     )
     _add_config_flags(ledger, family)
     ledger.add_argument("--json", action="store_true", help="print the ledger as one JSON object")
+    audit = commands.add_parser(
+        "audit",
+        help="attack a configuration's releases and set the empirical epsilon lower bound beside the claim",
+        description="Attack each kind of release of a configuration with the code that trains (its keyed "
+                    "noise, its clipping), on the worst-case neighbours of the family's relation, and print "
+                    "the ledger's epsilon for one release beside the empirical lower bound (Clopper-Pearson "
+                    "at the confidence asked). A bound above the claim refutes it. " + note,
+    )
+    _add_config_flags(audit, family)
+    audit.add_argument("--trials", type=int, default=200_000,
+                       help="releases observed on each neighbour (default: 200000; more tighten the bound)")
+    audit.add_argument("--alpha", type=float, default=0.05,
+                       help="the bound fails to hold with probability at most alpha (default: 0.05)")
+    audit.add_argument("--json", action="store_true",
+                       help="print one JSON object per audited release kind (claim, bound, trials, seconds)")
     _add_reproduce(commands, paper)
     _add_deploy(commands)
     return parser
@@ -527,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = _config_from(args, family)
     except ValueError as err:
         parser.error(str(err))
+    if args.command == "audit":
+        return _audit(args, config, family)
     if family is not DEFAULT:
         return _family_command(args, config, family)
     if args.command == "privacy":
@@ -562,6 +580,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"metrics: {(result.directory / 'metrics.jsonl').resolve()}")
         if result.ledger:
             print(headline(result.ledger, last["test-error"]))
+    return 0
+
+
+def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:
+    """``dpadmm audit``: each family's attacks (``dpadmm.<family>.audit.audits``), one line or one JSON object
+    per release kind."""
+    if args.trials < 100:
+        print(f"dpadmm: error: --trials {args.trials} is not allowed; it must be >= 100", file=sys.stderr)
+        return 2
+    if not 0 < args.alpha < 1:
+        print(f"dpadmm: error: --alpha {args.alpha!r} is not allowed; it must be in (0, 1)", file=sys.stderr)
+        return 2
+    try:
+        audit = importlib.import_module(f"dpadmm.{family.name}.audit")
+        results = audit.audits(config, trials=args.trials, alpha=args.alpha)
+    except (ValueError, OSError) as err:  # OSError: missing or unreadable files
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(json.dumps(result.to_dict(), default=str) if args.json else result.line())
+        if not args.json:
+            print(f"  attack: {result.attack}; {result.detail}")
     return 0
 
 

@@ -258,3 +258,41 @@ def test_privacy_answers_fast_where_the_pld_of_one_release_took_minutes(tmp_path
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 60
     assert "(100 releases): eps = 1.358e+05 (RDP; the PLD accountant is too slow" in done.stdout
+
+
+@pytest.mark.parametrize("args", [["--rounds", "2"],
+                                  ["--preset", "papers", "--algorithm", "objp", "--epsilon", "1"],
+                                  ["--algorithm", "dp-admm", "--target-epsilon", "5", "--rounds", "2"],
+                                  ["--algorithm", "admm-sharing"],
+                                  ["--algorithm", "ldp-admm", "--weights", "fixed", "--target-epsilon", "2",
+                                   "--rounds", "1"]],
+                         ids=["main-job", "objp", "dp-admm", "admm-sharing", "ldp-admm"])
+def test_audit_prints_one_object_per_release_kind(args: list[str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`dpadmm audit --json`: claim, bound, trials and seconds per audited kind of release, for every family;
+    the real code's bound never above its claim."""
+    from dpadmm.cli import main
+
+    assert main(["audit", *args, "--trials", "4000", "--json"]) == 0
+    results = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert results
+    for result in results:
+        assert {"claim", "bound", "trials", "seconds", "kind", "attack"} <= result.keys()
+        # a release audit observes --trials releases; the one-run audit, one run of its canaries
+        assert result["trials"] == result.get("canaries", 4000), result
+        assert 0 <= result["bound"] <= result["claim"] and result["seconds"] > 0
+    assert main(["audit", *args, "--trials", "4000"]) == 0
+    assert "audit lower bound" in capsys.readouterr().out
+
+
+def test_audit_refuses_what_it_cannot_audit(capsys: pytest.CaptureFixture[str]) -> None:
+    from dpadmm.cli import main
+
+    assert main(["audit", "--trials", "10"]) == 2
+    assert "--trials 10 is not allowed" in capsys.readouterr().err
+    assert main(["audit", "--alpha", "1.5"]) == 2
+    assert "--alpha 1.5 is not allowed" in capsys.readouterr().err
+    assert main(["audit", "--preset", "papers", "--algorithm", "iadmm"]) == 2
+    assert "no privacy claim to audit" in capsys.readouterr().err
+    assert main(["audit", "--algorithm", "dp-admm", "--target-epsilon", "inf"]) == 2
+    assert "no privacy claim to audit" in capsys.readouterr().err

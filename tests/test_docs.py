@@ -2,7 +2,8 @@
 
 Every line of a ``bash`` block, split at ``&&``, is one command, and each kind has its check:
 
-- ``dpadmm privacy ...`` and the ``dpadmm train ...`` of ``CHEAP_PAGES`` run (seconds each);
+- ``dpadmm privacy ...`` and the ``dpadmm train ...`` of ``CHEAP_PAGES`` run (seconds each), and
+  ``dpadmm audit ...`` with :data:`AUDIT_TRIALS` trials instead of the page's;
 - any other ``dpadmm train ...`` (long runs, a GPU) goes through the command's parser and its
   configuration's checks, and a private one runs as ``dpadmm privacy`` with the same flags (the guarantee
   computed, the data files found); only the training is skipped;
@@ -48,6 +49,7 @@ EXTERNAL_FLWR = {"supernode"}  # flwr subcommands other than `run`
 EXTERNAL_MODULES = {"venv", "webbrowser"}  # python -m <module>
 # Pages whose `dpadmm train` commands run (seconds each); the others' are long runs or need a GPU.
 CHEAP_PAGES = {"README.md", "docs/testing.md"}
+AUDIT_TRIALS = 2000  # releases per neighbour of a documented `dpadmm audit` (flags checked, attack run)
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 
 
@@ -115,11 +117,14 @@ def _dpadmm(argv: list[str], command: Command, where: Path) -> None:
         if not config.private:
             return  # a long non-private run: nothing more to check without training
         argv = _without_value(["privacy", *[w for w in argv[1:] if w != "--no-progress"]], "--out")
+    expected = "privacy"
+    if args.command == "audit":  # the documented trial counts take minutes: the same flags, a few thousand
+        argv, expected = [*_without_value(argv, "--trials"), "--trials", str(AUDIT_TRIALS)], "bound"
     # `dpadmm` is cli.main: run here, in a folder of its own (its outputs land there)
     with contextlib.chdir(where), contextlib.redirect_stdout(io.StringIO()) as out:
         status = cli.main(argv)
     assert status == 0, f"{command}\n{out.getvalue()[-2000:]}"
-    assert "privacy" in out.getvalue(), f"{command}: no privacy statement in\n{out.getvalue()[-2000:]}"
+    assert expected in out.getvalue(), f"{command}: no {expected} in\n{out.getvalue()[-2000:]}"
 
 
 def _without_value(argv: list[str], flag: str) -> list[str]:

@@ -1,0 +1,134 @@
+"""004's audit: an attack on one exchanged iterate x_i^k (Theorem 2.2's mechanism), by colluding agents.
+
+The a-priori guarantee (:mod:`dpadmm.decentral.privacy`) prices the k-th release of agent i at
+d alpha_k beta_k B, pure, against all other agents colluding: they see every exchanged iterate, so they know
+x^{k-1} (every agent's), the duals and the graph, and everything of agent i but its data, its aggregation
+weights and its noise. Here they attack iteration k = 1 of agent 0 with the engine's own
+:func:`dpadmm.decentral.engine.release` (its weights, its update, its keyed Laplace noise), each trial another
+seed, on three agents of a complete graph.
+
+The neighbours (one of agent 0's samples replaced). A sample enters the gradient as u = L z (label times
+row), with term -sigma(-x^T u) u / b, so a replacement moves the gradient by at most 2/b per coordinate where
+|z_l| <= 1 (B = 2/b, the bound the statement uses). With x_i^{k-1} = -M e_d, the last coordinate drives both
+margins: u = (1, ..., 1) against u' = (-1, ..., -1, 1) moves every other coordinate by 2/b, an L1 change of
+2 (d - 1) / b, (d - 1)/d of what d B allows. Rows of unit L2 norm, which the Adult loader gives, move the
+gradient less (by at most 2 sqrt(d) / b in L1): the statement's B is a per-coordinate bound, and the attack
+uses rows at that bound, where the statement is tightest.
+
+With ``weights = fixed`` Term A is one point and the release is the gradient's image plus Laplace noise: the
+attack can come close to the claim. With ``weights = random`` Term A is uniform on the interval between the
+agent's iterate and its neighbours' mean; two designs are attacked: the neighbour at the agent's iterate (the
+interval is a point, the a-priori worst case) and the neighbour away from it, where the random weights
+amplify, and the audit's bound is set beside the mean ex-post loss of eq. (10) of the releases it saw (a
+diagnostic that depends on the agent's data, not a bound: NOTES-004, G8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpadmm.decentral import engine, privacy
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import Agents
+from dpadmm.privacy.audit import ALPHA, AuditResult, release_audit
+from dpadmm.privacy.secure import laplace_epsilon_cost
+
+Release = Callable[..., tuple[torch.Tensor, Any]]  # engine.release's signature: what broken variants replace
+CHUNK = 1 << 14  # seeds (trials) per call of the release
+MARGIN = 40.0  # M: sigma(40) = 1 - 4e-18, the margins' driving coordinate
+SPREAD = 4.0  # how far the neighbour sits from the agent in the amplified design, in noise scales
+ITERATION = 1
+AGENTS = 3  # agent 0 under attack, two colluding neighbours, the complete graph (the fewest a run allows)
+
+
+def rows(config: DecentralConfig, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Agent 0's samples on D and on D', [b, d] each, labels +1: the canary first, u = (1, ..., 1) on D and
+    (-1, ..., -1, 1) on D', the other samples zero rows (a zero row adds no gradient)."""
+    features = torch.zeros(config.samples, d, dtype=torch.float64)
+    features[0] = 1.0
+    features_prime = features.clone()
+    features_prime[0, :-1] = -1.0
+    return features, features_prime
+
+
+def releases(config: DecentralConfig, features: torch.Tensor, start: torch.Tensor, first_seed: int,
+             trials: int, release: Release = engine.release) -> tuple[np.ndarray, np.ndarray]:
+    """``trials`` exchanged iterates x_0^1 of agent 0 holding ``features``, from x^0 = ``start`` [N, d], one
+    per seed from ``first_seed``, and their ex-post losses of eq. (10) summed over the coordinates:
+    ([trials, d], [trials])."""
+    b, d = features.shape
+    alphas, betas = privacy.schedule(config, d)
+    out, ex_post = np.empty((trials, d)), np.empty(trials)
+    for begin in range(0, trials, CHUNK):
+        count = min(CHUNK, trials - begin)
+        seeds = list(range(first_seed + begin, first_seed + begin + count))
+        data = torch.stack([features] + [torch.zeros_like(features)] * (AGENTS - 1))  # the others: zero rows
+        agents = Agents(features=data.expand(count, -1, -1, -1),
+                        labels=torch.ones(count, AGENTS, b, dtype=torch.float64),
+                        adjacency=~torch.eye(AGENTS, dtype=torch.bool).expand(count, -1, -1))
+        x = start.expand(count, -1, -1).clone()
+        state = engine.State(x=x, dual=torch.zeros_like(x), sums=engine.secret_sums(config, x, seeds, 0))
+        exchanged, released = release(config, agents, state, seeds, ITERATION)
+        out[begin:begin + count] = exchanged[:, 0].numpy()
+        ex_post[begin:begin + count] = privacy.ex_post(
+            exchanged[:, 0], released.lo[:, 0], released.hi[:, 0], alphas[0] * config.bound, betas[0]
+        ).sum(dim=-1).numpy()
+    return out, ex_post
+
+
+def claim(config: DecentralConfig, d: int) -> float:
+    """The statement's epsilon for the first release of d coordinates: d alpha_1 beta_1 B plus the grid's cost
+    (:func:`dpadmm.decentral.privacy.statement` sums these over the run)."""
+    alphas, betas = privacy.schedule(config, d)
+    return privacy.step_bound(d, alphas[0], betas[0], config.bound) + laplace_epsilon_cost()
+
+
+def audit(config: DecentralConfig, trials: int = 200_000, alpha: float = ALPHA,
+          release: Release = engine.release) -> list[AuditResult]:
+    """Lower-bound the epsilon of agent 0's first exchanged iterate under ``config`` (three agents, complete
+    graph) and set it beside the statement's claim: one result per design (the a-priori worst case; with
+    random weights also the amplified one)."""
+    from dpadmm.data.adult import COLUMNS
+
+    if not config.private:
+        raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: there is no "
+                         "privacy claim to audit")
+    config = dataclasses.replace(config, agents=AGENTS, graph="complete", edges=AGENTS * (AGENTS - 1) // 2)
+    d = len(COLUMNS)
+    epsilon = claim(config, d)
+    _, betas = privacy.schedule(config, d)
+    features, features_prime = rows(config, d)
+    start = torch.zeros(AGENTS, d, dtype=torch.float64)
+    start[:, -1] = -MARGIN
+    designs = [(start, "the neighbours' iterates at the agent's: Term A is one point (the worst case)")]
+    if config.weights == "random":
+        apart = start.clone()
+        apart[1:, :-1] += SPREAD / betas[0]
+        designs.append((apart, f"the neighbours {SPREAD:g} noise scales away in every coordinate but the "
+                               "last: the random weights spread Term A"))
+    results = []
+    for i, (x, words) in enumerate(designs):
+        began = time.perf_counter()
+        outputs, ex_post = releases(config, features, x, 2 * i * trials, trials, release)
+        outputs_prime, _ = releases(config, features_prime, x, (2 * i + 1) * trials, trials, release)
+        bound, detail = release_audit(outputs, outputs_prime, "laplace", 0.0, alpha)
+        detail = {**detail, "ex_post_mean": float(ex_post.mean()),
+                  "exceeds_ex_post": bool(bound > ex_post.mean())}
+        results.append(AuditResult(
+            kind=f"{config.algorithm} exchanged iterate (laplace, pure, {config.weights} weights, "
+                 f"{'worst case' if i == 0 else 'amplified'})",
+            claim=epsilon, delta=0.0, bound=bound, trials=trials, seconds=time.perf_counter() - began,
+            alpha=alpha, attack=f"colluding agents; one sample replaced at the per-coordinate bound; {words}",
+            detail=detail))
+    return results
+
+
+def audits(config: DecentralConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:
+    """Every audited kind of release of ``config`` (``dpadmm audit``): the exchanged iterate, per design."""
+    return audit(config, trials, alpha)

@@ -1,0 +1,54 @@
+"""ADMM sharing's audit (dpadmm.sharing.audit): the real message stays below its claim, the paper's noise
+(eq. (16), not covered) does not, and broken variants of the party's step exceed it. The broken variants live
+here."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from dpadmm.sharing import engine
+from dpadmm.sharing.audit import SAMPLES, audit
+from dpadmm.sharing.config import SharingConfig
+
+TRIALS = 20_000
+CONFIG = SharingConfig(epsilon=1.0)
+
+
+def test_the_message_stays_below_its_claim() -> None:
+    result = audit(CONFIG, trials=TRIALS)
+    assert result.bound <= result.claim, result.line()
+
+
+def test_the_papers_noise_is_refuted() -> None:
+    result = audit(dataclasses.replace(CONFIG, noise="paper"), trials=TRIALS)
+    assert result.exceeded, result.line()
+
+
+def test_noise_for_one_sample_is_caught() -> None:
+    """sigma from the sensitivity of one score, 2b, instead of the message's 2b sqrt(N)."""
+    def one_sample(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        *head, std = args
+        return engine.party_step(*head, std / math.sqrt(SAMPLES), **kwargs)
+
+    result = audit(CONFIG, trials=2 * TRIALS, party_step=one_sample)
+    assert result.exceeded, result.line()
+
+
+def test_an_unbounded_x_step_is_caught() -> None:
+    """The x-step without its ball ||x_m|| <= b, on which the sensitivity rests."""
+    def unbounded(parties, pulled, own, y, config, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return engine.party_step(parties, pulled, own, y, dataclasses.replace(config, x_bound=1e6), *args,
+                                 **kwargs)
+
+    result = audit(CONFIG, trials=TRIALS, party_step=unbounded)
+    assert result.exceeded, result.line()
+    assert torch.isfinite(torch.tensor(result.bound))
+
+
+def test_a_non_private_configuration_is_refused() -> None:
+    with pytest.raises(ValueError, match="adds no noise"):
+        audit(SharingConfig(epsilon=float("inf")), trials=1000)
