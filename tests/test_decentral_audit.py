@@ -33,6 +33,13 @@ def test_the_iterate_stays_below_its_claim(config: DecentralConfig) -> None:
         assert not amplified.detail["exceeds_ex_post"], amplified.line()
 
 
+def test_an_update_without_random_weights_has_no_amplified_design() -> None:
+    """DGD's mixing step spreads nothing: one result, the worst case, whatever ``weights`` says."""
+    results = audit(dataclasses.replace(FIXED, algorithm="dgd", weights="random"), trials=2000)
+    kinds = ["dgd exchanged iterate (laplace, pure, no random weights, worst case)"]
+    assert [r.kind for r in results] == kinds
+
+
 def test_doubled_rates_are_caught() -> None:
     """Laplace noise of twice the rate (half the scale) while the statement prices the configured one."""
     def loud(config: DecentralConfig, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202

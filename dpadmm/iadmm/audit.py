@@ -14,11 +14,16 @@ clipped term has the norm C, the largest change clipping allows) and other sampl
 term of their own):
 
 * ``add-remove``: D holds the canary, D' does not; the normaliser I (the public sample count, a node's
-  ``num-samples-total``) is the same for both, as the ledger's C/(qI) assumes.
+  ``num-samples-total``) is the same for both, as the ledger's C/(qI) assumes. A second pair adds the canary
+  to a crowd of samples whose clipped terms oppose it: the real code leaves the crowd's sum as it is, but a
+  normaliser that followed the realised Poisson sample would move the crowd's mean too. Each pair is tested
+  at alpha / 2 and the larger bound kept.
 * ``replace-one``: the canary's label is flipped: its clipped term turns around (2C/I).
 * the papers' data-dependent scale (eq. (9b), not covered): D holds faint samples, so its own scale is tiny,
   and D' replaces one with a bright, misclassified one whose scale and gradient are large.
 * OutP (replace-one): the canary's term at the norm c1 = I_p that OutP's sensitivity assumes, flipped.
+
+:func:`one_run` audits a whole run instead, from one run with canaries (Steinke, Nasr & Jagielski 2023).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Two designs share this module:
 * :func:`one_run_audit`, one training run with many canaries (Steinke, Nasr & Jagielski, "Privacy Auditing
   with One (1) Training Run", NeurIPS 2023): each of m canaries is included independently with probability
   1/2, the attacker guesses "in" for the k highest scores and "out" for the k lowest, and the count of right
-  guesses is tested against what an (eps, delta)-DP run allows (their Theorem 5.2): :func:`one_run_p_value`.
+  guesses is tested against what an (eps, delta)-DP run allows (their bound for approximate DP):
+  :func:`one_run_p_value`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ MIN_CALIBRATION_HITS = 30  # calibration outputs a candidate test needs in it, o
 class AuditResult:
     """What an audit of one kind of release found, next to what the ledger claims for it.
 
-    ``claim`` is the epsilon the ledger states for one such release (at ``delta``; 0 for a pure claim);
+    ``claim`` is the epsilon the ledger states for one such release, at ``delta`` (0 for a pure claim);
     ``bound`` the empirical lower bound, which a correct implementation exceeds with probability at most
     ``alpha``. A bound above the claim means that the release leaks more than the claim allows.
     """
@@ -63,7 +64,7 @@ class AuditResult:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "claim": self.claim, "delta": self.delta, "bound": self.bound,
                 "trials": self.trials, "seconds": self.seconds, "alpha": self.alpha, "attack": self.attack,
-                "exceeded": self.exceeded, **{k: v for k, v in self.detail.items()}}
+                "exceeded": self.exceeded, **self.detail}
 
     def line(self) -> str:
         """One line a person reads: the claim, the bound and the share of the claim the bound reaches."""
@@ -220,8 +221,9 @@ def _choose_test(scores: np.ndarray, scores_prime: np.ndarray, delta: float, alp
 
 def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
     """P[at least ``correct`` right of ``guesses``] for a run that is (epsilon, delta)-DP in each canary's
-    inclusion (Steinke, Nasr & Jagielski 2023, Theorem 5.2): a Binomial(r, e^eps / (1 + e^eps)) tail, plus,
-    for delta > 0, 2 m delta times the largest i^-1 P[v - i <= Binomial < v] over i = 1..v."""
+    inclusion (Steinke, Nasr & Jagielski 2023, their bound for approximate DP): a Binomial(r, e^eps /
+    (1 + e^eps)) tail, plus, for delta > 0, 2 m delta times the largest i^-1 P[v - i <= Binomial < v] over
+    i = 1..v."""
     if not 0 <= correct <= guesses <= canaries:
         raise ValueError(f"correct={correct}, guesses={guesses}, canaries={canaries}: need "
                          "0 <= correct <= guesses <= canaries")
