@@ -4,8 +4,9 @@ The a-priori guarantee (:mod:`dpadmm.decentral.privacy`) prices the k-th release
 d alpha_k beta_k B, pure, against all other agents colluding: they see every exchanged iterate, so they know
 x^{k-1} (every agent's), the duals and the graph, and everything of agent i but its data, its aggregation
 weights and its noise. Here they attack iteration k = 1 of agent 0 with the engine's own
-:func:`dpadmm.decentral.engine.release` (its weights, its update, its keyed Laplace noise), each trial another
-seed, on three agents of a complete graph.
+:func:`dpadmm.decentral.engine.release` (its weights, its update, its keyed Laplace noise), on three agents of
+a complete graph, each trial another key (seed, agent): one run holds :data:`GROUPS` disjoint triangles, so
+one batched call draws many trials (one triangle where an update reads beyond the agent's neighbours).
 
 The neighbours (one of agent 0's samples replaced). A sample enters the gradient as u = L z (label times
 row), with term -sigma(-x^T u) u / b, so a replacement moves the gradient by at most 2/b per coordinate where
@@ -40,7 +41,8 @@ from dpadmm.privacy.audit import ALPHA, AuditResult, release_audit
 from dpadmm.privacy.secure import laplace_epsilon_cost
 
 Release = Callable[..., tuple[torch.Tensor, Any]]  # engine.release's signature: what broken variants replace
-CHUNK = 1 << 14  # seeds (trials) per call of the release
+CHUNK = 1 << 14  # trials per call of the release
+GROUPS = 32  # disjoint triangles per run: more share one keyed draw per seed, fewer keep the graph small
 MARGIN = 40.0  # M: sigma(40) = 1 - 4e-18, the margins' driving coordinate
 SPREAD = 4.0  # how far the neighbour sits from the agent in the amplified design, in noise scales
 ITERATION = 1
@@ -57,29 +59,46 @@ def rows(config: DecentralConfig, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     return features, features_prime
 
 
+def groups(config: DecentralConfig) -> int:
+    """How many disjoint copies of the three agents one run (seed) holds: agent AGENTS j of each copy j is
+    attacked, with its own key (seed, agent), so a run gives that many trials. One copy where an update
+    reads beyond an agent's neighbours (DGD's global average, Algorithm 3's sum of all iterates)."""
+    return 1 if config.algorithm == "ldp-dgd" or config.exchange == "secret" else GROUPS
+
+
 def releases(config: DecentralConfig, features: torch.Tensor, start: torch.Tensor, first_seed: int,
              trials: int, release: Release = engine.release) -> tuple[np.ndarray, np.ndarray]:
-    """``trials`` exchanged iterates x_0^1 of agent 0 holding ``features``, from x^0 = ``start`` [N, d], one
-    per seed from ``first_seed``, and their ex-post losses of eq. (10) summed over the coordinates:
-    ([trials, d], [trials])."""
+    """``trials`` exchanged iterates x^1 of an attacked agent holding ``features``, its two neighbours
+    holding zero rows, all from x^0 = ``start`` [AGENTS, d]; each trial another key (seed, agent) from seed
+    ``first_seed`` on (:func:`groups` disjoint triangles per seed); and their ex-post losses of eq. (10)
+    summed over the coordinates: ([trials, d], [trials])."""
     b, d = features.shape
+    copies = groups(config)
     alphas, betas = privacy.schedule(config, d)
-    out, ex_post = np.empty((trials, d)), np.empty(trials)
-    for begin in range(0, trials, CHUNK):
-        count = min(CHUNK, trials - begin)
+    data = torch.zeros(copies, AGENTS, b, d, dtype=torch.float64)
+    data[:, 0] = features
+    data = data.view(copies * AGENTS, b, d)  # the same for every run: one batch of products, not S copies
+    triangle = ~torch.eye(AGENTS, dtype=torch.bool)
+    adjacency = torch.block_diag(*[triangle] * copies).unsqueeze(0)
+    x0 = start.repeat(copies, 1).unsqueeze(0)
+    runs = -(-trials // copies)
+    out, ex_post = np.empty((runs * copies, d)), np.empty(runs * copies)
+    per_chunk = max(1, CHUNK // copies)
+    for begin in range(0, runs, per_chunk):
+        count = min(per_chunk, runs - begin)
         seeds = list(range(first_seed + begin, first_seed + begin + count))
-        data = torch.stack([features] + [torch.zeros_like(features)] * (AGENTS - 1))  # the others: zero rows
-        agents = Agents(features=data.expand(count, -1, -1, -1),
-                        labels=torch.ones(count, AGENTS, b, dtype=torch.float64),
-                        adjacency=~torch.eye(AGENTS, dtype=torch.bool).expand(count, -1, -1))
-        x = start.expand(count, -1, -1).clone()
+        agents = Agents(features=data, labels=torch.ones(copies * AGENTS, b, dtype=torch.float64),
+                        adjacency=adjacency.expand(count, -1, -1))
+        x = x0.expand(count, -1, -1).clone()
         state = engine.State(x=x, dual=torch.zeros_like(x), sums=engine.secret_sums(config, x, seeds, 0))
         exchanged, released = release(config, agents, state, seeds, ITERATION)
-        out[begin:begin + count] = exchanged[:, 0].numpy()
-        ex_post[begin:begin + count] = privacy.ex_post(
-            exchanged[:, 0], released.lo[:, 0], released.hi[:, 0], alphas[0] * config.bound, betas[0]
-        ).sum(dim=-1).numpy()
-    return out, ex_post
+        attacked = slice(0, None, AGENTS)
+        rows_out = slice(begin * copies, (begin + count) * copies)
+        out[rows_out] = exchanged[:, attacked].reshape(-1, d).numpy()
+        ex_post[rows_out] = privacy.ex_post(
+            exchanged[:, attacked], released.lo[:, attacked], released.hi[:, attacked],
+            alphas[0] * config.bound, betas[0]).sum(dim=-1).reshape(-1).numpy()
+    return out[:trials], ex_post[:trials]
 
 
 def claim(config: DecentralConfig, d: int) -> float:

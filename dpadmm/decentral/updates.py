@@ -34,7 +34,9 @@ class Released:
 
 
 def _margins(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return labels * (features @ x.unsqueeze(-1)).squeeze(-1)
+    # einsum, not matmul: features shared by the runs ([N, b, d]) stay one batch of N products over the runs
+    # instead of being copied S times
+    return labels * torch.einsum("...bd,...d->...b", features, x)
 
 
 def loss(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +49,7 @@ def loss(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch
 def gradient(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """grad f_i(x_i), [S, N, d]: -(1/b) sum_j L_j sigmoid(-L_j x^T z_j) z_j + x."""
     weights = -labels * torch.sigmoid(-_margins(features, labels, x)) / features.shape[-2]
-    return (features.transpose(-2, -1) @ weights.unsqueeze(-1)).squeeze(-1) + x
+    return torch.einsum("...bd,...b->...d", features, weights) + x
 
 
 def hessian(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
