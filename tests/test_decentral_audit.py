@@ -1,6 +1,6 @@
 """004's audit (dpadmm.decentral.audit): the real exchanged iterate stays below its claim and never above the
-ex-post diagnostic's mean where the weights amplify; broken variants of the release exceed the claim. The
-broken variants live here."""
+ex-post diagnostic's mean where the weights amplify, and so does a whole run audited from one run with
+canaries; broken variants of the release exceed the claims. The broken variants live here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpadmm.decentral import engine, privacy
-from dpadmm.decentral.audit import audit
+from dpadmm.decentral.audit import audit, one_run
 from dpadmm.decentral.config import DecentralConfig
 
 TRIALS = 10_000
@@ -61,6 +61,25 @@ def test_a_rate_for_one_coordinate_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     assert result.exceeded, result.line()
 
 
+def test_one_run_with_canaries_stays_below_the_whole_run_claim_and_catches_missing_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short run audited from one run with canaries: below its whole-run claim with the real noise, above
+    it with a hundredth of the noise in every release."""
+    short = DecentralConfig(target_epsilon=1.0, rounds=3)
+    fine = one_run(short)
+    assert fine.bound <= fine.claim and fine.trials == 2000 and fine.delta == 0.0, fine.line()
+
+    real = engine.release
+    monkeypatch.setattr(engine, "release", lambda config, *args, **kwargs: real(
+        dataclasses.replace(config, target_epsilon=100 * config.target_epsilon), *args, **kwargs))
+    broken = one_run(short)
+    assert broken.exceeded, broken.line()
+
+
 def test_a_non_private_configuration_is_refused() -> None:
     with pytest.raises(ValueError, match="adds no noise"):
         audit(DecentralConfig(noise="none"), trials=1000)
+    with pytest.raises(ValueError, match="adds no noise"):
+        one_run(DecentralConfig(noise="none"))
+    with pytest.raises(ValueError, match="exchange='secret' is not allowed"):
+        one_run(DecentralConfig(exchange="secret", graph="complete"))

@@ -1,5 +1,6 @@
-"""DP-ADMM's audit (dpadmm.linadmm.audit): the real noisy gradient stays below its claim; a halved noise and a
-skipped clipping, as plausible bugs would make them, exceed it. The broken variants live here."""
+"""DP-ADMM's audit (dpadmm.linadmm.audit): the real noisy gradient and a whole run stay below their claims; a
+halved noise, a skipped clipping and a run with a hundredth of its noise, as plausible bugs would make them,
+exceed them. The broken variants live here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from dpadmm.linadmm import engine
-from dpadmm.linadmm.audit import audit
+from dpadmm.linadmm.audit import audit, one_run
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.models import binary
 
@@ -45,3 +46,18 @@ def test_skipped_clipping_is_caught() -> None:
 def test_a_non_private_configuration_is_refused() -> None:
     with pytest.raises(ValueError, match="adds no noise"):
         audit(LinAdmmConfig(target_epsilon=float("inf")), trials=1000)
+
+
+def test_one_run_with_canaries_stays_below_the_whole_run_claim_and_catches_missing_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short run audited from one run with canaries: below its whole-run claim with the real noise, above
+    it with a hundredth of the noise (the release the engine's iterations call)."""
+    short = LinAdmmConfig(target_epsilon=1.0, rounds=3)
+    fine = one_run(short)
+    assert fine.bound <= fine.claim and fine.trials == 2000, fine.line()
+
+    real = engine.release
+    monkeypatch.setattr(engine, "release",
+                        lambda total, n, seeds, t, std: real(total, n, seeds, t, std / 100))
+    broken = one_run(short)
+    assert broken.exceeded, broken.line()

@@ -1,6 +1,6 @@
-"""ADMM sharing's audit (dpadmm.sharing.audit): the real message stays below its claim, the paper's noise
-(eq. (16), not covered) does not, and broken variants of the party's step exceed it. The broken variants live
-here."""
+"""ADMM sharing's audits (dpadmm.sharing.audit): the real message and the real whole run stay below their
+claims, the paper's noise (eq. (16), not covered) does not, and broken variants of the party's step exceed
+them. The broken variants live here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dpadmm.sharing import engine
-from dpadmm.sharing.audit import SAMPLES, audit
+from dpadmm.sharing.audit import SAMPLES, audit, one_run
 from dpadmm.sharing.config import SharingConfig
 
 TRIALS = 20_000
@@ -52,3 +52,33 @@ def test_an_unbounded_x_step_is_caught() -> None:
 def test_a_non_private_configuration_is_refused() -> None:
     with pytest.raises(ValueError, match="adds no noise"):
         audit(SharingConfig(epsilon=float("inf")), trials=1000)
+
+
+SHORT = SharingConfig(epsilon=0.5, rounds=3)  # a whole run with a small claim (eps ~ 0.64)
+
+
+def test_one_run_with_canaries_stays_below_the_whole_run_claim_and_catches_missing_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default run (50 rounds), audited from one run with canary parties: below its claim. A run whose
+    messages get a hundredth of Theorem 3's noise is caught against the small claim of a short run."""
+    full = one_run(CONFIG)
+    assert 0 < full.bound <= full.claim and full.trials == 2000, full.line()
+    fine = one_run(SHORT)
+    assert fine.bound <= fine.claim, fine.line()
+
+    real = engine.release
+    monkeypatch.setattr("dpadmm.sharing.engine.release", lambda parties, x, seeds, t, std, *args, **kwargs:
+                        real(parties, x, seeds, t, std / 100, *args, **kwargs))
+    broken = one_run(SHORT)
+    assert broken.exceeded, broken.line()
+
+
+def test_one_run_refutes_the_papers_noise() -> None:
+    """eq. (16)'s noise keeps each message in its block's column space: a whole run tells the blocks apart."""
+    result = one_run(dataclasses.replace(SHORT, noise="paper"))
+    assert result.exceeded, result.line()
+
+
+def test_one_run_refuses_a_non_private_configuration() -> None:
+    with pytest.raises(ValueError, match="adds no noise"):
+        one_run(SharingConfig(epsilon=float("inf")), canaries=10)

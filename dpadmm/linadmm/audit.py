@@ -16,6 +16,9 @@ sets), so a neighbour with one row fewer is divided by the same n. The neighbour
   features (no gradient); and the canary added to or removed from a crowd whose clipped gradients oppose it,
   where a normaliser that followed the realised count would move the crowd's mean too.
 * ``replace-one``: the canary's label flipped (its clipped gradient turns around: 2c/n).
+
+:func:`one_run` audits a whole run instead, from one run with canaries (Steinke, Nasr & Jagielski 2023): the
+attacker sees every iterate, so every release.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ import torch
 
 from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.linadmm.problem import Problem, constraint_matrix
 from dpadmm.models import binary
-from dpadmm.privacy.audit import ALPHA, AuditResult, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, one_run_audit, release_audit
 
 Release = Callable[..., torch.Tensor]  # engine.release's signature: what the tests' broken variants replace
 Clipped = Callable[..., torch.Tensor]  # binary.clipped_gradient_sum's
 FEATURES = 2  # the canary's feature and one without signal
+CANARIES = 2000  # candidate rows of the one-run audit, each in the data with probability 1/2
 CHUNK = 1 << 16  # seeds per call of the release
 SAMPLES = 100  # rows of each design, the canary included: the public count n
 ITERATION = 1  # the iteration audited; every iteration is the same mechanism at another point
@@ -100,6 +105,43 @@ def audit(config: LinAdmmConfig, trials: int = 200_000, alpha: float = ALPHA,
                        seconds=time.perf_counter() - began, alpha=alpha, attack=words, detail=detail)
 
 
+def one_run(config: LinAdmmConfig, canaries: int = CANARIES, alpha: float = ALPHA, seed: int = 0
+            ) -> AuditResult:
+    """Lower-bound the epsilon of a whole run of ``config`` from one run (Steinke, Nasr & Jagielski 2023).
+
+    The data are ``canaries`` rows, row j the feature e_j at magnitude 4c with label +1 (a Dirac canary: its
+    clipped gradient, -c e_j while the model has not learnt it, lies in coordinate j alone) if canary j is in
+    (probability 1/2, a keyed draw of ``seed``), else a row of zeros, which has no gradient: the public count
+    n = ``canaries`` normalises both, so a row of zeros is the canary removed (add-remove) or replaced
+    (replace-one). A = I (no graph: W is outside the guarantee). The run is the engine's own iteration
+    (:func:`dpadmm.linadmm.engine.step`), T iterations from the engine's start; the attacker sees every
+    iterate, so every noisy gradient, and scores canary j by minus the sum over the iterations of the
+    released coordinate j. The claim is the ledger's whole-run epsilon at its delta.
+    """
+    began = time.perf_counter()
+    run = privacy.ledger(config, canaries).whole_run  # refuses a configuration without noise
+    included = torch.rand(canaries, generator=torch.Generator().manual_seed(seed)) < 0.5
+    features = torch.diag(included.to(torch.float64) * 4.0 * config.grad_bound)
+    problem = Problem(name="canaries", features=features, labels=torch.ones(canaries, dtype=torch.float64),
+                      test_features=features[:1], test_labels=torch.ones(1, dtype=torch.float64),
+                      edges=np.zeros((0, 2), dtype=np.int64), a=constraint_matrix(np.zeros((0, 2)), canaries),
+                      graph_converged=True, row_norms=torch.linalg.vector_norm(features, dim=1))
+    sigma, constants = privacy.noise_std(config, canaries), engine.settings(config, problem.a)
+    state = engine.start(config, problem, 1)
+    scores = torch.zeros(canaries, dtype=torch.float64)
+    for t in range(1, config.rounds + 1):
+        state, _, released = engine.step(config, problem, state, [seed], t, sigma, constants)
+        scores -= released[0]
+    bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
+    return AuditResult(kind=f"{config.algorithm} whole run ({config.rounds} iterations), one run with "
+                            "canaries", claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
+                       seconds=time.perf_counter() - began, alpha=alpha,
+                       attack="Dirac canaries, each a row in the data with probability 1/2 (else a row of "
+                              "zeros); the score: minus the sum of the released gradient's coordinate j",
+                       detail=detail)
+
+
 def audits(config: LinAdmmConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:
-    """Every audited kind of release of ``config`` (``dpadmm audit``): the noisy gradient."""
-    return [audit(config, trials, alpha)]
+    """Every audited kind of release of ``config`` (``dpadmm audit``): the noisy gradient and the whole
+    run."""
+    return [audit(config, trials, alpha), one_run(config, alpha=alpha)]

@@ -156,6 +156,29 @@ def query_point(state: State, accelerated: bool) -> torch.Tensor:
     return state.x_hat if accelerated else state.x
 
 
+def start(config: LinAdmmConfig, problem: Problem, runs: int) -> State:
+    """:func:`initial_state` of ``runs`` runs on ``problem``; with dual-init = paper from the exact mean
+    gradient at x_0 = 0."""
+    gradient = None
+    if config.dual_init == "paper":
+        zero = torch.zeros((1, problem.num_features), dtype=problem.a.dtype, device=problem.a.device)
+        gradient = binary.clipped_gradient_sum(problem.features, problem.labels, zero, None)[0] / (
+            problem.num_samples)
+    return initial_state(config, problem.a, runs, gradient)
+
+
+def step(config: LinAdmmConfig, problem: Problem, state: State, seeds: Sequence[int], t: int, sigma: float,
+         constants: Settings) -> tuple[State, torch.Tensor, torch.Tensor]:
+    """Iteration t of every run on the engine's data: the clipped gradient sum at the query point, its noisy
+    mean (the release, normalised by the public count n), the ADMM steps. Returns (state, y_t, release)."""
+    point = query_point(state, constants.accelerated)
+    total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
+                                        problem.row_norms)
+    noisy = release(total, problem.num_samples, seeds, t, sigma)
+    state, y = iterate(problem.a, state, noisy, constants)
+    return state, y, noisy
+
+
 @dataclass(frozen=True)
 class Result:
     """The evaluated iterations of each run, where each was written, and the privacy ledger (None if
@@ -199,28 +222,21 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
     if problem is None:
         problem = load(config.dataset, config.data_dir, config.graph_alpha, DTYPES[config.dtype],
                        config.device)
-    n, d = problem.num_samples, problem.num_features
+    n = problem.num_samples
     ledger = privacy.ledger(config, n) if config.private else None
     if ledger:  # the engine simulates: every draw is keyed by the seed
         ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     sigma = privacy.noise_std(config, n)
     constants = settings(config, problem.a)
     writers = seed_writers(config, seeds, ledger, directories) if write else []
-    start = None
-    if config.dual_init == "paper":  # the exact gradient at x_0 = 0
-        zero = torch.zeros((1, d), dtype=problem.a.dtype, device=problem.a.device)
-        start = binary.clipped_gradient_sum(problem.features, problem.labels, zero, None)[0] / n
-    state = initial_state(config, problem.a, len(seeds), start)
+    state = start(config, problem, len(seeds))
     y = torch.zeros(0)
 
-    def step(t: int) -> None:
+    def one(t: int) -> None:
         nonlocal state, y
-        point = query_point(state, constants.accelerated)
-        total = binary.clipped_gradient_sum(problem.features, problem.labels, point, config.grad_bound,
-                                            problem.row_norms)
-        state, y = iterate(problem.a, state, release(total, n, seeds, t, sigma), constants)
+        state, y, _ = step(config, problem, state, seeds, t, sigma, constants)
 
-    records = timed_rounds(config.rounds, step, lambda t: evaluate(problem, state, y, t, config.l1),
+    records = timed_rounds(config.rounds, one, lambda t: evaluate(problem, state, y, t, config.l1),
                            eval_every=config.eval_every, writers=writers, runs=len(seeds), progress=progress,
                            unit="iteration", cuda=problem.a.is_cuda)
     folders: list[Path | None] = [w.directory for w in writers] or [None] * len(seeds)

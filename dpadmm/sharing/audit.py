@@ -15,6 +15,16 @@ messages, and no replacement of the block sends the opposite of the pull. The au
 about half of the claimed epsilon, and the page says so. With ``noise = paper`` (eq. (16), not covered) the
 noise lies in the block's column space, which the two blocks do not share: the audit shows how far from a
 guarantee that is.
+
+:func:`one_run` audits a whole run instead, from one run with canaries (Steinke, Nasr & Jagielski 2023). The
+privacy unit of 001 is a party's block, so the canaries are parties: M of them, each holding the block on D
+or its replacement on D' with probability 1/2. The run is DP in each party's block at the ledger's whole-run
+(epsilon, delta): each party's messages are DP in its own block, and everything else released depends on
+that block only through them (the other parties' x-steps read the broadcast, the server's z and y the sum).
+In a run the x-step is driven by the party's own last noisy message (its noise, sigma >> b, dominates the
+target), so nearly every message sits on the ball, +-b (1, ..., 1) for the block of rows e_1 and
++-b (1, -1, ...) for the replacement, with a sign that the attacker, who sees that last message, predicts:
+they differ by b sqrt(2N), 0.71 C, in each round after the first.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dpadmm.privacy.audit import ALPHA, AuditResult, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, one_run_audit, release_audit
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 
@@ -35,6 +45,7 @@ WIDTH = 2  # d_m, the party's columns
 PULL = 10.0  # R, in units of b: how far the broadcast pulls every score
 CHUNK = 1 << 14  # seeds (trials) per call of the party step
 ROUND = 1
+CANARIES = 2000  # canary parties of the one-run audit
 
 
 def blocks() -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,6 +101,84 @@ def audit(config: SharingConfig, trials: int = 200_000, alpha: float = ALPHA,
                        detail=detail)
 
 
+def canary_problem(included: torch.Tensor) -> engine.Problem:
+    """One canary party per flag, holding the block of :func:`blocks` on D where it is set and the replacing
+    block where it is not (as test block too); N = :data:`SAMPLES` rows, all labelled +1."""
+    block, replaced = blocks()
+    held = [block if flag else replaced for flag in included.tolist()]
+    parties = engine.parties_from_blocks(held, held, list(range(len(held))))
+    labels = torch.ones(SAMPLES, dtype=torch.float64)
+    return engine.Problem(name="canaries", widths=(WIDTH,) * len(held), parties=parties, labels=labels,
+                          test_labels=labels.clone())
+
+
+def one_run(config: SharingConfig, canaries: int = CANARIES, alpha: float = ALPHA, seed: int = 0
+            ) -> AuditResult:
+    """Lower-bound the epsilon of a whole run of ``config`` from one run (Steinke, Nasr & Jagielski 2023).
+
+    ``canaries`` parties, each holding the block of rows e_1 (D) with probability 1/2 (a keyed draw of
+    ``seed``) and else the block of rows +-e_1 alternating (D'), neighbours under 001's relation (a party's
+    block replaced); N = :data:`SAMPLES`, labels +1. A whole run is DP in each party's block at the ledger's
+    whole-run (epsilon, delta): a party's messages are DP in its block, and the other parties' messages,
+    z and y depend on it only through them (post-processing). The run is the engine's round
+    (:func:`dpadmm.sharing.engine.iterate`) with the engine's sigma, T rounds from the paper's start.
+
+    The attacker is the server, who sees every message and the broadcast: before round t it knows s - z, y
+    and each party's last message, so it runs the party's step (:func:`dpadmm.sharing.engine.party_step`,
+    no noise) on both candidate blocks and gets both means, mu and mu', of the message it will see. Canary
+    j's score is the sum over the rounds of <message - (mu + mu') / 2, mu - mu'>, the log-likelihood ratio
+    of its messages (times sigma^2) under Gaussian noise of one scale: the most powerful test of each round,
+    which adapts to the sign that the party's own last noise gives its x-step. With ``noise = paper`` (not
+    covered) a message lies in its block's column space, noise and all, and the score is instead how much
+    farther it lies from the replacing block's column space than from the block's. The claim is the
+    ledger's whole-run epsilon at its delta.
+    """
+    began = time.perf_counter()
+    if not config.private:
+        raise ValueError(f"algorithm={config.algorithm!r} with epsilon=inf adds no noise: there is no "
+                         "privacy claim to audit")
+    run = privacy.ledger(config, SAMPLES).whole_run
+    std = privacy.noise_std(config, SAMPLES)
+    included = torch.rand(canaries, generator=torch.Generator().manual_seed(seed)) < 0.5
+    problem = canary_problem(included)
+    block, replaced = blocks()
+    ids = list(range(canaries))
+    hypotheses = [engine.parties_from_blocks([b] * canaries, [b] * canaries, ids) for b in (block, replaced)]
+    rho = config.penalty(SAMPLES)
+    state = engine.initial_state(problem, 1)
+    scores = torch.zeros(canaries, dtype=torch.float64)
+    for t in range(1, config.rounds + 1):
+        # what the server broadcast before round t (as engine.iterate computes it) and the two candidates'
+        # noiseless messages, [M, N] each
+        pulled = state.messages.sum(dim=1) - state.z
+        mu, mu_prime = (engine.party_step(h, pulled, state.messages, state.y, config, rho, [seed], t,
+                                          0.0)[1][0] for h in hypotheses)
+        state = engine.iterate(problem, state, config, [seed], t, std)
+        sent = state.messages[0]
+        if config.noise == "message":
+            scores += ((sent - (mu + mu_prime) / 2) * (mu - mu_prime)).sum(dim=-1)
+        else:
+            scores += _residual(replaced, sent) - _residual(block, sent)
+    bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
+    covered = "" if config.noise == "message" else ", NOT COVERED"
+    return AuditResult(kind=f"{config.algorithm} whole run ({config.rounds} rounds, {config.noise} "
+                            f"noise{covered}), one run with canaries",
+                       claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
+                       seconds=time.perf_counter() - began, alpha=alpha,
+                       attack="canary parties, each holding rows e_1 (else rows +-e_1 alternating) with "
+                              "probability 1/2; the server's score: the summed log-likelihood ratio of each "
+                              "party's messages, from its step run on both blocks",
+                       detail=detail)
+
+
+def _residual(block: torch.Tensor, messages: torch.Tensor) -> torch.Tensor:
+    """The squared distance of each message [M, N] from the column space of ``block`` [N, d], [M]."""
+    u, singular, _ = torch.linalg.svd(block, full_matrices=False)
+    basis = u[:, singular > 1e-9 * singular.max()]
+    return messages.square().sum(dim=-1) - (messages @ basis).square().sum(dim=-1)
+
+
 def audits(config: SharingConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:
-    """Every audited kind of release of ``config`` (``dpadmm audit``): the party's message."""
-    return [audit(config, trials, alpha)]
+    """Every audited kind of release of ``config`` (``dpadmm audit``): the party's message and the whole
+    run."""
+    return [audit(config, trials, alpha), one_run(config, alpha=alpha)]
