@@ -122,7 +122,28 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
                        help="print one JSON object per audited release kind (claim, bound, trials, seconds)")
     _add_reproduce(commands, paper)
     _add_deploy(commands)
+    _add_data(commands)
     return parser
+
+
+def _add_data(commands: argparse._SubParsersAction) -> None:
+    from dpadmm.data.sources import SOURCES
+
+    data = commands.add_parser(
+        "data", help="fetch the data sets into the cache",
+        description="Fetch data sets from their public sources into the cache ($DPADMM_CACHE, else "
+                    "~/.cache/dpadmm), each file checked by the SHA-256 of its content; a command without "
+                    "--data-dir reads them there. $DPADMM_DATA_MIRRORS (comma-separated base URLs laid out "
+                    "as <base>/<name>/<file>, file:// included) replaces the public sources.")
+    steps = data.add_subparsers(dest="step", required=True)
+    fetch = steps.add_parser("fetch", help="fetch one data set, or all", description=(
+        "Fetch a data set (or all) into the cache; files already there are kept. Data sets: "
+        + "; ".join(f"{s.name}: {s.title}" for s in SOURCES.values()) + "."))
+    fetch.add_argument("name", choices=[*SOURCES, "all"], metavar="NAME|all",
+                       help=f"one of {', '.join(SOURCES)}, or all")
+    fetch.add_argument("--dir", default=None,
+                       help="fetch into this folder instead (the data set's own folder; one data set only)")
+    fetch.add_argument("--no-progress", action="store_true", help="do not show the progress bars")
 
 
 # dpadmm reproduce --paper: Ryu & Kim's grid (the default), Xu et al.'s, Hu et al.'s, Xiao et al.'s figures
@@ -456,6 +477,35 @@ def _append_connection(home: Path, name: str, block: str) -> Path:
     return path
 
 
+def _data(args: argparse.Namespace) -> int:
+    """``dpadmm data fetch``: each data set's folder, its file count and its source and licence."""
+    from dpadmm.data.download import data_mirrors, dataset_cache_dir, fetch, missing_files
+    from dpadmm.data.sources import SOURCES
+
+    names = list(SOURCES) if args.name == "all" else [args.name]
+    if args.dir and len(names) > 1:
+        print("dpadmm: error: --dir is not allowed with all: it is one data set's folder", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in names:
+        source = SOURCES[name]
+        manual = not any(f.urls for f in source.files) and data_mirrors() is None
+        if args.name == "all" and manual and missing_files(name, dataset_cache_dir(name)):
+            print(f"{name}: not fetched: {source.by_hand}; put it into {dataset_cache_dir(name)}, or give "
+                  "its folder as --data-dir", file=sys.stderr)
+            continue
+        try:
+            folder = fetch(name, args.dir, progress=not args.no_progress)
+        except (ValueError, OSError) as err:  # OSError: DownloadError, or a folder that cannot be written
+            print(f"dpadmm: error: {err}", file=sys.stderr)
+            failed += 1
+            continue
+        files = f"{len(source.files)} file{'s' if len(source.files) > 1 else ''}"
+        print(f"{name}: {folder} ({files}) - {source.title}; licence: {source.licence}; source: "
+              f"{source.homepage}")
+    return 2 if failed else 0
+
+
 def _deploy(args: argparse.Namespace) -> int:
     from dpadmm import deploy
 
@@ -538,6 +588,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reproduce(args)
     if args.command == "deploy":
         return _deploy(args)
+    if args.command == "data":
+        return _data(args)
     try:
         family_of(args.algorithm or DEFAULT.config().algorithm)  # an unknown one: the error names all
         config = _config_from(args, family)

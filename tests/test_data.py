@@ -23,7 +23,7 @@ import torch
 from dpadmm.data import Dataset, load_dataset, partition_contiguous, train_size
 from dpadmm.data import embedded as embedded_module
 from dpadmm.data.checks import DataError
-from dpadmm.data.download import MnistDownloadError
+from dpadmm.data.download import DownloadError
 from dpadmm.data.mnist import MNIST_FILES, IdxFormatError, MnistFilesMissing, load_mnist, read_idx
 from tests.corrupt import flipped, head, not_utf8, truncated, write_gz
 
@@ -225,9 +225,10 @@ def test_load_mnist_folder_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         sock.bind(("127.0.0.1", 0))
         unreachable = f"http://127.0.0.1:{sock.getsockname()[1]}/mnist/"
     monkeypatch.setenv("DPADMM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("DPADMM_MNIST_MIRRORS", unreachable)
+    monkeypatch.setenv("DPADMM_DATA_MIRRORS", unreachable)
     for data_dir in (None, ""):
-        with pytest.raises(MnistDownloadError, match=re.escape(f"{unreachable}train-images-idx3-ubyte.gz: ")):
+        expected = re.escape(f"{unreachable}mnist/train-images-idx3-ubyte.gz: ")
+        with pytest.raises(DownloadError, match=expected):
             load_dataset("mnist", data_dir)
 
 

@@ -71,7 +71,7 @@ def test_writer_order_dedup_and_formats(tmp_path: Path) -> None:
 
 def test_bad_folders_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs data_dir"):
-        load_dataset("femnist", "")
+        load_femnist("")
     with pytest.raises(FileNotFoundError, match="holds no LEAF sample"):
         load_femnist(tmp_path)
     (tmp_path / "s" / "train").mkdir(parents=True)

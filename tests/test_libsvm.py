@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dpadmm.data.checks import DataError
+from dpadmm.data.download import DownloadError
 from dpadmm.data.libsvm import (
     BINARY_SETS,
     load_binary,
@@ -171,12 +172,15 @@ def test_a_corrupted_bio_train_is_refused_naming_the_file_and_line(tmp_path: Pat
     assert x.shape == (50, 74) and set(y.tolist()) <= {0, 1}
 
 
-def test_missing_files_and_names_are_errors_that_say_what_to_do(tmp_path: Path, binary_dir: Path) -> None:
+def test_missing_files_and_names_are_errors_that_say_what_to_do(tmp_path: Path, binary_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FileNotFoundError, match=r"neither .*a9a nor .*a9a\.gz exists"):
         load_binary("a9a", tmp_path)
     with pytest.raises(ValueError, match="dataset='gisette' is not a binary data set; choose one of a9a"):
         load_binary("gisette", tmp_path)
-    with pytest.raises(ValueError, match="needs data-dir"):
+    monkeypatch.setenv("DPADMM_CACHE", str(tmp_path / "cache"))  # without data-dir: the cache, fetched
+    monkeypatch.setenv("DPADMM_DATA_MIRRORS", (tmp_path / "offline").as_uri())
+    with pytest.raises(DownloadError, match=r"could not download a9a file a9a\.gz into .*cache/a9a"):
         load_binary("a9a", "")
     shutil.copy(binary_dir / "a8a" / "a8a.gz", tmp_path / "a9a.gz")  # the wrong file under the right name
     shutil.copy(binary_dir / "a8a" / "a8a.t.gz", tmp_path / "a9a.t.gz")

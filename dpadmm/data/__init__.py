@@ -10,10 +10,16 @@ Data sets:
   4,000 / 1,000 (see :mod:`dpadmm.data.embedded`); works offline right after installing.
 - ``"mnist"``: the four standard MNIST IDX files (raw or ``.gz``) in ``data_dir``
   (see :mod:`dpadmm.data.mnist`); without ``data_dir``, or when it lacks files, they are
-  downloaded once into a cache folder and checked by MD5 (see :mod:`dpadmm.data.download`).
+  downloaded once into a cache folder and checked by SHA-256 (see :mod:`dpadmm.data.download`).
 - ``"femnist"``: LEAF's FEMNIST JSON samples in ``data_dir``, one agent per writer
-  (see :mod:`dpadmm.data.femnist`); :mod:`dpadmm.data.flwr_femnist` builds the same from
-  Flower Datasets' ``flwrlabs/femnist`` for online users.
+  (see :mod:`dpadmm.data.femnist`); without ``data_dir``, the 5% sample of Ryu & Kim's
+  reference code, fetched once into the cache; :mod:`dpadmm.data.flwr_femnist` builds the
+  same from Flower Datasets' ``flwrlabs/femnist`` for online users.
+
+The binary sets of the other families (a9a, a8a, ijcnn1, bio_train, UCI Adult) are read by
+:mod:`dpadmm.data.libsvm` and :mod:`dpadmm.data.adult` the same way: from ``data_dir``, else
+from the cache (``dpadmm data fetch NAME | all``; :mod:`dpadmm.data.sources` names each source
+and licence).
 
 The loaders live in submodules that are imported on first use; ``load_mnist``,
 ``read_idx`` and ``load_embedded`` can also be imported from here.
@@ -202,11 +208,13 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
       them (no network). With ``data_dir`` ``None`` or ``""``, or an existing folder that
       lacks files (logged as a warning), they come from the cache folder
       (``$DPADMM_CACHE/mnist``, default ``~/.cache/dpadmm/mnist``), downloaded and checked
-      by MD5 the first time (:func:`dpadmm.data.download.mnist_folder`).
+      by SHA-256 the first time (:func:`dpadmm.data.download.mnist_folder`).
+    - ``"femnist"``: LEAF's JSON samples in ``data_dir``; without it, the cache's sample,
+      fetched on first use (:func:`dpadmm.data.download.fetch`).
 
     Raises ``ValueError`` for an unknown name, ``FileNotFoundError`` when ``data_dir``
-    does not exist or MNIST cannot be downloaded
-    (:class:`~dpadmm.data.download.MnistDownloadError`, a subclass).
+    does not exist or the data cannot be downloaded
+    (:class:`~dpadmm.data.download.DownloadError`, a subclass).
     """
     if name == "default":
         from dpadmm.data.embedded import load_embedded
@@ -218,9 +226,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
 
         return load_mnist(mnist_folder(data_dir))
     if name == "femnist":
+        from dpadmm.data.download import fetch
         from dpadmm.data.femnist import load_femnist
 
-        return load_femnist(data_dir or "", num_agents)
+        return load_femnist(data_dir or fetch("femnist"), num_agents)
     raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
 
 
@@ -237,9 +246,10 @@ def train_size(name: str, data_dir: str | os.PathLike | None = None, num_agents:
 
         return int(read_idx(find_mnist_files(mnist_folder(data_dir))["train-labels-idx1-ubyte"]).shape[0])
     if name == "femnist":
+        from dpadmm.data.download import fetch
         from dpadmm.data.femnist import writer_sizes
 
-        return sum(writer_sizes(data_dir or "", num_agents))
+        return sum(writer_sizes(data_dir or fetch("femnist"), num_agents))
     raise ValueError(f"dataset={name!r} is not known; choose one of {', '.join(DATASET_NAMES)}")
 
 

@@ -88,11 +88,14 @@ def _labels(path: Path, rows: list[list[str]], lines: list[int]) -> np.ndarray:
     return np.array(labels, dtype=np.int64)
 
 
-def load_adult(data_dir: str | os.PathLike) -> Dataset:
-    """The Adult training and test sets, encoded as the module docstring says."""
+def load_adult(data_dir: str | os.PathLike | None) -> Dataset:
+    """The Adult training and test sets from ``data_dir`` (empty: the cache, where
+    :func:`dpadmm.data.download.fetch` puts them on first use), encoded as the module docstring says."""
     import torch
 
-    directory = Path(data_dir).expanduser()
+    from dpadmm.data.download import data_folder
+
+    directory = data_folder("adult", data_dir)
     paths = [_file(directory, name) for name in ("adult.data", "adult.test")]
     (train, train_lines), (test, test_lines) = (_records(path) for path in paths)
     parts = [(paths[0], train, train_lines), (paths[1], test, test_lines)]

@@ -1,46 +1,44 @@
-"""Fetch the four MNIST IDX files from public mirrors into a cache folder, checked by MD5.
+"""Fetch a data set's files from its public sources into the cache, each checked by its content's SHA-256.
 
-:func:`ensure_mnist` is the download side of the seam in :mod:`dpadmm.data.mnist`: it asks
-:func:`~dpadmm.data.mnist.find_mnist_files` which files a folder lacks and fetches only those,
-as ``<name>.gz``, which :func:`~dpadmm.data.mnist.load_mnist` reads directly.
-:func:`mnist_folder` is what ``load_dataset("mnist", data_dir)`` uses to choose between a
-folder of the user's and the cache.
+:func:`fetch` (``dpadmm data fetch NAME | all``) is the one download path of every data set the project
+reads: MNIST, FEMNIST, a9a, a8a, ijcnn1, bio_train and UCI Adult (:data:`dpadmm.data.sources.SOURCES` says
+where each comes from and under which licence). The loaders call :func:`data_folder` when no ``data-dir`` is
+given, so the first use of a data set fetches it; MNIST's :func:`mnist_folder` also falls back to the cache
+when a given folder lacks files.
 
 Where things come from and go to:
 
-- Mirrors: :data:`DEFAULT_MIRRORS` (the two torchvision uses; the original page on
-  yann.lecun.com is often unavailable to scripts), tried in order. The environment variable
-  ``DPADMM_MNIST_MIRRORS`` (comma-separated base URLs) replaces them, and the ``mirrors``
-  argument replaces both; each base URL serves ``<name>.gz``.
-- Cache: ``$DPADMM_CACHE/mnist`` when ``DPADMM_CACHE`` is set, else ``~/.cache/dpadmm/mnist``.
+- Sources: each file's public URLs (:mod:`dpadmm.data.sources`), tried in order. The environment variable
+  ``DPADMM_DATA_MIRRORS`` (comma-separated base URLs, ``file://`` included) replaces them, and the
+  ``mirrors`` argument replaces both; a mirror is laid out as a data folder, ``<base><name>/<path>``
+  (``<base>a9a/a9a.gz``), which a copy of a filled cache is.
+- Cache: ``$DPADMM_CACHE/<name>`` when ``DPADMM_CACHE`` is set, else ``~/.cache/dpadmm/<name>``; each file
+  gzip-compressed under its path, so the cache folder is a ``data-dir`` like any other.
 
 Why the download is done the way it is:
 
-- The MD5 is that of the *uncompressed* file (:data:`MNIST_MD5`, as published with the data
-  set). The ``.gz`` bytes differ between mirrors (gzip headers carry a time stamp and the
-  compressor's settings), the data do not.
-- Each file goes to a hidden temporary file in the destination folder and is renamed into
-  place with ``os.replace`` only after its checksum matched. The rename is atomic within
-  one file system, so an interrupted, truncated or corrupt download never leaves a file
-  under the final name, and processes that fetch the same file at once (Flower workers on
-  one machine) each write their own temporary file; the last rename wins with identical
-  content.
-- A network failure (refused, HTTP error, timeout, a body shorter than announced) moves on
-  to the next mirror; when all fail, :class:`MnistDownloadError` lists every URL tried and
-  why. A checksum mismatch is not retried elsewhere: a mirror serving other bytes under
-  the MNIST names is something a person should look at, so :class:`MnistChecksumError`
-  names the file, both MD5s and the URL.
-- Files already in the folder are trusted and not checksummed again: those written here
-  were checked before they got their final name, and a file the user put there is read
-  by :func:`~dpadmm.data.mnist.read_idx`, which rejects truncated or malformed files.
-  Checking again would decompress and hash 55 MB on every load.
+- The checksum is that of the *decompressed* content: the sources serve plain text, bzip2 or gzip, and the
+  compressed bytes differ between compressors while the data do not.
+- Each file goes to a hidden temporary file in the destination folder and is renamed into place with
+  ``os.replace`` only after its checksum matched. The rename is atomic within one file system, so an
+  interrupted, truncated or corrupt download never leaves a file under the final name, and processes that
+  fetch the same file at once (Flower workers on one machine) each write their own temporary file; the last
+  rename wins with identical content.
+- A network failure (refused, HTTP error, timeout, a body shorter than announced, a file:// path that does
+  not exist) moves on to the next source; when all fail, :class:`DownloadError` lists every URL tried and
+  why, and says which file to put where. A checksum mismatch is not retried elsewhere: a source serving
+  other bytes under the data set's names is something a person should look at, so :class:`ChecksumError`
+  names the file, both digests and the URL.
+- Files already in the folder are trusted and not checksummed again: those written here were checked before
+  they got their final name, and the loaders reject truncated or malformed files with one line naming
+  them. Checking again would decompress and hash every file on every load.
 
-Only the standard library (``urllib.request``) and ``tqdm`` are used; nothing is imported
-or fetched unless MNIST is asked for.
+Only the standard library (``urllib.request``, ``gzip``, ``bz2``) and ``tqdm`` are used.
 """
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import gzip
 import hashlib
@@ -57,57 +55,46 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from dpadmm.data.mnist import MNIST_FILES, MnistFilesMissing, find_mnist_files
+from dpadmm.data.mnist import MnistFilesMissing, find_mnist_files
+from dpadmm.data.sources import SOURCES, DataSource, RemoteFile
 
 __all__ = [
     "CACHE_ENV",
-    "DEFAULT_MIRRORS",
     "MIRRORS_ENV",
-    "MNIST_MD5",
-    "MnistChecksumError",
-    "MnistDownloadError",
+    "ChecksumError",
+    "DownloadError",
     "cache_dir",
-    "ensure_mnist",
-    "mnist_cache_dir",
+    "data_folder",
+    "data_mirrors",
+    "dataset_cache_dir",
+    "fetch",
+    "missing_files",
     "mnist_folder",
-    "mnist_mirrors",
 ]
 
 logger = logging.getLogger(__name__)
 
-# MD5 of the uncompressed files (the same digests torchvision checks).
-MNIST_MD5 = {
-    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
-    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
-    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
-    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
-}
-
-DEFAULT_MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-)
-
-MIRRORS_ENV = "DPADMM_MNIST_MIRRORS"
+MIRRORS_ENV = "DPADMM_DATA_MIRRORS"
 CACHE_ENV = "DPADMM_CACHE"
 
-# Seconds a connection attempt or one read may block before the mirror counts as failed.
+# Seconds a connection attempt or one read may block before the source counts as failed.
 DEFAULT_TIMEOUT_S = 30.0
 
 _CHUNK = 1 << 20
 _USER_AGENT = "dpadmm (python urllib)"
 
 
-class MnistDownloadError(FileNotFoundError):
-    """MNIST files could not be fetched from any mirror; the message lists each URL and its failure.
+class DownloadError(FileNotFoundError):
+    """A data set's file could not be fetched from any source; the message lists each URL and its failure,
+    and which file to put where.
 
-    A ``FileNotFoundError`` because the files are still not there: callers that report
-    missing data (the ``dpadmm`` command line) report this too.
+    A ``FileNotFoundError`` because the file is still not there: callers that report missing data (the
+    ``dpadmm`` command line) report this too.
     """
 
 
-class MnistChecksumError(MnistDownloadError):
-    """A downloaded file is not the expected MNIST file (its decompressed MD5 differs, or it is not gzip)."""
+class ChecksumError(DownloadError):
+    """A fetched file is not the expected one (its content's SHA-256 differs, or it does not decompress)."""
 
     def __init__(self, message: str, name: str, url: str, expected: str, actual: str | None) -> None:
         super().__init__(message)
@@ -123,121 +110,148 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "dpadmm"
 
 
-def mnist_cache_dir() -> Path:
-    """Where :func:`ensure_mnist` puts MNIST by default: ``<cache_dir()>/mnist``."""
-    return cache_dir() / "mnist"
+def dataset_cache_dir(name: str) -> Path:
+    """Where :func:`fetch` puts data set ``name`` by default: ``<cache_dir()>/<name>``."""
+    return cache_dir() / _source(name).name
 
 
-def mnist_mirrors(mirrors: Sequence[str] | None = None) -> list[str]:
-    """The base URLs to try, in order: ``mirrors``, else ``$DPADMM_MNIST_MIRRORS``, else the defaults.
+def data_mirrors(mirrors: Sequence[str] | None = None) -> list[str] | None:
+    """The mirror base URLs to use instead of the public sources: ``mirrors``, else ``$DPADMM_DATA_MIRRORS``;
+    None (the public sources) when neither is given.
 
-    The variable is a comma-separated list; blanks around entries and empty entries are
-    dropped, and an empty or unset variable means the defaults. Each base URL gets a
-    trailing ``/`` so that ``base + name + ".gz"`` is the file's URL. Raises ``ValueError``
-    when the result is empty (no mirror at all cannot be what was meant).
+    The variable is a comma-separated list; blanks around entries and empty entries are dropped, and an
+    empty or unset variable means the public sources. Each base gets a trailing ``/``. Raises ``ValueError``
+    when ``mirrors`` is given but holds no URL (no source at all cannot be what was meant).
     """
     if mirrors is None:
         configured = os.environ.get(MIRRORS_ENV, "").strip()
-        mirrors = configured.split(",") if configured else DEFAULT_MIRRORS
+        if not configured:
+            return None
+        mirrors = configured.split(",")
     cleaned = [m.strip() for m in mirrors if m.strip()]
     if not cleaned:
-        raise ValueError(f"no MNIST mirror given (mirrors={list(mirrors)!r}); give at least one base URL")
+        raise ValueError(f"no mirror given (mirrors={list(mirrors)!r}); give at least one base URL")
     return [m if m.endswith("/") else m + "/" for m in cleaned]
 
 
-def ensure_mnist(
-    folder: str | os.PathLike | None = None,
-    mirrors: Sequence[str] | None = None,
-    progress: bool = True,
-    *,
-    timeout: float = DEFAULT_TIMEOUT_S,
-) -> Path:
-    """Make ``folder`` (default :func:`mnist_cache_dir`) hold the four MNIST files; return it.
+def missing_files(name: str, folder: str | os.PathLike) -> list[RemoteFile]:
+    """The files of data set ``name`` that ``folder`` lacks (a file counts as there plain or as ``.gz``)."""
+    base = Path(folder).expanduser()
+    return [f for f in _source(name).files
+            if not (base / f.path).is_file() and not (base / f.path.removesuffix(".gz")).is_file()]
 
-    Files already there, raw or ``.gz``, are kept as they are and not checked again (see
-    the module docstring for why). Each missing one is downloaded as ``<name>.gz`` from the
-    first of :func:`mnist_mirrors` that delivers it, checked against :data:`MNIST_MD5` and
-    only then renamed into place. ``progress`` shows a tqdm bar per file on stderr; without
-    it nothing is printed (the steps are logged at INFO level). ``timeout`` bounds, in
-    seconds, each connection attempt and each read.
 
-    Raises :class:`MnistDownloadError` when no mirror delivers a file (listing each URL and
-    its failure), :class:`MnistChecksumError` when a delivered file is not the expected
-    one, ``ValueError`` for an empty mirror list.
+def fetch(name: str, folder: str | os.PathLike | None = None, mirrors: Sequence[str] | None = None,
+          progress: bool = True, *, timeout: float = DEFAULT_TIMEOUT_S) -> Path:
+    """Make ``folder`` (default :func:`dataset_cache_dir`) hold every file of data set ``name``; return it.
+
+    Files already there are kept as they are and not checked again (see the module docstring for why).
+    Each missing one is fetched from the first source (:func:`data_mirrors`, else the public URLs) that
+    delivers it, checked against its SHA-256 and only then renamed into place, gzip-compressed.
+    ``progress`` shows a bar over the files and one per file on stderr; without it nothing is printed (the
+    steps are logged at INFO level). ``timeout`` bounds, in seconds, each connection attempt and each read.
+
+    Raises ``ValueError`` for an unknown name or an empty mirror list, :class:`DownloadError` when no source
+    delivers a file (listing each URL and its failure), :class:`ChecksumError` when a delivered file is not
+    the expected one.
     """
-    target = Path(folder).expanduser() if folder is not None else mnist_cache_dir()
-    target.mkdir(parents=True, exist_ok=True)
-    try:
-        find_mnist_files(target)
-        return target
-    except MnistFilesMissing as e:
-        missing = e.missing
-    bases = mnist_mirrors(mirrors)
-    for name in missing:
-        _download_one(name, target, bases, progress, timeout)
+    source = _source(name)
+    target = Path(folder).expanduser() if folder is not None else dataset_cache_dir(name)
+    missing = missing_files(name, target)
+    bases = data_mirrors(mirrors)
+    with tqdm(total=len(missing), desc=name, unit="file", disable=not progress or len(missing) < 2) as bar:
+        for file in missing:
+            urls = [f"{b}{source.name}/{file.path}" for b in bases] if bases is not None else list(file.urls)
+            _download_one(source, file, target, urls, progress, timeout)
+            bar.update(1)
     return target
+
+
+def data_folder(name: str, data_dir: str | os.PathLike | None, progress: bool = True) -> Path:
+    """The folder a loader reads data set ``name`` from: ``data_dir`` when one is given (as it is: a folder
+    that lacks files is the loader's error to report, not a reason to download), else the cache, fetched
+    on first use (:func:`fetch`)."""
+    if data_dir is not None and os.fspath(data_dir) != "":
+        return Path(data_dir).expanduser()
+    return fetch(name, progress=progress)
 
 
 def mnist_folder(data_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
     """The folder ``load_dataset("mnist", data_dir)`` reads: ``data_dir`` when it is complete, else the cache.
 
-    - ``data_dir`` given and holding the four files (raw or ``.gz``): returned as is, no
-      network.
-    - ``data_dir`` ``None`` or ``""``: :func:`ensure_mnist` fills the cache folder (a no-op
-      once it is complete) and that folder is returned.
-    - ``data_dir`` an existing folder that lacks some files: a warning naming the folder,
-      the missing files and the cache folder is logged, then as above. The user's folder is
-      never written to (it may be shared or read-only).
-    - ``data_dir`` not existing, or not a folder: the ``FileNotFoundError`` /
-      ``NotADirectoryError`` of :func:`~dpadmm.data.mnist.find_mnist_files`; a mistyped path
-      is not a reason to download.
+    - ``data_dir`` given and holding the four files (raw or ``.gz``): returned as is, no network.
+    - ``data_dir`` ``None`` or ``""``: :func:`fetch` fills the cache folder (a no-op once it is complete)
+      and that folder is returned.
+    - ``data_dir`` an existing folder that lacks some files: a warning naming the folder, the missing files
+      and the cache folder is logged, then as above. The user's folder is never written to (it may be
+      shared or read-only).
+    - ``data_dir`` not existing, or not a folder: the ``FileNotFoundError`` / ``NotADirectoryError`` of
+      :func:`~dpadmm.data.mnist.find_mnist_files`; a mistyped path is not a reason to download.
     """
     if data_dir is not None and os.fspath(data_dir) != "":
         try:
             find_mnist_files(data_dir)
             return Path(data_dir).expanduser()
         except MnistFilesMissing as e:
-            logger.warning(
-                "%s; using the MNIST cache folder %s instead (files missing there are downloaded; "
-                "%s sets the cache)",
-                e,
-                mnist_cache_dir(),
-                CACHE_ENV,
-            )
-    return ensure_mnist(progress=progress)
+            logger.warning("%s; using the MNIST cache folder %s instead (files missing there are downloaded; "
+                           "%s sets the cache)", e, dataset_cache_dir("mnist"), CACHE_ENV)
+    return fetch("mnist", progress=progress)
 
 
-def _download_one(name: str, folder: Path, bases: list[str], progress: bool, timeout: float) -> None:
-    """Fetch ``<name>.gz`` into ``folder`` from the first base URL that delivers it, checked."""
+def _source(name: str) -> DataSource:
+    if name not in SOURCES:
+        raise ValueError(f"data set {name!r} is not known; choose one of {', '.join(SOURCES)}")
+    return SOURCES[name]
+
+
+def _temporary(folder: Path, name: str) -> Path:
+    """A fresh hidden file in ``folder``. Not tempfile.mkstemp: its files are private (0600) and would stay
+    so after the rename; O_EXCL with mode 0666 gives a new file with the usual umask permissions."""
+    path = folder / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.part"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666))
+    return path
+
+
+def _download_one(source: DataSource, file: RemoteFile, folder: Path, urls: list[str], progress: bool,
+                  timeout: float) -> None:
+    """Fetch ``file`` into ``folder`` from the first of ``urls`` that delivers it, checked, as ``.gz``."""
+    destination = folder / file.path
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    label = Path(file.path).name
     failures: list[str] = []
-    for base in bases:
-        url = f"{base}{name}.gz"
-        # Not tempfile.mkstemp: its files are private (0600) and would stay so after the
-        # rename; O_EXCL with mode 0666 gives a fresh file with the usual umask permissions.
-        tmp = folder / f".{name}.gz.{os.getpid()}-{uuid.uuid4().hex[:12]}.part"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    for url in urls:
+        raw, packed = _temporary(destination.parent, label), _temporary(destination.parent, label + ".gz")
         try:
-            with os.fdopen(fd, "wb") as out:
-                try:
-                    _fetch(url, out, f"{name}.gz", progress, timeout)
-                except (OSError, http.client.HTTPException, ValueError) as e:
-                    # URLError/HTTPError/TimeoutError are OSErrors; ValueError: a malformed URL.
-                    failures.append(f"{url}: {_reason(e)}")
-                    logger.info("MNIST: %s failed: %s", url, _reason(e))
-                    continue
-            _verify(tmp, name, url)
-            os.replace(tmp, folder / f"{name}.gz")
-            logger.info("MNIST: %s -> %s", url, folder / f"{name}.gz")
+            try:
+                with open(raw, "wb") as out:
+                    _fetch(url, out, label, progress, timeout)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                # URLError/HTTPError/TimeoutError are OSErrors; ValueError: a malformed URL.
+                failures.append(f"{url}: {_reason(e)}")
+                logger.info("%s: %s failed: %s", source.name, url, _reason(e))
+                continue
+            final = raw if url.endswith(".gz") else packed
+            _verify(raw, None if url.endswith(".gz") else packed, file, url)
+            os.replace(final, destination)
+            logger.info("%s: %s -> %s", source.name, url, destination)
             return
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            for path in (raw, packed):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+    raise DownloadError(_unreachable(source, file, folder, failures))
+
+
+def _unreachable(source: DataSource, file: RemoteFile, folder: Path, failures: list[str]) -> str:
+    """What to do when no source delivered ``file``: each URL and why, then which file to put where."""
+    put = (f"put {file.path.removesuffix('.gz')} (plain or .gz; its content has SHA-256 {file.sha256}) into "
+           f"{folder} yourself, or give the command a data-dir that holds the data set, or set {MIRRORS_ENV} "
+           f"to a mirror laid out as <base>/{source.name}/{file.path}")
+    if not failures:
+        return f"{source.name} cannot be downloaded: {source.by_hand}; {put}."
     tried = "\n".join(f"  - {f}" for f in failures)
-    raise MnistDownloadError(
-        f"could not download MNIST file {name}.gz into {folder}; tried {len(bases)} mirror(s):\n{tried}\n"
-        f"Set {MIRRORS_ENV} (comma-separated base URLs) to other mirrors, or put the four IDX files "
-        f"({', '.join(MNIST_FILES)}, raw or .gz) into that folder or a data_dir yourself."
-    )
+    return (f"could not download {source.name} file {file.path} into {folder}; tried {len(failures)} "
+            f"source(s):\n{tried}\nOffline or behind a firewall: get it from {source.homepage} and {put}.")
 
 
 def _fetch(url: str, out: BinaryIO, label: str, progress: bool, timeout: float) -> None:
@@ -247,10 +261,8 @@ def _fetch(url: str, out: BinaryIO, label: str, progress: bool, timeout: float) 
         length_header = response.headers.get("Content-Length")
         total = int(length_header) if length_header and length_header.isdigit() else None
         received = 0
-        with tqdm(
-            total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-            leave=False,
-        ) as bar:
+        with tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+                  leave=False) as bar:
             while chunk := response.read(_CHUNK):
                 out.write(chunk)
                 received += len(chunk)
@@ -259,35 +271,31 @@ def _fetch(url: str, out: BinaryIO, label: str, progress: bool, timeout: float) 
         raise OSError(f"connection closed after {received} of {total} bytes")
 
 
-def _verify(path: Path, name: str, url: str) -> None:
-    """Raise :class:`MnistChecksumError` unless the decompressed content of ``path`` has MNIST_MD5[name]."""
-    expected = MNIST_MD5[name]
-    digest = hashlib.md5(usedforsecurity=False)
+def _verify(raw: Path, packed: Path | None, file: RemoteFile, url: str) -> None:
+    """Raise :class:`ChecksumError` unless the decompressed content of ``raw`` (gzip, bzip2 or plain, by the
+    URL's suffix) has ``file.sha256``; with ``packed``, also write that content there gzip-compressed."""
+    kind = "gzip" if url.endswith(".gz") else "bzip2" if url.endswith(".bz2") else "plain"
+    opener = {"gzip": gzip.open, "bzip2": bz2.open, "plain": open}[kind]
+    digest = hashlib.sha256()
     try:
-        with gzip.open(path, "rb") as f:
+        with opener(raw, "rb") as f, (gzip.GzipFile(packed, "wb", mtime=0) if packed else
+                                      contextlib.nullcontext()) as sink:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
+                if sink is not None:
+                    sink.write(chunk)
     except (EOFError, OSError, zlib.error) as e:
-        # BadGzipFile is an OSError; EOFError: the stream ends early; zlib.error: corrupt data.
-        raise MnistChecksumError(
-            f"MNIST file {name}.gz from {url} is not valid gzip data ({e}); expected content with MD5 "
-            f"{expected}. The mirror serves something else under this name; nothing was saved.",
-            name,
-            url,
-            expected,
-            None,
-        ) from e
+        # BadGzipFile is an OSError (so is bz2's "Invalid data stream"); EOFError: the stream ends early
+        raise ChecksumError(
+            f"{file.path} from {url} is not valid {kind} data ({e}); expected content with SHA-256 "
+            f"{file.sha256}. The source serves something else under this name; nothing was saved.",
+            file.path, url, file.sha256, None) from e
     actual = digest.hexdigest()
-    if actual != expected:
-        raise MnistChecksumError(
-            f"MNIST file {name}.gz from {url} failed its checksum: the decompressed content has MD5 "
-            f"{actual}, expected {expected}. The mirror serves a different file under this name; "
-            "nothing was saved.",
-            name,
-            url,
-            expected,
-            actual,
-        )
+    if actual != file.sha256:
+        raise ChecksumError(
+            f"{file.path} from {url} failed its checksum: the decompressed content has SHA-256 {actual}, "
+            f"expected {file.sha256}. The source serves a different file under this name; nothing was saved.",
+            file.path, url, file.sha256, actual)
 
 
 def _reason(error: BaseException) -> str:

@@ -165,16 +165,17 @@ def _first_bad_bio_line(path: Path, num_features: int) -> None:
     require_nonempty(rows, path, f"row ({layout})")
 
 
-def load_binary(name: str, data_dir: str | os.PathLike) -> Dataset:
-    """One of :data:`BINARY_SETS` from ``data_dir`` (the folder holding its files), labels 0/1."""
+def load_binary(name: str, data_dir: str | os.PathLike | None) -> Dataset:
+    """One of :data:`BINARY_SETS` from ``data_dir`` (the folder holding its files; empty: the cache, where
+    :func:`dpadmm.data.download.fetch` puts it on first use), labels 0/1."""
     import torch
 
     if name not in BINARY_SETS:
         raise ValueError(f"dataset={name!r} is not a binary data set; choose one of {', '.join(BINARY_SETS)}")
+    from dpadmm.data.download import data_folder
+
     spec = BINARY_SETS[name]
-    if not data_dir:
-        raise ValueError(f"dataset={name!r} needs data-dir, the folder with its files ({spec.train} or "
-                         f"{spec.train}.gz)")
+    data_dir = data_folder(name, data_dir)  # without one: the cache, fetched on first use
     if spec.test is None:
         x, y = read_bio(find_file(data_dir, spec.train), spec.features)
         order = np.random.default_rng(BIO_SPLIT_SEED).permutation(len(y))

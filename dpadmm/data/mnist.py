@@ -6,11 +6,10 @@ the training order of the file (the papers' split into agents depends on it).
 
 Files are looked up by :func:`find_mnist_files`, which raises :class:`MnistFilesMissing`
 (a ``FileNotFoundError`` carrying the list of missing names). This module never touches
-the network; that is the seam the download uses: :func:`dpadmm.data.download.ensure_mnist`
-catches ``MnistFilesMissing``, fetches ``e.missing`` (as ``<name>.gz``) into the folder,
-checks their MD5 and renames them into place, after which :func:`load_mnist` finds all four.
+the network; :func:`dpadmm.data.download.fetch` fetches the files a folder lacks (as
+``<name>.gz``), checked by SHA-256, after which :func:`load_mnist` finds all four.
 ``load_dataset("mnist", data_dir)`` chooses the folder with
-:func:`dpadmm.data.download.mnist_folder`.
+:func:`dpadmm.data.download.mnist_folder`, which asks :func:`find_mnist_files` first.
 """
 
 from __future__ import annotations

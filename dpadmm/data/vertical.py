@@ -74,11 +74,13 @@ def pad_blocks(blocks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
     return padded, mask
 
 
-def load_mnist_4v9(data_dir: str | os.PathLike) -> Dataset:
-    """MNIST's 4s and 9s from the IDX files in ``data_dir``, in the files' order; label 1 for a 9."""
+def load_mnist_4v9(data_dir: str | os.PathLike | None) -> Dataset:
+    """MNIST's 4s and 9s from the IDX files in ``data_dir`` (empty: the cache), in the files' order; label 1
+    for a 9."""
+    from dpadmm.data.download import mnist_folder
     from dpadmm.data.mnist import load_mnist
 
-    full = load_mnist(data_dir)
+    full = load_mnist(mnist_folder(data_dir))
     parts = []
     for x, y in ((full.x_train, full.y_train), (full.x_test, full.y_test)):
         keep = (y == MNIST_4V9_DIGITS[0]) | (y == MNIST_4V9_DIGITS[1])
@@ -87,8 +89,8 @@ def load_mnist_4v9(data_dir: str | os.PathLike) -> Dataset:
                    num_classes=2)
 
 
-def load_vertical(name: str, data_dir: str | os.PathLike) -> Dataset:
-    """The vertical data set ``name`` (a9a or mnist-4v9) from ``data_dir``, unsplit."""
+def load_vertical(name: str, data_dir: str | os.PathLike | None) -> Dataset:
+    """The vertical data set ``name`` (a9a or mnist-4v9) from ``data_dir`` (empty: the cache), unsplit."""
     if name not in VERTICAL_TRAIN:
         raise ValueError(f"dataset={name!r} is not allowed; choose one of {', '.join(VERTICAL_TRAIN)}")
     if name == "mnist-4v9":

@@ -98,7 +98,8 @@ class DecentralConfig(keys.Keyed):
     )
     rounds: int = field(default=100, metadata={"help": "K, the iterations"})
     dataset: str = field(default="adult", metadata={"help": "adult (UCI Adult, 14 columns, unit rows)"})
-    data_dir: str = field(default="", metadata={"help": "folder with adult.data and adult.test (or .gz)"})
+    data_dir: str = field(default="", metadata={"help": "folder with adult.data and adult.test (or .gz); "
+                                                        "empty: the cache, fetched on first use"})
     seed: int = _RUN["seed"]
     device: str = _RUN["device"]
     dtype: str = _RUN["dtype"]

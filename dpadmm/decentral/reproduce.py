@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.runs.estimate import Estimate, Unit, evaluations
+from dpadmm.runs.estimate import estimate as estimate_units
 from dpadmm.runs.tables import Tables, from_args
 
 PAPER = DecentralConfig(sensitivity=0.01)  # Example (a) with the paper's B_inf
@@ -96,7 +98,7 @@ class Grid:
     """What ``dpadmm reproduce --paper 004`` runs; the defaults are the grid of ``docs/results/004``."""
 
     out: str = "reproduce-004"
-    data_dir: str = ""  # the folder with adult.data and adult.test
+    data_dir: str = ""  # the folder with adult.data and adult.test; empty: the cache
     figures: tuple[str, ...] = FIGURES
     seeds: int = 10
     rounds: int = 100
@@ -126,13 +128,32 @@ def grid_from_args(**kwargs: Any) -> Grid:
     return from_args(Grid, **kwargs)
 
 
+def estimate(grid: Grid) -> Estimate:
+    """The wall time of the cells of ``grid`` not yet in ``grid.out``, before any runs: each cell runs a few
+    iterations with all its seeds (:mod:`dpadmm.runs.estimate`) and costs K of them, each evaluated."""
+    from dpadmm.decentral import engine
+
+    done = {(r["figure"], r["method"]) for r in Tables(Path(grid.out), FILES).read("curves")}
+    pending = [c for c in CELLS if c.figure in grid.figures and (c.figure, c.label) not in done]
+    dataset = engine.dataset_of(grid.config(CELLS[0])) if pending else None
+    units = []
+    for cell in pending:
+        config = grid.config(cell)
+
+        def run(k: int, config: DecentralConfig = config) -> list[dict[str, Any]]:
+            probe = dataclasses.replace(config, rounds=k, eval_every=1)
+            return engine.run(probe, seeds=range(grid.seeds), dataset=dataset, write=False,
+                              progress=False).records[0]
+
+        units.append(Unit(key=cell, iterations=config.rounds,
+                          evaluations=evaluations(config.rounds, config.eval_every), probe=run))
+    return estimate_units(units, excluded="the report and figures rebuilt after each cell (seconds each)")
+
+
 def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run every missing cell of ``grid`` into ``grid.out`` (resuming), then write the report."""
     from dpadmm.decentral import engine
 
-    if not grid.data_dir:
-        raise ValueError("--data-dir is needed: the folder with UCI Adult's adult.data and adult.test, e.g. "
-                         "../shared/data/adult")
     out = Path(grid.out)
     tables = Tables(out, FILES)
     tables.claim(grid.settings())

@@ -75,7 +75,7 @@ class RunConfig(keys.Keyed):
         default="",
         metadata={"help": "folder with the data set's files (mnist: the four IDX files, raw or .gz; femnist: "
                           "a LEAF sample folder with train/ and test/, a folder of such samples, or several "
-                          "comma-separated)"},
+                          "comma-separated); empty: the cache, fetched on first use"},
     )
     seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
     device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})

@@ -90,7 +90,8 @@ class LinAdmmConfig(keys.Keyed):
         default="a9a",
         metadata={"help": f"one of {', '.join(BINARY_DATASET_NAMES)} (002's Table I)"},
     )
-    data_dir: str = field(default="", metadata={"help": "folder with the data set's files"})
+    data_dir: str = field(default="", metadata={"help": "folder with the data set's files; empty: the cache, "
+                                                        "fetched on first use"})
     num_agents: int = field(
         default=1,
         metadata={"help": "clients holding contiguous blocks of the training rows (Flower); the mathematics "

@@ -63,7 +63,7 @@ class Grid:
     """What ``dpadmm reproduce --paper 002`` runs; the defaults are the grid of ``docs/results/002``."""
 
     out: str = "reproduce-002"
-    data_dir: str = ""  # a folder with one sub-folder per data set (a9a/, a8a/, ijcnn1/, bio_train/)
+    data_dir: str = ""  # a folder with one sub-folder per data set (a9a/, ...); empty: the cache
     datasets: tuple[str, ...] = PAPER_DATASETS
     eps: tuple[float, ...] = PAPER_EPS
     fig1_eps: float = 0.05
@@ -93,7 +93,7 @@ class Grid:
                eval_every: int) -> LinAdmmConfig:
         """A run of the grid: the paper's constants (the family's defaults) and the grid's choices."""
         return LinAdmmConfig(algorithm=algorithm, target_epsilon=eps, rounds=rounds, eta=eta, dataset=dataset,
-                             data_dir=str(Path(self.data_dir) / dataset), dtype=self.dtype,
+                             data_dir=_folder(self.data_dir, dataset), dtype=self.dtype,
                              device=self.device, eval_every=eval_every)
 
     def settings(self) -> dict[str, Any]:
@@ -109,11 +109,13 @@ def grid_from_args(**kwargs: Any) -> Grid:
 # ----- the runs -----
 
 
+def _folder(root: str, dataset: str) -> str:
+    """The data set's folder under ``root``; empty (the loaders' cache, fetched on first use) without one."""
+    return str(Path(root) / dataset) if root else ""
+
+
 def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """Run every missing unit of ``grid`` into ``grid.out`` (resuming), then write the report."""
-    if not grid.data_dir:
-        raise ValueError("--data-dir is needed: a folder with one sub-folder per data set, e.g. "
-                         "../shared/data (a9a/a9a.gz, bio_train/bio_train.dat.gz, ...)")
     out = Path(grid.out)
     Tables(out, FILES).claim(grid.settings())
     for dataset in grid.datasets:
@@ -146,7 +148,7 @@ def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Calla
 
     tables = Tables(out, FILES)
 
-    task = problem.load(dataset, str(Path(grid.data_dir) / dataset), PAPER.graph_alpha,
+    task = problem.load(dataset, _folder(grid.data_dir, dataset), PAPER.graph_alpha,
                         engine.DTYPES[grid.dtype], grid.device)
     if dataset not in {r["dataset"] for r in tables.read("problems")}:
         lf = problem.smoothness(task.features)

@@ -77,7 +77,8 @@ class SharingConfig(keys.Keyed):
     l2: float = field(default=1e-4, metadata={"help": "lambda of the regulariser lambda sum_m ||x_m||^2 / 2"})
     dataset: str = field(default="a9a", metadata={"help": "a9a or mnist-4v9 (MNIST digits 4 against 9, "
                                                           "the stand-in for gisette)"})
-    data_dir: str = field(default="", metadata={"help": "folder with the data set's files"})
+    data_dir: str = field(default="", metadata={"help": "folder with the data set's files; empty: the cache, "
+                                                        "fetched on first use"})
     parties: str = field(
         default="66,57",
         metadata={"help": "comma-separated column counts of the parties' contiguous feature blocks, in "
