@@ -41,7 +41,7 @@ from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import LocalResult, agent_round
 from dpadmm.models.logistic import AgentData
-from dpadmm.privacy.audit import ALPHA, AuditResult, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
 from dpadmm.privacy.ledger import single_release
 
 Release = Callable[..., LocalResult]  # agent_round's signature: what the tests' broken variants replace
@@ -190,8 +190,8 @@ def one_run(config: RunConfig, canaries: int = CANARIES, alpha: float = ALPHA, s
         engine.step(config, data, state, t)
         scores += state.z[0, 0, :, 0] - state.z[0, 0, :, 1]
     bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
-    return AuditResult(kind=f"{config.algorithm} whole run ({config.rounds} rounds of {config.steps} steps), "
-                            "one run with canaries",
+    length = f"{counted(config.rounds, 'round')} of {counted(config.steps, 'step')}"
+    return AuditResult(kind=f"{config.algorithm} whole run ({length}), one run with canaries",
                        claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
                        seconds=time.perf_counter() - began, alpha=alpha,
                        attack="Dirac canaries, each in the agent's data with probability 1/2; the server's "

@@ -33,7 +33,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import Problem, constraint_matrix
 from dpadmm.models import binary
-from dpadmm.privacy.audit import ALPHA, AuditResult, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
 
 Release = Callable[..., torch.Tensor]  # engine.release's signature: what the tests' broken variants replace
 Clipped = Callable[..., torch.Tensor]  # binary.clipped_gradient_sum's
@@ -133,8 +133,9 @@ def one_run(config: LinAdmmConfig, canaries: int = CANARIES, alpha: float = ALPH
         state, _, released = engine.step(config, problem, state, [seed], t, sigma, constants)
         scores -= released[0]
     bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
-    return AuditResult(kind=f"{config.algorithm} whole run ({config.rounds} iterations), one run with "
-                            "canaries", claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
+    length = counted(config.rounds, "iteration")
+    return AuditResult(kind=f"{config.algorithm} whole run ({length}), one run with canaries",
+                       claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
                        seconds=time.perf_counter() - began, alpha=alpha,
                        attack="Dirac canaries, each a row in the data with probability 1/2 (else a row of "
                               "zeros); the score: minus the sum of the released gradient's coordinate j",

@@ -75,6 +75,11 @@ class AuditResult:
                 f"({verdict}; {self.trials:,} trials, {1 - self.alpha:.0%} confidence, {self.seconds:.1f} s)")
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: what an audit's kind says of a run's length."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
     """Two-sided (1 - alpha) Clopper-Pearson interval of a binomial proportion."""
     low = 0.0 if successes == 0 else float(beta.ppf(alpha / 2, successes, trials - successes + 1))

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dpadmm.privacy.audit import ALPHA, AuditResult, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 
@@ -161,8 +161,9 @@ def one_run(config: SharingConfig, canaries: int = CANARIES, alpha: float = ALPH
             scores += _residual(replaced, sent) - _residual(block, sent)
     bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
     covered = "" if config.noise == "message" else ", NOT COVERED"
-    return AuditResult(kind=f"{config.algorithm} whole run ({config.rounds} rounds, {config.noise} "
-                            f"noise{covered}), one run with canaries",
+    length = counted(config.rounds, "round")
+    return AuditResult(kind=f"{config.algorithm} whole run ({length}, {config.noise} noise{covered}), "
+                            "one run with canaries",
                        claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
                        seconds=time.perf_counter() - began, alpha=alpha,
                        attack="canary parties, each holding rows e_1 (else rows +-e_1 alternating) with "
