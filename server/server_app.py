@@ -14,6 +14,7 @@ same run again with ``out`` naming that folder resumes it from the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from flwr.common.logger import log
 from flwr.server import LegacyContext, ServerConfig
 from flwr.serverapp import Grid, ServerApp
 
+import dpadmm
 from dpadmm.data.vertical import read_labels_file, require_widths, row_digest
 from dpadmm.decentral import engine as decentral_engine
 from dpadmm.decentral import privacy as decentral_privacy
@@ -85,6 +87,7 @@ def main(grid: Grid, context: Context) -> None:
         config = configured(context.run_config)
     except ValueError as error:
         refuse(str(error))
+    log(INFO, "%s", where(config))
     try:
         if isinstance(config, DecentralConfig):
             decentral_main(grid, context, config)
@@ -102,6 +105,25 @@ def main(grid: Grid, context: Context) -> None:
             refuse_run(str(error))
         except RunRefused as refused:
             raise refused from None
+
+
+def where(config: Any) -> str:
+    """The ServerApp's first line: the folder its code runs from (where the SuperLink unpacked the app), the
+    Python that runs it, where ``dpadmm`` comes from, the working folder and the run folder it writes.
+
+    ``flwr run .`` reuses any SuperLink that already listens on Flower's fixed local address (another
+    checkout's, another project's) and then runs the app in that SuperLink's environment and working
+    folder: the packages are that environment's, and a relative ``out`` (the default ``runs/...``) lands
+    in that folder. This line makes such a reuse visible at once (docs: getting-started)."""
+    app_folder = Path(__file__).resolve().parent.parent
+    package = Path(dpadmm.__file__).resolve().parent
+    target = Path(config.out or config.default_out()).resolve()
+    if isinstance(config, RunConfig) and config.out and (target / CHECKPOINT).exists():
+        writes = f"this run resumes {target}"
+    else:
+        writes = f"this run writes {target} (or {target.name}_<n> beside it if that folder holds a run)"
+    return (f"dpadmm ServerApp: app folder {app_folder}, Python {sys.executable}, dpadmm package {package}, "
+            f"working folder {Path.cwd()}; {writes}")
 
 
 def configured(run_config: Mapping[str, Any]) -> Any:
@@ -131,6 +153,13 @@ def run_folder(config: Any, ledger: Ledger | Statement | None,
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
 
 
+def metric_record(record: Mapping[str, Any]) -> MetricRecord:
+    """A round's record as the ServerApp-side evaluation the strategy's result keeps: its numbers, which
+    Flower's closing summary ("ServerApp-side Evaluate Metrics") prints per round."""
+    return MetricRecord({k: v for k, v in record.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
 def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> None:
     """Paper 004: the ServerApp only routes the exchanged iterates along the graph (no server in the
     algorithm), or with ``exchange=secret`` sums them by SecAgg+ (:func:`decentral_secure`).
@@ -158,9 +187,9 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
         else:
             router = strategy
 
-            def evaluate(k: int, state: decentral_engine.State) -> None:
+            def evaluate(k: int, state: decentral_engine.State) -> MetricRecord | None:
                 if k % config.eval_every and k != config.rounds:
-                    return
+                    return None
                 simulated = problem is not None and DEPLOYMENT not in router.kinds.values()
                 record = (decentral_engine.evaluate(config, problem, state, k) if simulated else
                           decentral_engine.public_metrics(config, agents.adjacency, state.x, k))[0]
@@ -169,6 +198,7 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
                          if simulated else "")
                 log(INFO, "dpadmm iteration %d/%d: %sconsensus %.4g", k, config.rounds, error,
                     record["consensus"])
+                return metric_record(record)
 
             router.start(grid=grid, evaluate_fn=evaluate)
 
@@ -181,9 +211,9 @@ def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, stra
     agents' randomness."""
     n = strategy.n
 
-    def evaluate(k: int, total: torch.Tensor) -> None:
+    def evaluate(k: int, total: torch.Tensor) -> dict[str, float] | None:
         if k % config.eval_every and k != config.rounds:
-            return
+            return None
         record: dict[str, float] = {"round": k}
         if problem and DEPLOYMENT not in strategy.kinds.values():
             average = (total / n).to(problem.optimum).unsqueeze(0)  # [1, d]
@@ -194,7 +224,9 @@ def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, stra
             log(INFO, "dpadmm iteration %d/%d: summed by SecAgg+", k, config.rounds)
         if config.private:
             record["epsilon"] = decentral_engine.a_priori(config, FEATURES[config.dataset], k)
-        writer.record({**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed})
+        record = {**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
+        writer.record(record)
+        return record
 
     legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=config.rounds), strategy=strategy)
     strategy.evaluate_fn = evaluate
@@ -222,16 +254,20 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
     train = kind != DEPLOYMENT
     clock = {"elapsed": 0.0}  # the seconds of iterations 1..t, as the engine's ``elapsed``
 
-    def evaluate(writer: RunWriter, t: int, state: linadmm_engine.State, y: torch.Tensor) -> None:
+    def evaluate(writer: RunWriter, t: int, state: linadmm_engine.State, y: torch.Tensor
+                 ) -> MetricRecord | None:
         clock["elapsed"] += strategy.seconds
         if t % config.eval_every and t != config.rounds:
-            return
+            return None
         record = {**linadmm_engine.evaluate(problem, state, y, t, config.l1, train=train)[0],
                   "seconds": strategy.seconds, "elapsed": clock["elapsed"]}
+        first = writer.last_round is None  # the first evaluated round says what the accuracy must beat
         writer.record(record)
         objective = f"objective {record['objective']:.6g}, " if train else ""
-        log(INFO, "dpadmm round %d/%d: %stest accuracy %.4f, primal residual %.4g", t, config.rounds,
-            objective, record["test-accuracy"], record["primal-residual"])
+        majority = f" ({linadmm_engine.majority_note(record)})" if first else ""
+        log(INFO, "dpadmm round %d/%d: %stest accuracy %.4f%s, primal residual %.4g", t, config.rounds,
+            objective, record["test-accuracy"], majority, record["primal-residual"])
+        return metric_record(record)
 
     with run_folder(config, ledger) as writer:
         strategy.start(grid=grid, evaluate_fn=lambda t, state, y: evaluate(writer, t, state, y))
@@ -267,11 +303,14 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     strategy.roster.admit(grid)  # the parties refuse what they cannot run, before a run folder is made
     with run_folder(config, ledger, lambda: strategy.kinds.values()) as writer:
 
-        def evaluate(t: int, record: dict[str, float]) -> None:
+        def evaluate(t: int, record: dict[str, float]) -> MetricRecord:
             record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
+            note = sharing_engine.error_note(record, majority=writer.last_round is None)
             writer.record(record)
-            log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f, primal residual %.4g", t,
-                config.rounds, record["test-log-loss"], record["test-error"], record["primal-residual"])
+            log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f%s, primal residual %.4g", t,
+                config.rounds, record["test-log-loss"], record["test-error"], f" ({note})" if note else "",
+                record["primal-residual"])
+            return metric_record(record)
 
         strategy.start(grid=grid, evaluate_fn=evaluate)
 
@@ -320,7 +359,7 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
             server_round, config.rounds, record["test-error"],
             f"{record['train-loss']:.4f}" if "train-loss" in record else "not computed (deployed nodes)",
             record.get("consensus-violation", float("nan")))
-        return MetricRecord({k: v for k, v in record.items() if isinstance(v, (int, float))})
+        return metric_record(record)
 
     with closing([writer]):
         strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,

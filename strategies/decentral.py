@@ -99,16 +99,16 @@ class GraphRouter(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, engine.State], None] | None = None) -> Result:
-        """Iterations 1..K (``num_rounds``, default the configuration's) from the keyed x^0."""
+              evaluate_fn: Callable[[int, engine.State], MetricRecord | None] | None = None) -> Result:
+        """Iterations 1..K (``num_rounds``, default the configuration's) from the keyed x^0. What
+        ``evaluate_fn`` returns is the result's ServerApp-side evaluation of the iteration."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
 
-        def after_round(k: int, seconds: float) -> None:
+        def after_round(k: int, seconds: float) -> MetricRecord | None:
             self.seconds = seconds
             self.elapsed += seconds
-            if evaluate_fn is not None:
-                evaluate_fn(k, self.state)
+            return evaluate_fn(k, self.state) if evaluate_fn is not None else None
 
         return run_rounds(self, grid, num_rounds, timeout, after_round)
 
@@ -187,11 +187,12 @@ class SecureSum(LegacyStrategy):
     A Flower *legacy* strategy, because SecAgg+ runs as a legacy workflow (:func:`secure_workflow`).
     Algorithm 1 needs every agent's iterate in every iteration: fewer replies, or a secure aggregation
     that halts, stop the run with an error naming the iteration. After each iteration
-    ``evaluate_fn(k, S^k)`` is called. The fit config carries the run identity; the agents' fit metrics
-    their kind of randomness (:attr:`kinds`)."""
+    ``evaluate_fn(k, S^k)`` is called; the record it returns, when it holds ``log-error-average``, is
+    Flower's centralised evaluation of the iteration (its loss and metrics in the closing summary). The fit
+    config carries the run identity; the agents' fit metrics their kind of randomness (:attr:`kinds`)."""
 
     def __init__(self, config: DecentralConfig, agents: Agents,
-                 evaluate_fn: Callable[[int, torch.Tensor], None] | None = None) -> None:
+                 evaluate_fn: Callable[[int, torch.Tensor], dict[str, float] | None] | None = None) -> None:
         if config.exchange != "secret" or config.algorithm != "ldp-admm":
             raise ValueError(f"SecureSum runs exchange='secret' with algorithm='ldp-admm', not "
                              f"exchange={config.exchange!r} with algorithm={config.algorithm!r}")
@@ -254,9 +255,12 @@ class SecureSum(LegacyStrategy):
         if self.summed != server_round:
             raise RuntimeError(f"iteration {server_round}: the secure aggregation halted (see the log: too "
                                "few agents answered a stage); Algorithm 1 needs every agent's iterate")
-        if self.evaluate_fn is not None:
-            self.evaluate_fn(server_round, self.total)
-        return None
+        record = self.evaluate_fn(server_round, self.total) if self.evaluate_fn is not None else None
+        # Flower's legacy summary keeps (loss, metrics) per round: the loss is the log-error of the agents'
+        # average where the server holds the data to compute it; without one it would print a made-up loss
+        if record is None or "log-error-average" not in record:
+            return None
+        return record["log-error-average"], {k: v for k, v in record.items() if isinstance(v, (int, float))}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:

@@ -99,15 +99,17 @@ class DPLinADMM(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, engine.State, torch.Tensor], None] | None = None) -> Result:
+              evaluate_fn: Callable[[int, engine.State, torch.Tensor], MetricRecord | None] | None = None
+              ) -> Result:
         """Run iterations 1..T (``num_rounds``, default the configuration's); ``initial_arrays`` is ignored
-        (x_0 = 0, u_0 = 0)."""
+        (x_0 = 0, u_0 = 0). What ``evaluate_fn`` returns is the result's ServerApp-side evaluation."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
 
-        def after_round(t: int, _seconds: float) -> None:  # its own clock starts after the roster's wait
+        def after_round(t: int, _seconds: float) -> MetricRecord | None:  # its own clock: after the wait
             if evaluate_fn is not None and self.last_y is not None:
-                evaluate_fn(t, self.state, self.last_y)
+                return evaluate_fn(t, self.state, self.last_y)
+            return None
 
         return run_rounds(self, grid, num_rounds, timeout, after_round)
 

@@ -39,6 +39,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from dpadmm.models.binary import majority_share
 from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.sharing import engine, updates
 from dpadmm.sharing.config import SharingConfig
@@ -95,20 +96,27 @@ class ADMMSharing(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, dict[str, float]], None] | None = None) -> Result:
-        """Run rounds 1..T (``num_rounds``, default the configuration's); x, z, y start at 0."""
+              evaluate_fn: Callable[[int, dict[str, float]], MetricRecord | None] | None = None
+              ) -> Result:
+        """Run rounds 1..T (``num_rounds``, default the configuration's); x, z, y start at 0. The result's
+        ServerApp-side evaluation of a round is what ``evaluate_fn`` returns, else the round's metrics."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
 
-        def after_round(t: int, seconds: float) -> None:
+        def after_round(t: int, seconds: float) -> MetricRecord | None:
             self.seconds = seconds
             self.elapsed += seconds
             if t % self.config.eval_every == 0 or t == num_rounds:
                 asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
                 record = self.aggregate_evaluate(t, refused(grid.send_and_receive(messages=asks,
                                                                                   timeout=timeout)))
-                if evaluate_fn is not None and record is not None:
-                    evaluate_fn(t, dict(record))
+                if record is None:
+                    return None
+                if evaluate_fn is not None:
+                    returned = evaluate_fn(t, dict(record))
+                    return record if returned is None else returned
+                return record
+            return None
 
         return run_rounds(self, grid, num_rounds, timeout, after_round)
 
@@ -220,4 +228,6 @@ class ADMMSharing(Strategy):
         residual = torch.linalg.vector_norm(self.messages.sum(dim=1) - self.z)
         return MetricRecord({"round": server_round,
                              "test-log-loss": float(updates.loss(scores, self.test_labels)[0]),
-                             "test-error": float(error), "primal-residual": float(residual)})
+                             "test-error": float(error), "test-majority": majority_share(self.test_labels),
+                             "test-undecided": float(updates.undecided(scores)[0]),
+                             "primal-residual": float(residual)})

@@ -37,6 +37,8 @@ def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, flw
     output = flwr_run(flwr_env, run_config_of(config), supernodes=5)
     assert "dpadmm iteration 4/4: log-error" in output and "-LDP, pure, a priori" in output
     assert "Randomness: simulation randomness" in output  # the simulated agents said so themselves
+    evaluated = output.split("ServerApp-side Evaluate Metrics:")[1]  # Flower's closing summary holds them
+    assert "'log-error': " in evaluated and "'consensus': " in evaluated
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [1, 2, 3, 4]
@@ -57,6 +59,8 @@ def test_secagg_plus_run_equals_the_engine_up_to_its_quantisation(flwr_env: dict
     output = flwr_run(flwr_env, run_config_of(config), supernodes=5)
     assert output.count("Secure aggregation completed.") == 4 and "-LDP, pure, a priori" in output
     assert "Randomness: simulation randomness" in output  # reported through SecAgg+'s fit metrics
+    # Flower's legacy summary: the average's log-error as the centralised loss, the record as its metrics
+    assert "History (loss, centralized):" in output and "'log-error-average': " in output
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [1, 2, 3, 4]
@@ -134,7 +138,14 @@ def test_the_secure_sum_stops_when_an_iterate_is_missing(binary_dir: Path) -> No
         server.aggregate_fit(3, results, [])  # type: ignore[arg-type]
     server.aggregate_fit(3, [*results, results[0]], [])  # type: ignore[arg-type]
     assert torch.equal(server.total, torch.full((14,), 5.0, dtype=torch.float64))
-    server.evaluate(3, ndarrays_to_parameters([]))
+    assert server.evaluate(3, ndarrays_to_parameters([])) is None  # no evaluate_fn: nothing for the history
+    # the ServerApp's record reaches Flower's legacy summary: the average's log-error as the loss; a server
+    # without the data set (no log-error) gives none, rather than a made-up loss
+    server.evaluate_fn = lambda k, total: {"round": k, "log-error-average": -2.5, "epsilon": 0.5}
+    assert server.evaluate(3, ndarrays_to_parameters([])) == (-2.5, {"round": 3, "log-error-average": -2.5,
+                                                                     "epsilon": 0.5})
+    server.evaluate_fn = lambda k, total: {"round": k, "epsilon": 0.5}
+    assert server.evaluate(3, ndarrays_to_parameters([])) is None
     with pytest.raises(RuntimeError, match="iteration 4: the secure aggregation halted"):
         server.evaluate(4, ndarrays_to_parameters([]))
     many = DecentralConfig(graph="complete", agents=1024, samples=1, exchange="secret")

@@ -222,3 +222,30 @@ def test_a_calibrated_statement_meets_its_target_in_seconds(mechanism: str, coun
     stated, _ = composed_epsilon(Release(mechanism, multiplier, sampling), count, 1e-5)
     assert time.perf_counter() - started < 60
     assert stated <= target and stated > target / 3
+
+
+def test_one_line_says_which_figure_is_the_guarantee() -> None:
+    """A ledger prints an epsilon per step, per round and per run by four methods, and a theorem's (002's
+    Theorem 1: 0.05 where the PLD says 0.0143) in its note: one line names the whole run's figure as the one
+    to quote, with enough digits (a per-step epsilon of 2e-10 is not printed as 0); none where there is
+    none."""
+    book = ledger(algorithm="dp-admm", release=Release("gaussian", 1000.0), per_round=1, rounds=200,
+                  delta=1e-3, epsilon_bar=0.05, calibration="Theorem 1 (002)", sensitivity="L2",
+                  noise_scale="sigma", covered=True, neighbouring="add-remove", note="Theorem 1 of 002: ...",
+                  holder="for the whole training set")
+    line = book.guarantee()
+    assert line == (f"guarantee: eps = {book.whole_run.epsilon_pld:.4g} at delta = 0.001 for the whole run, "
+                    "for the whole training set: the per-run figure above, the one to quote; the other "
+                    "methods' figures are looser bounds, the per-step and per-round ones parts of the run, "
+                    "and the note's theorem is the paper's own, looser bound for the same noise")
+    assert f"  {line}\n  Theorem 1 of 002: ..." in book.summary()
+    assert 0 < book.per_step.epsilon_pld < 1e-6 and "eps = 0 " not in book.summary()
+    assert f"eps = {book.per_step.epsilon_pld:.4g} (" in book.summary()
+    clipped = ledger(algorithm="objpm", release=Release("gaussian", 1.0, 0.2), per_round=10, rounds=10,
+                     delta=1e-5, epsilon_bar=1.0, calibration="clipped", sensitivity="L2",
+                     noise_scale="sigma", covered=True, neighbouring="add-remove", note="")
+    assert clipped.guarantee().endswith("the per-step and per-round ones parts of the run")
+    none = ledger(algorithm="objpm", release=Release("gaussian", 1.0, 0.2), per_round=10, rounds=10,
+                  delta=1e-300, epsilon_bar=1.0, calibration="clipped", sensitivity="L2", noise_scale="sigma",
+                  covered=True, neighbouring="add-remove", note="")
+    assert none.guarantee().startswith("guarantee: none for the whole run (no guarantee: at delta=1e-300")

@@ -115,7 +115,14 @@ def test_the_papers_dual_start_is_used_and_a_run_writes_its_files(tmp_path: Path
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [1, 2, 3, 4]
     assert set(json.loads(lines[0])) == {"round", "objective", "objective-avg", "test-accuracy",
-                                         "test-accuracy-avg", "primal-residual", "seconds", "elapsed"}
+                                         "test-accuracy-avg", "test-majority", "primal-residual", "seconds",
+                                         "elapsed"}
+    majority = binary.majority_share(problem.test_labels)
+    assert {json.loads(line)["test-majority"] for line in lines} == {majority}
+    # dpadmm train's closing line says what the accuracy must beat
+    assert engine.summary(config, result.records[0][-1]).endswith(
+        f"test accuracy {result.records[0][-1]['test-accuracy']:.4f} (always predicting the majority class "
+        f"scores {majority:.4f})")
     clock = [json.loads(line)["elapsed"] for line in lines]
     assert clock == sorted(clock) and clock[0] > 0
     ledger = json.loads((tmp_path / "run" / "privacy.json").read_text())

@@ -40,6 +40,12 @@ def test_flower_run_equals_the_engine_round_by_round(algorithm: str, flwr_env: d
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [1, 2, 3, 4]
+    # the first line says what the accuracy must beat (ijcnn1's test set is 90.5% negative), once
+    note = f"(always predicting the majority class scores {local[0]['test-majority']:.4f})"
+    assert f"test accuracy {flower[0]['test-accuracy']:.4f} {note}, primal" in output
+    assert output.count(note) == 1
+    evaluated = output.split("ServerApp-side Evaluate Metrics:")[1]  # Flower's closing summary holds them
+    assert "'test-accuracy': " in evaluated and "'objective': " in evaluated
     for ours, theirs in zip(flower, local, strict=True):
         for key in ("objective", "objective-avg", "test-accuracy", "primal-residual"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])

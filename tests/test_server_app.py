@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str]
     output = flwr_run(flwr_env, f"iadmm.rounds=2 iadmm.out='{out}' iadmm.save-weights=true", supernodes=10)
     for t in (1, 2):
         assert f"dpadmm round {t}/2: test error" in output
+    # the ServerApp's first line says where it runs: a reused SuperLink (another checkout's) shows at once
+    ours = [line for line in output.splitlines() if re.search(r"dpadmm( ServerApp)?:|dpadmm round", line)]
+    assert "dpadmm ServerApp: app folder " in ours[0] and f"this run writes {out} (or" in ours[0], ours[:2]
     records = read_metrics(out)
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["replies"] == 10 and r["rejected"] == 0 and r["no-reply"] == 0 for r in records)
@@ -64,6 +68,25 @@ def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) 
     assert "dpadmm/iadmm/config.py" not in output and "round 1" not in output
     status, details = last_run_status(flwr_env)
     assert status == "finished:failed" and details.endswith(message)
+
+
+def test_the_first_line_names_the_app_folder_the_python_and_the_run_folder(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch
+                                                                         ) -> None:
+    """flwr run . reuses a SuperLink already on Flower's fixed address, with its environment and working
+    folder: the line names the app's code, the Python, the working folder and the run folder it writes (a
+    relative ``out`` resolved there), or the one it resumes."""
+    monkeypatch.chdir(tmp_path)
+    config = server_app.configured({**flat_app_config(), "iadmm.rounds": 2})
+    line = server_app.where(config)
+    app_folder = Path(server_app.__file__).resolve().parent.parent
+    assert line.startswith(f"dpadmm ServerApp: app folder {app_folder}, Python {sys.executable}, ")
+    assert f"working folder {tmp_path};" in line
+    assert f"this run writes {tmp_path / config.default_out()} (or " in line
+    resumed = dataclasses.replace(config, out="resumed")
+    (tmp_path / "resumed").mkdir()
+    (tmp_path / "resumed" / server_app.CHECKPOINT).write_bytes(b"")
+    assert server_app.where(resumed).endswith(f"this run resumes {tmp_path / 'resumed'}")
 
 
 @pytest.mark.parametrize(("keys", "message"), [

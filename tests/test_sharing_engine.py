@@ -108,8 +108,8 @@ def test_a_run_writes_its_files_and_a_private_one_its_ledger(tmp_path: Path) -> 
     engine.run(config, problem=problem, directories=[tmp_path / "run"], progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [1, 2, 3]
-    assert set(lines[0]) == {"round", "train-objective", "test-log-loss", "test-error", "primal-residual",
-                             *CLOCKS}
+    assert set(lines[0]) == {"round", "train-objective", "test-log-loss", "test-error", "test-majority",
+                             "test-undecided", "primal-residual", *CLOCKS}
     ledger = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert ledger["calibration"] == "Theorem 3 (001)" and ledger["whole_run"]["releases"] == 3
 
@@ -205,3 +205,25 @@ def test_the_papers_noise_has_no_deployed_form_and_the_engine_states_its_randomn
         engine.release(problem.parties, start.x.expand(2, -1, -1), [0, 1], 1, 1.0, "message", _keys(3))
     result = engine.run(config, problem=problem, write=False, progress=False)
     assert result.ledger is not None and "simulation randomness" in result.ledger.summary()
+
+
+def test_round_1_decides_nothing_and_the_lines_say_so_beside_the_majority_class() -> None:
+    """After round 1 every party's x is still 0 (y_0 = z_0 = 0): every test score is 0, which counts as an
+    error, so the test error is 1. The record says how much of it is undecided, and the printed line says so
+    beside what always predicting the majority class would err on; a later round decides every sample."""
+    problem = engine.build(synthetic(), (3, 4, 2))
+    records = engine.run(_config(rounds=3, eval_every=1), problem=problem, write=False,
+                         progress=False).records[0]
+    positive = float((problem.test_labels > 0).double().mean())
+    majority = max(positive, 1 - positive)
+    assert [r["test-majority"] for r in records] == [majority] * 3
+    assert records[0]["test-error"] == 1.0 and records[0]["test-undecided"] == 1.0
+    assert records[-1]["test-undecided"] == 0.0 and records[-1]["test-error"] < 1 - majority
+    assert engine.error_note(records[0], majority=True) == (
+        f"always predicting the majority class errs on {1 - majority:.4f}; 1.0000 of the test scores are 0: "
+        "no decision, counted as errors")
+    assert engine.error_note(records[-1], majority=False) == ""
+    config = _config(rounds=3)
+    assert engine.summary(config, records[-1]).endswith(
+        f"test error {records[-1]['test-error']:.4f} (always predicting the majority class errs on "
+        f"{1 - majority:.4f})")

@@ -33,9 +33,14 @@ def test_flower_run_equals_the_engine_round_by_round(noise: str, flwr_env: dict[
     flower = read_metrics(out)
     local = engine.run(config, write=False, progress=False).records[0]
     assert [r["round"] for r in flower] == [2, 4]
+    note = f"always predicting the majority class errs on {1 - local[0]['test-majority']:.4f}"
+    assert f"dpadmm round 2/4: test log loss {flower[0]['test-log-loss']:.6g}, test error " \
+           f"{flower[0]['test-error']:.4f} ({note}" in output and output.count(note) == 1
+    evaluated = output.split("ServerApp-side Evaluate Metrics:")[1]  # Flower's closing summary holds them
+    assert "'test-error': " in evaluated and "'test-majority': " in evaluated
     assert flower[0]["elapsed"] > flower[0]["seconds"]  # the clock counts round 1, which was not evaluated
     for ours, theirs in zip(flower, local, strict=True):
-        for key in ("test-log-loss", "test-error", "primal-residual"):
+        for key in ("test-log-loss", "test-error", "test-majority", "test-undecided", "primal-residual"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
     ledger = json.loads((out / "privacy.json").read_text())
     assert ledger["calibration"] == "Theorem 3 (001)" and ledger["whole_run"]["releases"] == 4

@@ -113,3 +113,11 @@ def test_the_papers_noise_on_a_rank_deficient_block_lies_in_its_row_space() -> N
     expected = 0.25 * vectors[:, kept] @ torch.diag(1 / (values[kept] + tau)) @ vectors[:, kept].T
     empirical = torch.cov(xi.T)
     torch.testing.assert_close(empirical, expected, rtol=0, atol=0.05 * float(expected.diagonal().max()))
+
+
+def test_a_score_of_0_is_an_undecided_error() -> None:
+    """error counts a score of exactly 0 as wrong for either class; undecided says what share that is."""
+    scores = torch.tensor([[0.0, 2.0, -1.0, 0.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    labels = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
+    assert updates.error(scores, labels).tolist() == [0.75, 0.25]
+    assert updates.undecided(scores).tolist() == [0.5, 0.0]

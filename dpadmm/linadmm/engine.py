@@ -15,7 +15,9 @@ to a grid 2**-GRID_BITS / sqrt(d) of sigma.
 
 Metrics per evaluated iteration (``metrics.jsonl``): ``round``, ``objective`` (F(x_t) of eq.
 (11)), ``objective-avg`` (F at the average x~ = (1/t) sum x_k, the iterate of Theorem 2),
-``test-accuracy`` and ``test-accuracy-avg``, ``primal-residual`` (||A x_t - y_t||), ``seconds`` (of
+``test-accuracy`` and ``test-accuracy-avg``, ``test-majority`` (the test set's majority-class share, the
+accuracy of always predicting that class, which an accuracy must beat to show learning),
+``primal-residual`` (||A x_t - y_t||), ``seconds`` (of
 iteration t) and ``elapsed`` (of iterations 1..t, evaluations excluded: the clock of 002's Fig. 1).
 """
 
@@ -208,9 +210,10 @@ def evaluate(problem: Problem, state: State, y: torch.Tensor, t: int, l1: float,
     accuracy = binary.accuracy(problem.test_features, problem.test_labels, state.x)
     accuracy_avg = binary.accuracy(problem.test_features, problem.test_labels, average)
     residual = torch.linalg.vector_norm(state.x @ a.T - y, dim=1)
+    majority = binary.majority_share(problem.test_labels)  # the accuracy of always predicting that class
     for s in runs:
         records[s].update({"test-accuracy": float(accuracy[s]), "test-accuracy-avg": float(accuracy_avg[s]),
-                           "primal-residual": float(residual[s])})
+                           "test-majority": majority, "primal-residual": float(residual[s])})
     return records
 
 
@@ -248,4 +251,9 @@ def summary(config: LinAdmmConfig, record: dict[str, Any]) -> str:
     eps = f"eps={config.target_epsilon:g} for the run" if config.private else "non-private"
     return (f"{config.algorithm} ({eps}, {config.dataset}, T={config.rounds}): objective "
             f"{record['objective']:.6g} (averaged iterate {record['objective-avg']:.6g}), test accuracy "
-            f"{record['test-accuracy']:.4f}")
+            f"{record['test-accuracy']:.4f} ({majority_note(record)})")
+
+
+def majority_note(record: dict[str, Any]) -> str:
+    """What the test accuracy of ``record`` must beat: always predicting the test set's majority class."""
+    return f"always predicting the majority class scores {record['test-majority']:.4f}"

@@ -15,9 +15,11 @@ xi on x_m) has no such sampler and is refused in deployment (:data:`PAPER_REFUSE
 ``Secret`` with every party's key recomputes a deployment.
 
 Metrics per evaluated round (``metrics.jsonl``): ``round``, ``train-objective`` (F at the parties'
-x, eq. (2)), ``test-log-loss``, ``test-error``, ``primal-residual`` (||sum_m D_m x~_m - z||, the
-constraint of eq. (4) on what was sent), ``seconds`` (of the round) and ``elapsed`` (of rounds
-1..t, evaluations excluded).
+x, eq. (2)), ``test-log-loss``, ``test-error``, ``test-majority`` (the test set's majority-class share: always
+predicting that class errs on 1 minus it), ``test-undecided`` (the share of test scores exactly 0, which
+count as errors: all of them after round 1, whose x is still 0, so round 1's test error is 1),
+``primal-residual`` (||sum_m D_m x~_m - z||, the constraint of eq. (4) on what was sent), ``seconds`` (of
+the round) and ``elapsed`` (of rounds 1..t, evaluations excluded).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from dpadmm.data import Dataset
 from dpadmm.data.libsvm import normalise_rows
 from dpadmm.data.vertical import load_vertical, pad_blocks, split_columns
+from dpadmm.models.binary import majority_share
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import Ledger
 from dpadmm.privacy.randomness import SIMULATION, Secret, statement
@@ -243,9 +246,12 @@ def evaluate(problem: Problem, state: State, t: int, l2: float) -> list[dict[str
     train = updates.objective(scores, problem.labels, state.x, l2)
     test = updates.loss(test_scores, problem.test_labels)
     error = updates.error(test_scores, problem.test_labels)
+    undecided = updates.undecided(test_scores)
+    majority = majority_share(problem.test_labels)
     residual = torch.linalg.vector_norm(state.messages.sum(dim=1) - state.z, dim=-1)
     return [{"round": t, "train-objective": float(train[s]), "test-log-loss": float(test[s]),
-             "test-error": float(error[s]), "primal-residual": float(residual[s])} for s in range(len(train))]
+             "test-error": float(error[s]), "test-majority": majority, "test-undecided": float(undecided[s]),
+             "primal-residual": float(residual[s])} for s in range(len(train))]
 
 
 @dataclass(frozen=True)
@@ -296,4 +302,17 @@ def summary(config: SharingConfig, record: dict[str, Any]) -> str:
     eps = f"eps={config.epsilon:g} per round" if config.private else "non-private"
     return (f"{config.algorithm} ({eps}, {config.dataset}, parties {config.parties}, T={config.rounds}): "
             f"training objective {record['train-objective']:.6g}, test log loss "
-            f"{record['test-log-loss']:.6g}, test error {record['test-error']:.4f}")
+            f"{record['test-log-loss']:.6g}, test error {record['test-error']:.4f} "
+            f"({error_note(record, majority=True)})")
+
+
+def error_note(record: dict[str, Any], majority: bool) -> str:
+    """What the test error of ``record`` is measured against: always predicting the majority class (with
+    ``majority``) and the share of test scores that are exactly 0, which count as errors (where any are:
+    after round 1 all are, so its error is 1 although the model has only not decided yet)."""
+    notes = [f"always predicting the majority class errs on {1 - record['test-majority']:.4f}"] if majority \
+        else []
+    if record.get("test-undecided", 0.0) > 0:
+        notes.append(f"{record['test-undecided']:.4f} of the test scores are 0: no decision, counted as "
+                     "errors")
+    return "; ".join(notes)

@@ -33,6 +33,13 @@ def error(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (scores * labels <= 0).to(scores.dtype).mean(dim=-1)
 
 
+def undecided(scores: torch.Tensor) -> torch.Tensor:
+    """The share of samples whose score is exactly 0, per run: [S] from scores [S, N]. :func:`error` counts
+    them as errors, so a model that decides nothing (x = 0, as after round 1) has error 1; the logs say how
+    much of an error is this."""
+    return (scores == 0).to(scores.dtype).mean(dim=-1)
+
+
 def objective(scores: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, l2: float) -> torch.Tensor:
     """F = l(sum_m D_m x_m) + l2 sum_m ||x_m||^2 / 2 (001 eq. (2)): [S] from x [S, M, d]."""
     return loss(scores, labels) + 0.5 * l2 * x.square().sum(dim=(-2, -1))
