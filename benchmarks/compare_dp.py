@@ -77,6 +77,7 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
+from dpadmm.runs import references as bibliography  # write_table has its own `references`
 from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +98,8 @@ LABELS = {
     "dpsgd": "DP-SGD + FedAvg, Opacus (sample-level, local)",
     "dpfedavg": "DP-FedAvg, Flower client-side fixed clipping (client-level, central)",
 }
+# What table.md cites (dpadmm.runs.references): 003, then DP-SGD, FedAvg, DP-FedAvg and Opacus.
+REFERENCES = ("003", "abadi2016", "mcmahan2017", "mcmahan2018", "yousefpour2021")
 DATASETS = ("mnist", "femnist", "a9a", "ijcnn1")
 BINARY = ("a9a", "ijcnn1")  # the 002 family's tasks, loaded by dpadmm.data.libsvm
 AGENTS = {"mnist": 10, "femnist": 195, "a9a": 10, "ijcnn1": 10}
@@ -537,6 +540,7 @@ def write_table(path: Path, runs: list[Result], floors: dict[str, float]) -> Non
                   "without clipping (IADMM does not clip); DP-SGD: clipping kept, sigma = 0.", "",
                   "Compute, all runs (tuning, report, without noise; s): "
                   + ", ".join(f"{m} {total[m]:.0f}" for m in METHODS if total[m]) + ".", ""]
+    lines += [*bibliography.section(REFERENCES), ""]
     path.write_text("\n".join(lines))
 
 

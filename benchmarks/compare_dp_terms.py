@@ -49,8 +49,10 @@ from benchmarks.compare_dp import (
     load_runs,
 )
 from dpadmm.iadmm import engine
+from dpadmm.runs import references
 
 MODELS = ("w^T", "zbar^{T-1}", "zbar^T", "zlast^T")
+REFERENCES = ("003",)  # what terms.md cites (dpadmm.runs.references): the models are 003's
 
 
 def measure(ctx: Context, params: dict, epsilon: float, seeds: list[int]) -> dict[str, list[float]]:
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             described = ", ".join(f"{k}={v}" for k, v in params.items())
             lines.append(f"| {dataset} | {eps:g} | {described} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
-    lines += ["", f"Wall time: {(time.perf_counter() - started) / 60:.1f} min on this machine.", ""]
+    lines += ["", f"Wall time: {(time.perf_counter() - started) / 60:.1f} min on this machine.", "",
+              *references.section(REFERENCES), ""]
     (out / "terms.md").write_text("\n".join(lines))
     print(f"wrote {out / 'terms.md'}")
 

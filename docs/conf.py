@@ -23,7 +23,8 @@ copyright = "2026, the dpadmm developers"
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
-    "sphinx.ext.mathjax",
+    "sphinx.ext.napoleon",
+    "sphinxcontrib.katex",
     "sphinx.ext.viewcode",
     "dpadmm_docs",
 ]
@@ -38,7 +39,19 @@ exclude_patterns = ["_build", "_ext", "results/cnn-femnist/engine-*", "results/c
 
 html_theme = "furo"
 html_title = "dpadmm"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+
+# The equations render offline: sphinxcontrib-katex copies KaTeX's script (katex.min.js, its auto-render
+# and its own stylesheet) into _static, and _static/katex/ holds KaTeX's stylesheet and fonts of the same
+# release (katex.min.css and fonts/ of the npm package katex at sphinxcontrib.katex.katex_version, MIT
+# licence in _static/katex/LICENSE), in place of the extension's default CDN link. No page loads a
+# script, stylesheet or font from the network; the build checks it (_ext/dpadmm_docs.py, check_offline).
+katex_css_path = "katex/katex.min.css"
+katex_prerender = False  # rendered in the browser by the shipped katex.min.js: no Node.js at build time
+
+# Flower's docstrings (the Strategy methods the strategies override inherit them) are NumPy style.
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

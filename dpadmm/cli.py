@@ -179,6 +179,9 @@ def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
     rep.add_argument("--report-only", action="store_true",
                      help="only rebuild the report from the completed cells")
     rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    rep.add_argument("--no-estimate", action="store_true",
+                     help="start at once, without first timing a few iterations of each kind of run to print "
+                          "the estimated wall time")
 
 
 def _add_reproduce_003(rep: argparse.ArgumentParser) -> None:
@@ -298,7 +301,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         from dpadmm.iadmm import reproduce
 
     options = {k: v for k, v in vars(args).items()
-               if k not in ("command", "paper", "report_only", "no_progress")}
+               if k not in ("command", "paper", "report_only", "no_progress", "no_estimate")}
     try:
         if args.report_only:
             out = Path(args.out)
@@ -311,7 +314,12 @@ def _reproduce(args: argparse.Namespace) -> int:
                     raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
                 reproduce.write_report(out, args.delta)
         else:
-            out = reproduce.run_grid(reproduce.grid_from_args(**options), progress=not args.no_progress)
+            grid = reproduce.grid_from_args(**options)
+            if not args.no_estimate:  # before the grid starts: the papers' defaults run for days (003)
+                print("reproduce: timing a few iterations of each kind of run to estimate the wall time ...",
+                      flush=True)
+                print(reproduce.estimate(grid).line(), flush=True)
+            out = reproduce.run_grid(grid, progress=not args.no_progress)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
@@ -389,7 +397,8 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
                     "data set's columns exactly.")
     vertical.add_argument("--dataset", choices=DATASETS, default=DATASETS[0],
                           help=f"the data set (default: {DATASETS[0]})")
-    vertical.add_argument("--data-dir", required=True, help="folder with the data set's files")
+    vertical.add_argument("--data-dir", default="",
+                          help="folder with the data set's files (default: the cache, fetched on first use)")
     vertical.add_argument("--parties", default="66,57",
                           help="comma-separated column counts of the parties' blocks (default: 66,57)")
     vertical.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
@@ -400,7 +409,8 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
                     "the simulation. Agent i's SuperNode reads its own file (node config partition-id=<i> "
                     "data-path=<file>); the server holds no data (run config decentral.data-dir=''). "
                     "Nothing is written unless a run could use the files.")
-    agents.add_argument("--data-dir", required=True, help="folder with adult.data and adult.test (or .gz)")
+    agents.add_argument("--data-dir", default="", help="folder with adult.data and adult.test (or .gz; "
+                                                       "default: the cache, fetched on first use)")
     agents.add_argument("--agents", type=int, default=10,
                         help="N, the number of agents, at least 3 (default: 10)")
     agents.add_argument("--samples", type=int, default=100,

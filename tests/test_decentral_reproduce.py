@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from dpadmm.decentral.reproduce import CELLS, Grid, bands, run_grid
+from dpadmm.decentral.reproduce import CELLS, Grid, bands, estimate, run_grid
+from dpadmm.runs import references
 
 
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir / "adult"), figures=("2", "C", "D-1"),
                 seeds=2, rounds=12)
+    cells = [c for c in CELLS if c.figure in grid.figures]
+    estimated = estimate(grid)  # before it starts: each cell timed by a short probe of its own
+    assert estimated.units == estimated.probes == len(cells) and estimated.seconds > 0
+    assert estimated.line().startswith("reproduce: estimated wall time about ")
     out = run_grid(grid, progress=False, log=lambda _: None)
     with open(out / "curves.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
@@ -25,11 +30,18 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     assert fixed["epsilon_ex_post"][-1] == pytest.approx(fixed["epsilon"][-1], rel=1e-9)
     assert all(lo <= m <= hi for lo, m, hi in zip(ours["min"], ours["mean"], ours["max"], strict=True))
     report = (out / "summary.md").read_text()
-    assert "## Fig. C" in report and "only 30% of [45]'s" in report and "## Fig. B" not in report
+    assert "## Fig. C" in report and "## Fig. B" not in report
+    # the baseline by its authors (the References list them), not by 004's number; 2\* escaped for Markdown
+    assert "Algorithm 2\\*'s privacy loss is only 30% of noisy DGD's (Huang, Mitra & Vaidya)" in report
+    assert "| noisy DGD (Huang, Mitra & Vaidya) |" in report and "[45]'s" not in report
+    assert report.rstrip().endswith(references.ENTRIES["huang2015"])  # the References close the page
+    # the rows keep their label: docs/results/004/curves.csv, written with it, still reads
+    assert "noisy DGD [45]" in {r["method"] for r in rows if r["figure"] == "C"}
     assert (out / "fig-2.png").stat().st_size > 0 and not (out / "fig-B.png").exists()
     assert (out / "fig-1.png").stat().st_size > 0  # gamma: no runs needed
     assert "| 0.1 | 0.9526 / 0.9517 |" in report  # the notes' table: exact / eq. (11) at beta = 2
     before = (out / "curves.csv").read_text()
+    assert estimate(grid).units == 0  # nothing left to run: nothing probed
     run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
     assert (out / "curves.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):

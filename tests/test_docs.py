@@ -8,7 +8,7 @@ Every line of a ``bash`` block, split at ``&&``, is one command, and each kind h
   configuration's checks, and a private one runs as ``dpadmm privacy`` with the same flags (the guarantee
   computed, the data files found); only the training is skipped;
 - ``dpadmm reproduce|deploy ...`` and ``python -m benchmarks.<name> ...`` go through their own argument
-  parsers (an unknown or malformed flag fails);
+  parsers (an unknown or malformed flag fails); ``dpadmm data fetch ...`` runs;
 - ``flwr run <app> ...``: the app exists, Flower fuses its ``--run-config`` with the app's pyproject.toml
   (an unknown key fails, as in Flower), and the ServerApp's own configuration checks accept the result
   (or refuse it, for a line the page marks ``# fails: <why>``);
@@ -17,6 +17,10 @@ Every line of a ``bash`` block, split at ``&&``, is one command, and each kind h
   listed in ``EXTERNAL``.
 
 A command of no known kind fails, so a new kind of command gets its check before it is documented.
+
+The commands run as on a fresh clone: the data sets come from an empty cache (``DPADMM_CACHE``, a folder
+of the session's), fetched on first use from a ``file://`` mirror of ../shared/data
+(``DPADMM_DATA_MIRRORS``), and the README's and the family pages' commands never name ../shared.
 """
 
 from __future__ import annotations
@@ -112,6 +116,11 @@ def _dpadmm(argv: list[str], command: Command, where: Path) -> None:
     args = cli.build_parser(family, cli._paper_in(argv)).parse_args(argv)  # SystemExit on a bad flag
     if args.command in ("reproduce", "deploy"):
         return
+    if args.command == "data":
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            status = cli.main([*argv, "--no-progress"])
+        assert status == 0 and "licence:" in out.getvalue(), f"{command}\n{out.getvalue()[-2000:]}"
+        return
     config = cli._config_from(args, family)  # every key's check
     if args.command == "train" and command.page not in CHEAP_PAGES:
         if not config.private:
@@ -200,6 +209,24 @@ def _pytest(argv: list[str], command: Command) -> None:
             assert (ROOT / word.split("::")[0]).exists(), f"{command}: no {word}"
 
 
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache of a fresh clone: empty at first, filled on first use from a file:// mirror of ../shared/data
+    (the public sources' content, checked by the same SHA-256s)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+FRESH_CLONE_PAGES = ("README.md", "docs/getting-started.md", "docs/families/")
+
+
+def test_the_readme_and_family_pages_need_no_shared_folder() -> None:
+    """What a newcomer runs from the README and the family pages reads data from the cache, not from a
+    folder beside the checkout."""
+    named = [str(c) for c in ALL
+             if c.page.startswith(FRESH_CLONE_PAGES) and any("shared" in word for word in c.argv)]
+    assert not named, named
+
+
 def test_the_pages_have_commands() -> None:
     pages = {c.page for c in ALL}
     assert "README.md" in pages and "docs/getting-started.md" in pages
@@ -208,7 +235,9 @@ def test_the_pages_have_commands() -> None:
 
 @pytest.mark.parametrize("command", ALL, ids=str)
 def test_every_documented_command_runs_as_written(command: Command, monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path: Path) -> None:
+                                                  tmp_path: Path, fresh_cache: Path) -> None:
+    monkeypatch.setenv("DPADMM_CACHE", str(fresh_cache))
+    monkeypatch.setenv("DPADMM_DATA_MIRRORS", Path(SHARED).as_uri())
     program, *argv = _here(command.argv)
     assert not command.fails or program == "flwr", f"{command}: only a failing `flwr run` is checked"
     if program in EXTERNAL:
@@ -251,3 +280,159 @@ def test_the_equations_cite_functions_the_api_reference_documents() -> None:
             assert callable(getattr(importlib.import_module(module), name, None)), f"{page.name}: {target}"
         for math in re.findall(r"\$\$(.*?)\$\$", text, re.S):
             assert "{py:" not in math, f"{page.name}: a role inside display math: {math.strip()[:80]}"
+
+
+# --- How the pages read: Markdown that renders as written, references, the API they name, offline math ---
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n.*?^ {0,3}\1[ \t]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"(`+)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+INLINE_MATH = re.compile(r"(?<![\\$])\$(?=\S)[^$\n]*?(?<=\S)\$(?!\$)")
+LINK_TARGET = re.compile(r"\]\([^)\s]*\)|<https?://[^>\s]*>|https?://\S+|<!--.*?-->", re.S)
+# `*` with a letter or digit on both sides (`2**21`), or before a possessive (`2*'s`): CommonMark reads it as
+# emphasis that pairs with the next star of the paragraph, and both stars vanish.
+STAR_IN_WORD = re.compile(r"(?<=[^\W_])(?<!\\)\*+(?=[^\W_]|'[^\W\d_])")
+# `_` that can close emphasis (after a non-space, before a space, punctuation or the end: `snake_case_`):
+# with any `_` before it in the paragraph the text between them turns italic. The site writes emphasis
+# with `*`, so no `_` may close one; an underscore inside a word (`z_p`) is inert and stays allowed.
+UNDERSCORE_CLOSER = re.compile(r"(?<=\S)(?<![\\_])_+(?=[\s!-/:-@\[-^`{-~]|$)", re.M)
+
+
+def _prose(text: str) -> str:
+    """The page without what Markdown does not read for emphasis: fenced blocks, code spans, math, link
+    targets and URLs (each replaced by blanks of the same lines, so line numbers stay)."""
+    def blank(match: re.Match[str]) -> str:
+        return re.sub(r"[^\n]", " ", match.group(0))
+
+    for pattern in (FENCE, CODE_SPAN, DISPLAY_MATH, INLINE_MATH, LINK_TARGET):
+        text = pattern.sub(blank, text)
+    return text
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_emphasis_marker_inside_a_number_or_a_name(page: Path) -> None:
+    """``2**21`` renders as "2" and a bold "21 ...", ``Algorithm 2*'s`` loses its star, ``a_name_`` turns
+    italic: outside code, math and links such text goes in a code span (`` `2**21` ``) or is escaped
+    (``2\\*'s``). Checked on README.md and every page of the site."""
+    faults = []
+    for number, line in enumerate(_prose(page.read_text()).splitlines(), 1):
+        for pattern in (STAR_IN_WORD, UNDERSCORE_CLOSER):
+            for match in pattern.finditer(line):
+                around = line[max(0, match.start() - 30):match.end() + 30].strip()
+                faults.append(f"{page.relative_to(ROOT)}:{number}: ...{around}...")
+    assert not faults, "emphasis markers inside numbers or names:\n" + "\n".join(faults)
+
+
+FAMILY_PAGES = sorted((ROOT / "docs" / "families").glob("*.md"))
+RESULTS_PAGES = [ROOT / "docs" / "results.md", *sorted((ROOT / "docs" / "results").rglob("*.md"))]
+# Pages whose references are still to be written by their owners (the audit table is edited elsewhere).
+REFERENCES_PENDING = {"docs/results/audit/README.md"}
+REFERENCES = re.compile(r"^(#{2,6}) References[ \t]*\n(.*?)(?=^#{1,6} |\Z)", re.S | re.M)
+ENTRY = re.compile(r"^- (.*?)(?=^- |\Z)", re.S | re.M)
+TITLE = re.compile(r"(?<![\\\w*])\*(?!\s)[^*]+?(?<!\s)\*(?!\*)")
+LINK = re.compile(r"<https?://[^>\s]+>|\]\(https?://[^)\s]+\)")
+
+
+@pytest.mark.parametrize("page", [p for p in FAMILY_PAGES + RESULTS_PAGES
+                                  if str(p.relative_to(ROOT)) not in REFERENCES_PENDING],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_family_and_results_pages_list_their_references(page: Path) -> None:
+    """Each family page and each results page ends with a "References" section: the papers (and the
+    baselines it names) with authors, an italic title, venue and year, and at least one link."""
+    section = REFERENCES.search(page.read_text())
+    assert section, f"{page.relative_to(ROOT)} has no '## References' section"
+    entries = [e.strip() for e in ENTRY.findall(section.group(2)) if e.strip()]
+    assert entries, f"{page.relative_to(ROOT)}: the References section lists nothing"
+    name = page.relative_to(ROOT)
+    for entry in entries:
+        assert TITLE.search(entry), f"{name}: a reference without an italic title: {entry[:80]}"
+        assert re.search(r"\b(19|20)\d\d\b", entry) or LINK.search(entry), \
+            f"{name}: a reference without a year or a link: {entry[:80]}"
+    assert any(TITLE.search(e) and LINK.search(e) for e in entries), \
+        f"{page.relative_to(ROOT)}: no reference has both a title and a link"
+
+
+def _documented() -> tuple[set[str], set[str]]:
+    """The modules the API reference documents whole, and the objects it documents one by one."""
+    api = (ROOT / "docs" / "reference" / "api.md").read_text()
+    modules = set(re.findall(r"automodule:: (\S+)", api))
+    objects = set(re.findall(r"auto(?:function|class|method|data|attribute):: (\S+)", api))
+    return modules, objects
+
+
+def _is_documented(target: str, obj: object, modules: set[str], objects: set[str]) -> bool:
+    owner = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None)
+    return target in objects or owner in modules or f"{owner}.{name}" in objects
+
+
+CALLS = re.compile(r"\b((?:dpadmm|strategies|clients)(?:\.[A-Za-z_]\w*)+)\(")
+IMPORTS = re.compile(r"^\s*from ((?:dpadmm|strategies|clients)(?:\.\w+)*) import ([\w, ]+)$", re.M)
+
+
+def test_every_function_the_pages_call_is_in_the_api_reference() -> None:
+    """What a page tells its reader to import (``from strategies import DPIADMM``) or call
+    (``dpadmm.iadmm.privacy.ledger(...)``) exists and has its docstring on the API reference page."""
+    modules, objects = _documented()
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        named: list[tuple[str, str]] = []
+        for block in re.findall(r"```python\n(.*?)```", text, re.S):
+            for module, names in IMPORTS.findall(block):
+                named += [(module, n.strip()) for n in names.split(",") if n.strip()]
+        for target in CALLS.findall(text):
+            named.append(tuple(target.rsplit(".", 1)))  # type: ignore[arg-type]
+        for module, name in named:
+            obj = getattr(importlib.import_module(module), name, None)
+            assert obj is not None, f"{page.relative_to(ROOT)}: {module}.{name} does not exist"
+            if not _is_documented(f"{module}.{name}", obj, modules, objects):
+                missing.append(f"{page.relative_to(ROOT)}: {module}.{name}")
+    assert not missing, "not in docs/reference/api.md:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_the_math_renderer_and_its_fonts_ship_with_the_site() -> None:
+    """KaTeX renders the equations with no network: the extension ships its script, docs/_static/katex holds
+    KaTeX's stylesheet and every font it names, of the release the script is, and no MathJax (a CDN
+    script) is configured. The built pages are checked by the build itself (docs/_ext/offline_check.py)
+    and by the slow test below."""
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    assert '"sphinxcontrib.katex"' in conf and "sphinx.ext.mathjax" not in conf
+    css_path = re.search(r'^katex_css_path = "([^"]+)"', conf, re.M)
+    assert css_path and not re.match(r"^(\w+:)?//", css_path.group(1)), "katex_css_path must be a local file"
+    css = ROOT / "docs" / "_static" / css_path.group(1)
+    fonts = re.findall(r"url\(([^)]+)\)", css.read_text())
+    assert fonts and all((css.parent / font).is_file() for font in fonts), "a font it names is absent"
+    assert "//" not in "".join(fonts)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["docs"]
+    assert any(re.fullmatch(r"sphinxcontrib-katex==[\d.]+", spec) for spec in extra), \
+        "pin sphinxcontrib-katex exactly: its katex.min.js must be the release of _static/katex"
+    katex = pytest.importorskip("sphinxcontrib.katex")  # the docs extra; the release check needs it
+    version = re.search(r'katex-version:after\{content:"([\d.]+)"\}', css.read_text())
+    assert version and version.group(1) == katex.katex_version, \
+        f"_static/katex is KaTeX {version and version.group(1)}, the extension's script {katex.katex_version}"
+
+
+@pytest.mark.slow
+def test_the_built_site_reads_offline(tmp_path: Path) -> None:
+    """Build the site as CI does (warnings are errors) and check the output: no page loads anything from the
+    network, and every equation of the family pages is wrapped for KaTeX's auto-render."""
+    for module in ("sphinx", "myst_parser", "furo", "sphinxcontrib.katex"):
+        pytest.importorskip(module)  # the docs extra: pip install -e ".[docs]"
+    import subprocess
+
+    out = tmp_path / "html"
+    build = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                            str(ROOT / "docs"), str(out), "-d", str(tmp_path / "doctrees")],
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        offline_check = importlib.import_module("offline_check")
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    assert offline_check.problems(out) == []
+    page = (out / "families" / "iadmm.html").read_text()
+    assert page.count('<div class="math') >= 5 and "\\[" in page and "\\(" in page
+    assert not re.search(r"<script[^>]*mathjax", page, re.I) and "cdn.jsdelivr" not in page

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpadmm.linadmm.reproduce import TUNED, Grid, crossover, finals, run_grid, tuned
+from dpadmm.linadmm.reproduce import TUNED, Grid, crossover, estimate, finals, run_grid, tuned
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -19,6 +19,9 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("ijcnn1",), eps=(0.05, 0.5),
                 rounds=(5, 10), seeds=2, optimum_rounds=300)
+    estimated = estimate(grid)  # before it starts: the optimum's 2 long runs, 2 x 6 cells, 6 curves
+    assert estimated.units == 2 + 2 * 6 + 6 and estimated.probes == 6 and estimated.seconds > 0
+    assert "not included: the reference solver" in estimated.line()
     out = run_grid(grid, progress=False, log=lambda _: None)
     cells = _rows(out / "cells.csv")
     # per T: 2 non-private runs, 2 private methods x 2 eps x 2 seeds
@@ -34,6 +37,7 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     assert all(float(c["objective"]) > float(optimum["optimum"]) for c in curves)
     report = (out / "summary.md").read_text()
     assert "| ijcnn1 | 10 |" in report and "T* per data set" in report
+    assert "\n## References\n\n- **002**: Tao Xu" in report  # written here, so a rebuilt page keeps it
     assert (out / "fig1-gap-vs-time.png").stat().st_size > 0 and (out / "fig2-vs-eps.png").stat().st_size > 0
     # the mean of the seeds is the table's
     table = finals(cells)
@@ -43,6 +47,7 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     # the private runs differ by seed
     assert len(set(seeds)) == 2
     before = (out / "cells.csv").read_text()
+    assert estimate(grid).units == 0
     run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
     assert (out / "cells.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpadmm.iadmm import engine, privacy
-from dpadmm.iadmm.reproduce import GridConfig, cell_name, collect, run_grid
+from dpadmm.iadmm.reproduce import GridConfig, cell_name, collect, estimate, run_grid
 from dpadmm.runs.results import failure, read_metrics
 
 ROUNDS = 4
@@ -52,6 +52,10 @@ def test_grid_cells_use_the_papers_calibration() -> None:
 def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     out = tmp_path / "grid"
     logged: list[str] = []
+    # before it starts, the wall time: each kind of cell timed by a short probe with the cell's seeds
+    estimated = estimate(_grid(out, mnist_dir))
+    assert estimated.units == estimated.probes == 2 and estimated.seconds > 0
+    assert estimated.line().startswith("reproduce: estimated wall time about ")
     run_grid(_grid(out, mnist_dir), progress=False, log=logged.append)
     assert any("data-dependent" in line for line in logged)  # says which calibration it uses
     # results.csv: one row per cell x seed x evaluated round
@@ -63,6 +67,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     # summary.md: the papers' numbers next to ours, and the ledger of each cell
     summary = (out / "summary.md").read_text()
     assert "9.10 (003, non-private)" in summary and "nominal" in summary
+    assert "\n## References\n\n- **003**: Minseok Ryu" in summary  # written here, so a rebuilt page keeps it
     assert "**Shortened grid.** MNIST: T = 4 of the papers' 20,000 rounds, 2 of 10 seeds." in summary
     config = next(c for c in _grid(out, mnist_dir).cells() if c.algorithm == "objpm")
     ledger = privacy.ledger(config, total_samples=60000)
@@ -73,6 +78,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second call skips the completed cells
+    assert estimate(_grid(out, mnist_dir)).units == 0
     logged.clear()
     run_grid(_grid(out, mnist_dir), progress=False, log=logged.append)
     assert sum("complete, skipped" in line for line in logged) == 2

@@ -11,7 +11,7 @@ import pytest
 
 from dpadmm.privacy.ledger import Release, pld_epsilon
 from dpadmm.sharing import privacy
-from dpadmm.sharing.reproduce import Grid, best_step, implied_epsilon, mean_curves, run_grid
+from dpadmm.sharing.reproduce import Grid, best_step, estimate, implied_epsilon, mean_curves, run_grid
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -22,6 +22,9 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("a9a",), epochs=4,
                 sigmas=(1.0, 100.0), eps=(1.0,), seeds=2, rates=(1.0, 3.0), rhos=(1.0, 2.0))
+    estimated = estimate(grid)  # before it starts: ADMM's 2 rhos, 2 modes x 2 sigmas, Theorem 3's; SGD
+    assert estimated.units == 2 + 2 * 2 + 1 + 1 and estimated.probes == 4 and estimated.seconds > 0
+    assert "not included: the scikit-learn baselines" in estimated.line()
     out = run_grid(grid, progress=False, log=lambda _: None)
     base = {r["model"]: r for r in _rows(out / "baselines.csv")}
     # party 1's columns are a restriction of all columns: scikit-learn's optimum cannot be lower
@@ -43,9 +46,12 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     report = (out / "summary.md").read_text()
     assert "| a9a | 66,57 | 32561 | 16281 | all features |" in report
     assert "(Theorem 3, eps = 1)" in report and "beats party 1 alone" in report
+    # written here, so a rebuilt page keeps them
+    assert "\n## References\n\n- **001**: Yaochen Hu" in report and "*FDML:" in report
     for figure in ("fig1-a9a.png", "fig3-noise.png"):
         assert (out / figure).stat().st_size > 0
     before = (out / "curves.csv").read_text()
+    assert estimate(grid).units == 0
     run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
     assert (out / "curves.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):

@@ -19,11 +19,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
 from docutils.parsers.rst import directives
+from offline_check import problems as offline_problems
 from sphinx.application import Sphinx
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 from dpadmm.keys import key
@@ -97,6 +100,8 @@ class KeysDirective(SphinxDirective):
         return [table]
 
 
+logger = logging.getLogger(__name__)
+
 _LITERAL = re.compile(r"(``.*?``)")
 
 
@@ -109,7 +114,17 @@ def escape_bars(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines
         lines[i] = "".join(part if part.startswith("``") else part.replace("|", "\\|") for part in parts)
 
 
+def check_offline(app: Sphinx, exception: Exception | None) -> None:
+    """After an HTML build: a warning (an error under ``-W``) for each thing that would not work offline:
+    a script, stylesheet or font from the network, a font the math stylesheet names but the build lacks,
+    an equation not wrapped for KaTeX's auto-render (``offline_check.py``)."""
+    if exception is None and app.builder.format == "html":
+        for problem in offline_problems(Path(app.outdir)):
+            logger.warning("offline: %s", problem)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("dpadmm-keys", KeysDirective)
     app.connect("autodoc-process-docstring", escape_bars)
+    app.connect("build-finished", check_offline)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -44,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from dpadmm.iadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig
+from dpadmm.runs import references
+from dpadmm.runs.estimate import Estimate, Unit, evaluations
+from dpadmm.runs.estimate import estimate as estimate_units
 
 # The engine, the data and numpy are imported where they are used, so that the ``dpadmm`` command can build
 # its parser from GridConfig without them (``dpadmm --help`` in well under a second).
@@ -55,6 +58,8 @@ PAPER_ROUNDS = 20000
 PAPER_SEEDS = 10
 FULL_COMMAND = ("dpadmm reproduce --out reproduce --mnist-dir ../shared/data/mnist "
                 "--femnist-dir ../shared/data/femnist")
+# The works summary.md cites (:mod:`dpadmm.runs.references`): the two papers and their OutP baseline.
+REFERENCES = ("003", "000", "huang2019")
 CSV_FIELDS = ("dataset", "algorithm", "eps", "local_steps", "rounds", "seed", "round", "test_error",
               "train_loss", "consensus_violation", "noise_magnitude", "rho", "seconds")
 
@@ -203,6 +208,31 @@ def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], No
         write_report(out, grid.delta)
     write_report(out, grid.delta)
     return out
+
+
+def estimate(grid: GridConfig) -> Estimate:
+    """The wall time of the cells of ``grid`` not yet complete in ``grid.out``, before any runs: each kind
+    of cell (data set, algorithm, E, private or not: what a round costs) runs a few rounds with the cell's
+    seeds (:mod:`dpadmm.runs.estimate`); a cell costs T of its rounds and its evaluations. At the papers'
+    defaults (T = 20,000, 10 seeds) that is days on a laptop's CPU: the caller says so before starting."""
+    from dpadmm.iadmm import engine
+
+    seeds = list(range(grid.seeds))
+    units = []
+    for config in grid.cells():
+        if (Path(grid.out) / "runs" / cell_name(config) / "cell.json").exists():
+            continue
+        cell_seeds = seeds if config.private else seeds[:1]
+
+        def run(k: int, config: RunConfig = config, cell_seeds: list[int] = cell_seeds
+                ) -> list[dict[str, Any]]:
+            probe = dataclasses.replace(config, rounds=k, eval_every=1)
+            return engine.run_seeds(probe, cell_seeds, write=False, progress=False)[0].records
+
+        units.append(Unit(key=(config.dataset, config.algorithm, config.steps, config.private),
+                          iterations=config.rounds, evaluations=evaluations(config.rounds, config.eval_every),
+                          probe=run))
+    return estimate_units(units, excluded="the report and figures rebuilt after each cell (seconds each)")
 
 
 def machine() -> str:
@@ -369,6 +399,8 @@ def summary(out: Path, rows: list[dict[str, Any]], delta: float) -> str:
         "003 Fig. 1), `fig2-best-error-vs-eps.png` (best test error against eps-bar, 003 Fig. 2), "
         "`fig3-noise.png` (mean noise magnitude against round, 003 Fig. 3), `fig5-consensus.png` "
         "(consensus violation against round, 000 Fig. 5).",
+        "",
+        *references.section(REFERENCES),
         "",
     ]
     return "\n".join(lines)

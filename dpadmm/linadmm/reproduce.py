@@ -29,8 +29,10 @@ Everything is appended to CSV files in ``--out`` as it completes (``problems.csv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -39,11 +41,15 @@ from typing import Any
 
 from dpadmm.catalog import BINARY_DATASET_NAMES
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.runs import references
+from dpadmm.runs.estimate import Estimate, Unit
+from dpadmm.runs.estimate import estimate as estimate_units
 from dpadmm.runs.tables import Tables, from_args
 
 PAPER = LinAdmmConfig()  # the paper's constants are the family's defaults
 PAPER_DATASETS = ("a8a", "a9a", "bio_train", "ijcnn1")  # the panels of 002's Fig. 1, in its order
 PAPER_EPS = tuple(round(0.01 * k, 2) for k in range(1, 11))
+REFERENCES = ("002",)  # what summary.md cites (dpadmm.runs.references): the paper alone
 # (label, algorithm, private): the four lines of 002's figures
 METHODS = (("ADMM", "dp-admm", False), ("AccADMM", "dp-accadmm", False),
            ("DP-ADMM", "dp-admm", True), ("DP-AccADMM", "dp-accadmm", True))
@@ -123,6 +129,54 @@ def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = 
         write_report(out)
     write_report(out)
     return out
+
+
+def estimate(grid: Grid) -> Estimate:
+    """The wall time of the units of ``grid`` not yet in ``grid.out``, before any runs: the long non-private
+    runs that check the optimum, the cells (T iterations, one evaluation, the seeds batched) and Fig. 1's
+    curves (each seed alone, every iteration evaluated). Each kind (data set, algorithm, private or not,
+    seeds) runs a few iterations on the loaded data set (:mod:`dpadmm.runs.estimate`); the loading is
+    timed and counted once per data set, as the grid loads each once."""
+    from dpadmm.linadmm import engine, problem
+
+    if not grid.data_dir:
+        raise ValueError("--data-dir is needed: a folder with one sub-folder per data set, e.g. "
+                         "../shared/data (a9a/a9a.gz, bio_train/bio_train.dat.gz, ...)")
+    tables = Tables(Path(grid.out), FILES)
+    units: list[Unit] = []
+    loading = 0.0
+    t_max = max(grid.rounds)
+    for dataset in grid.datasets:
+        wanted: list[tuple[str, bool, int, int, int]] = []  # algorithm, private, seeds, iterations, evals
+        if dataset not in {r["dataset"] for r in tables.read("optimum")}:
+            wanted += [(alg, False, 1, grid.optimum_rounds, 1) for alg in ("dp-admm", "dp-accadmm")]
+        done = {(r["method"], float(r["eps"]), int(r["rounds"])) for r in tables.read("cells")
+                if r["dataset"] == dataset}
+        wanted += [(algorithm, private, grid.seeds if private else 1, rounds, 1)
+                   for rounds in grid.rounds for label, algorithm, private in METHODS
+                   for eps in (grid.eps if private else (math.inf,)) if (label, eps, rounds) not in done]
+        drawn = {(r["method"], int(r["seed"])) for r in tables.read("curves") if r["dataset"] == dataset}
+        wanted += [(algorithm, private, 1, t_max, t_max) for label, algorithm, private in METHODS
+                   for seed in (range(grid.seeds) if private else range(1)) if (label, seed) not in drawn]
+        if not wanted:
+            continue
+        began = time.perf_counter()
+        task = problem.load(dataset, str(Path(grid.data_dir) / dataset), PAPER.graph_alpha,
+                            engine.DTYPES[grid.dtype], grid.device)
+        loading += time.perf_counter() - began
+        for algorithm, private, seeds, iterations, evaluated in wanted:
+
+            def run(k: int, dataset: str = dataset, algorithm: str = algorithm, private: bool = private,
+                    seeds: int = seeds, task: Any = task) -> list[dict[str, Any]]:
+                config = grid.config(dataset, algorithm, grid.fig1_eps if private else math.inf, k,
+                                     grid.eta or 1.0, 1)
+                return engine.run(config, range(seeds), problem=task, write=False, progress=False).records[0]
+
+            units.append(Unit(key=(dataset, algorithm, private, seeds), iterations=iterations,
+                              evaluations=evaluated, probe=run))
+    excluded = "the reference solver of each data set whose optimum is not yet in --out"
+    found = estimate_units(units, excluded=excluded)
+    return dataclasses.replace(found, seconds=found.seconds + loading)
 
 
 @dataclass(frozen=True)
@@ -396,5 +450,5 @@ def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], optim
                 cells += ["—" if start is None else f"{start:g}", "yes" if below else "no"]
             lines.append(f"| {d} | {t if t != TUNED else 'each its best'} | " + " | ".join(cells) + " |")
     lines += ["", "*each its best*: each method at each eps with the T of the grid that is best for it in "
-              "that column (the most favourable tuning for both).", ""]
+              "that column (the most favourable tuning for both).", "", *references.section(REFERENCES), ""]
     return "\n".join(lines)

@@ -40,6 +40,7 @@ Everything is appended to CSV files in ``--out`` as it completes (``problems.csv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -49,6 +50,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dpadmm.runs import references
+from dpadmm.runs.estimate import Estimate, Unit
+from dpadmm.runs.estimate import estimate as estimate_units
 from dpadmm.runs.tables import Tables, from_args
 from dpadmm.sharing.config import DATASETS, SharingConfig
 
@@ -66,6 +70,7 @@ FILES = {
                "test_log_loss", "test_error", "elapsed"),
 }  # step: SGD's learning rate, ADMM's rho in units of 1/(4N)
 BASELINES = {"all features": None, "party 1 alone": [0]}  # scikit-learn on these parties' columns
+REFERENCES = ("001", "hu2019")  # what summary.md cites (dpadmm.runs.references): 001 and its SGD baseline
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,64 @@ def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = 
         _run_dataset(grid, out, dataset, progress, log)
         write_report(out)
     return out
+
+
+def estimate(grid: Grid) -> Estimate:
+    """The wall time of the runs of ``grid`` not yet in ``grid.out``, before any runs: ADMM sharing without
+    noise (one per rho), under each noise (the seeds batched) and at each eps, and vertical SGD, every one
+    ``epochs`` long and evaluated every epoch. Each kind runs a few epochs on the loaded data set
+    (:mod:`dpadmm.runs.estimate`); the loading is timed and counted once per data set."""
+    from dpadmm.sharing import baselines, engine, privacy
+
+    tables = Tables(Path(grid.out), FILES)
+    rows = tables.read("curves")
+    units: list[Unit] = []
+    loading = 0.0
+    sklearn = False
+    for dataset in grid.datasets:
+        free = grid.config(dataset, math.inf, "message")
+        sklearn |= {r["model"] for r in tables.read("baselines") if r["dataset"] == dataset} != set(BASELINES)
+        done = {(r["method"], r["noise"], float(r["sigma"]), float(r["step"])) for r in rows
+                if r["dataset"] == dataset}
+        rho = best_step(mean_curves(rows), dataset, "ADMM")  # None until the noise-free runs are in
+        known = [r for r in tables.read("problems") if r["dataset"] == dataset]
+        sigmas = [(noise, sigma) for noise in NOISES for sigma in grid.sigmas]
+        if known:  # Theorem 3's sigma at each eps needs the sensitivity, which the first call wrote
+            sensitivity = float(known[0]["sensitivity"])
+            sigmas += [("message", privacy.theorem_3_std(eps, grid.delta, sensitivity)) for eps in grid.eps]
+        else:
+            sigmas += [("message", 1.0)] * len(grid.eps)
+        wanted = [("none", 0.0, step, 1) for step in grid.rhos if ("ADMM", "none", 0.0, step) not in done]
+        wanted += [(noise, sigma, rho or grid.rhos[0], grid.seeds) for noise, sigma in sigmas
+                   if rho is None or ("ADMM", noise, float(f"{sigma:.9g}"), rho) not in done]
+        sgd = not any(method == "SGD" for method, *_ in done)
+        if not wanted and not sgd:
+            continue
+        began = time.perf_counter()
+        problem = engine.load(free)
+        loading += time.perf_counter() - began
+        n = problem.num_samples
+        for noise, sigma, step, seeds in wanted:
+            config = grid.config(dataset, math.inf, "message" if noise == "none" else noise, step / (4 * n))
+
+            def run(k: int, config: SharingConfig = config, sigma: float = sigma, seeds: int = seeds,
+                    problem: Any = problem) -> list[dict[str, Any]]:
+                return engine.run(dataclasses.replace(config, rounds=k), range(seeds), problem=problem,
+                                  write=False, progress=False, std=sigma).records[0]
+
+            units.append(Unit(key=(dataset, noise, seeds), iterations=grid.epochs, evaluations=grid.epochs,
+                              probe=run))
+        if sgd:
+
+            def sgd_run(k: int, problem: Any = problem, l2: float = free.l2) -> list[dict[str, Any]]:
+                began = time.perf_counter()
+                baselines.vertical_sgd(problem, l2, grid.rates, list(range(grid.seeds)), k, grid.batch)
+                per_epoch = (time.perf_counter() - began) / k  # its evaluations included
+                return [{"seconds": per_epoch}] * k
+
+            units.append(Unit(key=(dataset, "SGD"), iterations=grid.epochs, evaluations=0, probe=sgd_run))
+    found = estimate_units(units, excluded="the scikit-learn baselines not yet in --out" if sklearn else "")
+    return dataclasses.replace(found, seconds=found.seconds + loading)
 
 
 def _curve_rows(dataset: str, method: str, noise: str, sigma: float, eps: float, step: float,
@@ -378,6 +441,7 @@ def summary(settings: dict[str, Any], problems: dict[str, dict[str, str]], base:
         lines.append("")
     lines += ["## The paper's claims", ""]
     lines += _claims(problems, base, curves, steps)
+    lines += ["", *references.section(REFERENCES)]
     return "\n".join(lines) + "\n"
 
 
