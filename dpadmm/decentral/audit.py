@@ -40,7 +40,7 @@ import torch
 from dpadmm.decentral import engine, privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
 from dpadmm.privacy.secure import laplace_epsilon_cost
 
 Release = Callable[..., tuple[torch.Tensor, Any]]  # engine.release's signature: what broken variants replace
@@ -194,14 +194,12 @@ def one_run(config: DecentralConfig, canaries: int = CANARIES, alpha: float = AL
     for k in range(1, config.rounds + 1):
         state, _ = engine.iterate(config, agents, state, [seed], k)
         scores += state.x[0, :, :-1].sum(dim=-1)
-    bound, detail = one_run_audit(scores.numpy(), included.numpy(), 0.0, alpha)
     length = counted(config.rounds, "iteration")
-    return AuditResult(kind=f"{config.algorithm} whole run ({length}), one run with canaries",
-                       claim=whole.epsilon, delta=0.0, bound=bound, trials=canaries,
-                       seconds=time.perf_counter() - began, alpha=alpha,
-                       attack="one sample of each agent replaced with probability 1/2; the colluding agents' "
-                              "score: the sum of its exchanged coordinates 1..d-1 over the iterations",
-                       detail=detail)
+    return one_run_result(f"{config.algorithm} whole run ({length})", scores.numpy(), included.numpy(),
+                          whole.epsilon, 0.0, began, alpha,
+                          attack="one sample of each agent replaced with probability 1/2; the colluding "
+                                 "agents' score: the sum of its exchanged coordinates 1..d-1 over the "
+                                 "iterations")
 
 
 def audits(config: DecentralConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:

@@ -41,7 +41,7 @@ from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import LocalResult, agent_round
 from dpadmm.models.logistic import AgentData
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
 from dpadmm.privacy.ledger import single_release
 
 Release = Callable[..., LocalResult]  # agent_round's signature: what the tests' broken variants replace
@@ -189,14 +189,11 @@ def one_run(config: RunConfig, canaries: int = CANARIES, alpha: float = ALPHA, s
     for t in range(1, config.rounds + 1):
         engine.step(config, data, state, t)
         scores += state.z[0, 0, :, 0] - state.z[0, 0, :, 1]
-    bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
     length = f"{counted(config.rounds, 'round')} of {counted(config.steps, 'step')}"
-    return AuditResult(kind=f"{config.algorithm} whole run ({length}), one run with canaries",
-                       claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
-                       seconds=time.perf_counter() - began, alpha=alpha,
-                       attack="Dirac canaries, each in the agent's data with probability 1/2; the server's "
-                              "score: the sum of z_p[j, 0] - z_p[j, 1] over the rounds",
-                       detail=detail)
+    return one_run_result(f"{config.algorithm} whole run ({length})", scores.numpy(), included.numpy(),
+                          run.epsilon_pld, run.delta, began, alpha,
+                          attack="Dirac canaries, each in the agent's data with probability 1/2; the "
+                                 "server's score: the sum of z_p[j, 0] - z_p[j, 1] over the rounds")
 
 
 def audits(config: RunConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:

@@ -33,7 +33,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import Problem, constraint_matrix
 from dpadmm.models import binary
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
 
 Release = Callable[..., torch.Tensor]  # engine.release's signature: what the tests' broken variants replace
 Clipped = Callable[..., torch.Tensor]  # binary.clipped_gradient_sum's
@@ -132,14 +132,11 @@ def one_run(config: LinAdmmConfig, canaries: int = CANARIES, alpha: float = ALPH
     for t in range(1, config.rounds + 1):
         state, _, released = engine.step(config, problem, state, [seed], t, sigma, constants)
         scores -= released[0]
-    bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
     length = counted(config.rounds, "iteration")
-    return AuditResult(kind=f"{config.algorithm} whole run ({length}), one run with canaries",
-                       claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
-                       seconds=time.perf_counter() - began, alpha=alpha,
-                       attack="Dirac canaries, each a row in the data with probability 1/2 (else a row of "
-                              "zeros); the score: minus the sum of the released gradient's coordinate j",
-                       detail=detail)
+    return one_run_result(f"{config.algorithm} whole run ({length})", scores.numpy(), included.numpy(),
+                          run.epsilon_pld, run.delta, began, alpha,
+                          attack="Dirac canaries, each a row in the data with probability 1/2 (else a row of "
+                                 "zeros); the score: minus the sum of the released gradient's coordinate j")
 
 
 def audits(config: LinAdmmConfig, trials: int = 200_000, alpha: float = ALPHA) -> list[AuditResult]:

@@ -25,6 +25,7 @@ Two designs share this module:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,3 +280,14 @@ def one_run_audit(scores: np.ndarray, included: np.ndarray, delta: float = 0.0, 
             best, detail = value, {"canaries": m, "guesses": 2 * k, "correct": correct}
     return best, detail
 
+
+
+def one_run_result(kind: str, scores: np.ndarray, included: np.ndarray, claim: float, delta: float,
+                   began: float, alpha: float, attack: str) -> AuditResult:
+    """A whole run audited from one run: :func:`one_run_audit` of the canaries' ``scores`` and inclusion
+    flags, beside the ledger's whole-run ``claim`` at ``delta``; ``began`` is the audit's start
+    (``time.perf_counter``). The families' ``one_run`` differ in their canaries and scores, not here."""
+    bound, detail = one_run_audit(scores, included, delta, alpha)
+    return AuditResult(kind=f"{kind}, one run with canaries", claim=claim, delta=delta, bound=bound,
+                       trials=int(np.asarray(scores).size), seconds=time.perf_counter() - began, alpha=alpha,
+                       attack=attack, detail=detail)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_audit, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 
@@ -159,17 +159,13 @@ def one_run(config: SharingConfig, canaries: int = CANARIES, alpha: float = ALPH
             scores += ((sent - (mu + mu_prime) / 2) * (mu - mu_prime)).sum(dim=-1)
         else:
             scores += _residual(replaced, sent) - _residual(block, sent)
-    bound, detail = one_run_audit(scores.numpy(), included.numpy(), run.delta, alpha)
     covered = "" if config.noise == "message" else ", NOT COVERED"
     length = counted(config.rounds, "round")
-    return AuditResult(kind=f"{config.algorithm} whole run ({length}, {config.noise} noise{covered}), "
-                            "one run with canaries",
-                       claim=run.epsilon_pld, delta=run.delta, bound=bound, trials=canaries,
-                       seconds=time.perf_counter() - began, alpha=alpha,
-                       attack="canary parties, each holding rows e_1 (else rows +-e_1 alternating) with "
-                              "probability 1/2; the server's score: the summed log-likelihood ratio of each "
-                              "party's messages, from its step run on both blocks",
-                       detail=detail)
+    return one_run_result(f"{config.algorithm} whole run ({length}, {config.noise} noise{covered})",
+                          scores.numpy(), included.numpy(), run.epsilon_pld, run.delta, began, alpha,
+                          attack="canary parties, each holding rows e_1 (else rows +-e_1 alternating) with "
+                                 "probability 1/2; the server's score: the summed log-likelihood ratio of "
+                                 "each party's messages, from its step run on both blocks")
 
 
 def _residual(block: torch.Tensor, messages: torch.Tensor) -> torch.Tensor:
