@@ -176,6 +176,19 @@ def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
                           "(Hu et al., ADMM sharing) or 004 (Xiao et al., decentralised local DP)")
     {"001": _add_reproduce_001, "002": _add_reproduce_002, "003": _add_reproduce_003,
      "004": _add_reproduce_004}[paper](rep)
+    rep.add_argument("--workers", type=int, default=1,
+                     help="cells run at once: 1 (default) one after another in this process; N > 1 on a "
+                          "local Ray instance, each cell with its share of the cores (the same results)")
+    rep.add_argument("--ray-address", default="",
+                     help="run the cells on the existing Ray cluster at this address (host:port, or auto: "
+                          "RAY_ADDRESS or the cluster started on this machine); every node needs dpadmm and "
+                          "the data, none needs this folder: results come back here")
+    rep.add_argument("--threads", type=int, default=1,
+                     help="threads per cell (default: 1). The numbers of a grid are the same for the same "
+                          "--threads however many --workers run it; other threads may change last digits")
+    rep.add_argument("--checkpoint-minutes", type=float, default=5.0,
+                     help="a running cell saves its state this often; its worker lost, it resumes from there "
+                          "(default: 5)")
     rep.add_argument("--report-only", action="store_true",
                      help="only rebuild the report from the completed cells")
     rep.add_argument("--no-progress", action="store_true", help="do not show progress bars")
@@ -300,8 +313,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     else:
         from dpadmm.iadmm import reproduce
 
+    from dpadmm.runs.grid import CellsFailed, GridOptions
+
+    runner = ("workers", "ray_address", "threads", "checkpoint_minutes")
     options = {k: v for k, v in vars(args).items()
-               if k not in ("command", "paper", "report_only", "no_progress", "no_estimate")}
+               if k not in ("command", "paper", "report_only", "no_progress", "no_estimate", *runner)}
     try:
         if args.report_only:
             out = Path(args.out)
@@ -315,11 +331,17 @@ def _reproduce(args: argparse.Namespace) -> int:
                 reproduce.write_report(out, args.delta)
         else:
             grid = reproduce.grid_from_args(**options)
+            how = GridOptions(workers=args.workers, ray_address=args.ray_address, threads=args.threads,
+                              checkpoint_seconds=60 * args.checkpoint_minutes, progress=not args.no_progress)
             if not args.no_estimate:  # before the grid starts: the papers' defaults run for days (003)
                 print("reproduce: timing a few iterations of each kind of run to estimate the wall time ...",
                       flush=True)
-                print(reproduce.estimate(grid).line(), flush=True)
-            out = reproduce.run_grid(grid, progress=not args.no_progress)
+                print(reproduce.estimate(grid).line(how.parallel()), flush=True)
+            out = reproduce.run_grid(grid, how)
+    except CellsFailed as err:  # the other cells completed and are in the report
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        print(f"report of the completed cells: {(Path(args.out) / 'summary.md').resolve()}")
+        return 1
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

@@ -141,10 +141,13 @@ def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path,
              "--rhos", "2", "--out", "r", "--no-progress")
     done = _dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "paper noise sigma=1" in done.stdout and "report:" in done.stdout
+    assert "a9a/ADMM/paper-noise/sigma=1/rho=2: complete" in done.stdout and "report:" in done.stdout
     # the estimated wall time comes first, before any run
     estimated = done.stdout.index("reproduce: estimated wall time about ")
-    assert estimated < done.stdout.index("a9a: ADMM sharing") and "--no-estimate" in shown.stdout
+    assert estimated < done.stdout.index("a9a/problem: running") and "--no-estimate" in shown.stdout
+    assert "--workers" in shown.stdout and "--ray-address" in shown.stdout
+    done = _dpadmm("reproduce", "--paper", "001", *small, "--workers", "0", cwd=tmp_path)
+    assert done.returncode == 2 and "workers=0 is not allowed" in done.stderr
     (tmp_path / "r" / "summary.md").unlink()
     done = _dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
     assert done.returncode == 0 and "## The paper's claims" in (tmp_path / "r" / "summary.md").read_text()

@@ -1,4 +1,5 @@
-"""The Flower simulation across the nodes of an existing multi-node Ray cluster, for real.
+"""The Flower simulation, and the reproduce grids, across the nodes of an existing multi-node Ray cluster,
+for real.
 
 The cluster is built the way an operator builds one, with Ray's own CLI: ``ray start --head``
 and ``ray start --address=HEAD:PORT`` for a second node, each a raylet of its own with 1 CPU,
@@ -24,8 +25,10 @@ in its environment, or naming its temp dir on its command line, is terminated, t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_ports, stop_flwr_processes
+from tests.conftest import ROOT, free_ports, grid_results, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
@@ -251,3 +254,39 @@ def test_clientapps_run_on_every_node_of_an_existing_ray_cluster(
     for key in cluster_w.files:
         np.testing.assert_array_equal(cluster_w[key], local_w[key])  # bit for bit
     assert abs(cluster_w["round-2"]).max() > 0
+
+
+def test_reproduce_grids_run_on_every_node_of_an_existing_ray_cluster(
+        ray_cluster: RayCluster, tmp_path: Path, mnist_dir: Path, binary_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dpadmm reproduce --ray-address``: each family's tiny grid runs its cells on both nodes (1 CPU each,
+    so two cells at once, one per node) and writes, bit for bit but for the clocks, what a sequential run
+    writes."""
+    from dpadmm.decentral import reproduce as r004
+    from dpadmm.iadmm import reproduce as r003
+    from dpadmm.linadmm import reproduce as r002
+    from dpadmm.runs.grid import GridOptions
+    from dpadmm.sharing import reproduce as r001
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    grids = {
+        "003": (r003, r003.GridConfig(datasets=("mnist",), algorithms=("iadmm", "objpm"), eps=(0.5, 1.0),
+                                      seeds=2, rounds=4, eval_every=2, mnist_dir=str(mnist_dir),
+                                      iadmm_steps=(1,))),
+        "002": (r002, r002.Grid(data_dir=str(binary_dir), datasets=("ijcnn1",), eps=(0.05,), rounds=(3,),
+                                seeds=2, optimum_rounds=20)),
+        "001": (r001, r001.Grid(data_dir=str(binary_dir), datasets=("a9a",), epochs=2, sigmas=(1.0,),
+                                eps=(1.0,), seeds=2, rates=(1.0,), rhos=(2.0,))),
+        "004": (r004, r004.Grid(data_dir=str(binary_dir / "adult"), figures=("2", "D-1"), seeds=2, rounds=4)),
+    }
+    for paper, (module, grid) in grids.items():
+        logged: list[str] = []
+        here, there = tmp_path / paper / "sequential", tmp_path / paper / "cluster"
+        module.run_grid(dataclasses.replace(grid, out=str(here)), GridOptions(progress=False),
+                        log=lambda _: None)
+        module.run_grid(dataclasses.replace(grid, out=str(there)),
+                        GridOptions(ray_address=ray_cluster.address, progress=False), log=logged.append)
+        started = (re.search(r"started on .*\(Ray node ([\d.]+)\)", line) for line in logged)
+        nodes = {m.group(1) for m in started if m}
+        assert nodes == {HEAD_IP, WORKER_IP}, (paper, logged)
+        assert grid_results(there) == grid_results(here), paper

@@ -60,6 +60,10 @@ def test_units_of_one_key_share_a_probe_and_add_up() -> None:
                             "yet complete (timed by 1 short probe on this machine, "
                             f"{found.probe_seconds:.0f} s; a rough figure, often off by tens of percent); "
                             "not included: the report")
+    # two cells at once (--workers 2): half the wall time, the total said beside it
+    assert found.line(2).startswith(f"reproduce: estimated wall time {duration(found.seconds / 2)} (2 at "
+                                    f"once; {duration(found.seconds)} one after another) for the 2 runs")
+    assert found.line(8) == found.line(2)  # no more at once than there are runs
     assert estimate([]).line() == ("reproduce: every run of this grid is complete in --out; only the report "
                                    "is rebuilt")
 

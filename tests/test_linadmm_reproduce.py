@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 
 from dpadmm.linadmm.reproduce import TUNED, Grid, crossover, estimate, finals, run_grid, tuned
+from dpadmm.runs.grid import GridOptions
+from tests.conftest import grid_results
+
+QUIET = GridOptions(progress=False)
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -22,7 +26,11 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     estimated = estimate(grid)  # before it starts: the optimum's 2 long runs, 2 x 6 cells, 6 curves
     assert estimated.units == 2 + 2 * 6 + 6 and estimated.probes == 6 and estimated.seconds > 0
     assert "not included: the reference solver" in estimated.line()
-    out = run_grid(grid, progress=False, log=lambda _: None)
+    logged: list[str] = []
+    out = run_grid(grid, QUIET, log=logged.append)
+    # one cell per unit: the problem and the optimum, per T 2 + 2 x 2 (method, eps), 2 + 2 x 2 curves
+    assert sum(line.endswith(": complete") for line in logged) == 2 + 2 * 6 + 6
+    assert "ijcnn1 DP-ADMM eps=0.05 T=10: complete" in logged and "ijcnn1 ADMM T=5: complete" in logged
     cells = _rows(out / "cells.csv")
     # per T: 2 non-private runs, 2 private methods x 2 eps x 2 seeds
     assert len(cells) == 2 * (2 + 2 * 2 * 2)
@@ -48,10 +56,40 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
     assert len(set(seeds)) == 2
     before = (out / "cells.csv").read_text()
     assert estimate(grid).units == 0
-    run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
+    logged.clear()
+    run_grid(grid, QUIET, log=logged.append)  # a second call skips every cell
+    assert sum(line.endswith(": complete, skipped") for line in logged) == 2 + 2 * 6 + 6
+    assert not [line for line in logged[1:] if not line.endswith(": complete, skipped")]
     assert (out / "cells.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):
-        run_grid(Grid(**{**grid.__dict__, "seeds": 3}), progress=False, log=lambda _: None)
+        run_grid(Grid(**{**grid.__dict__, "seeds": 3}), QUIET, log=lambda _: None)
+
+
+@pytest.mark.slow  # starts Ray
+def test_ray_workers_write_the_same_numbers_and_an_interrupted_grid_resumes(tmp_path: Path,
+                                                                           binary_dir: Path) -> None:
+    """The same tiny grid in this process and on two local Ray workers (one thread per cell in both): the
+    same tables, every number equal (the clocks aside). A folder that holds the rows of its first cells
+    only (a call interrupted there) is completed to the same tables."""
+    values = dict(data_dir=str(binary_dir), datasets=("ijcnn1",), eps=(0.05,), rounds=(3,), seeds=2,
+                  optimum_rounds=20)
+    here = run_grid(Grid(out=str(tmp_path / "here"), **values), QUIET, log=lambda _: None)
+    logged: list[str] = []
+    on_ray = run_grid(Grid(out=str(tmp_path / "ray"), **values), GridOptions(workers=2, progress=False),
+                      log=logged.append)
+    assert "grid: 2 cells at once on a local Ray instance, 1 thread(s) each" in logged
+    assert grid_results(on_ray) == grid_results(here)
+
+    resumed = tmp_path / "resumed"  # interrupted after the problem, the optimum and the non-private cells
+    resumed.mkdir()
+    for name in ("grid.json", "problems.csv", "optimum.csv"):
+        (resumed / name).write_bytes((here / name).read_bytes())
+    lines = (here / "cells.csv").read_text().splitlines(keepends=True)
+    (resumed / "cells.csv").write_text("".join(lines[:3]))  # the header and the rows of ADMM, AccADMM
+    logged.clear()
+    run_grid(Grid(out=str(resumed), **values), QUIET, log=logged.append)
+    assert sum(line.endswith(": complete, skipped") for line in logged) == 4
+    assert grid_results(resumed) == grid_results(here)
 
 
 def _table(admm: list[float], acc: list[float], eps: list[float]) -> dict:

@@ -14,6 +14,7 @@ import torch
 
 from dpadmm.iadmm import engine, privacy
 from dpadmm.iadmm.reproduce import GridConfig, cell_name, collect, estimate, run_grid
+from dpadmm.runs.grid import GridOptions
 from dpadmm.runs.results import failure, read_metrics
 
 ROUNDS = 4
@@ -56,7 +57,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     estimated = estimate(_grid(out, mnist_dir))
     assert estimated.units == estimated.probes == 2 and estimated.seconds > 0
     assert estimated.line().startswith("reproduce: estimated wall time about ")
-    run_grid(_grid(out, mnist_dir), progress=False, log=logged.append)
+    run_grid(_grid(out, mnist_dir), GridOptions(progress=False), log=logged.append)
     assert any("data-dependent" in line for line in logged)  # says which calibration it uses
     # results.csv: one row per cell x seed x evaluated round
     with open(out / "results.csv") as fh:
@@ -80,7 +81,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     # a second call skips the completed cells
     assert estimate(_grid(out, mnist_dir)).units == 0
     logged.clear()
-    run_grid(_grid(out, mnist_dir), progress=False, log=logged.append)
+    run_grid(_grid(out, mnist_dir), GridOptions(progress=False), log=logged.append)
     assert sum("complete, skipped" in line for line in logged) == 2
 
     # an interrupted cell (checkpoint of round 2, no cell.json) resumes to the uninterrupted result
@@ -94,7 +95,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     saved["config"] = config.to_mapping()
     torch.save(saved, cell / "checkpoint.pt")
     logged.clear()
-    run_grid(_grid(out, mnist_dir), progress=False, log=logged.append)
+    run_grid(_grid(out, mnist_dir), GridOptions(progress=False), log=logged.append)
     assert any(cell.name in line and "resuming" in line for line in logged)
     assert [_final_error(out, cell.name, s) for s in (0, 1)] == expected
     assert not (cell / "checkpoint.pt").exists() and (cell / "cell.json").exists()
@@ -102,7 +103,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
 
     # the same folder with other settings for an existing cell is refused, never overwritten
     with pytest.raises(ValueError, match="other settings"):
-        run_grid(_grid(out, mnist_dir, rounds=6), progress=False, log=logged.append)
+        run_grid(_grid(out, mnist_dir, rounds=6), GridOptions(progress=False), log=logged.append)
 
 
 def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -> None:
@@ -110,7 +111,7 @@ def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -
     before those keys existed is still recognised as complete."""
     out = tmp_path / "grid"
     grid = _grid(out, mnist_dir, algorithms=("iadmm", "objt"), iadmm_steps=(1, 2), seeds=1, rounds=2)
-    run_grid(grid, progress=False, log=lambda _: None)
+    run_grid(grid, GridOptions(progress=False), log=lambda _: None)
     assert sorted(p.name for p in (out / "runs").iterdir()) == [
         "mnist-iadmm-E2-epsinf", "mnist-iadmm-epsinf", "mnist-objt-eps0.5", "mnist-objt-reference-eps0.5"]
     with open(out / "results.csv") as fh:
@@ -135,7 +136,7 @@ def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -
     for seed in (1, 2):
         shutil.copytree(done.parent / "seed-0", done.parent / f"seed-{seed}")
     logged: list[str] = []
-    run_grid(grid, progress=False, log=logged.append)
+    run_grid(grid, GridOptions(progress=False), log=logged.append)
     assert sum("complete, skipped" in line for line in logged) == 4
 
 
@@ -167,7 +168,7 @@ def test_a_cell_whose_run_fails_is_not_complete_and_runs_again(tmp_path: Path, m
 
     monkeypatch.setattr(engine, "step", crashing)
     with pytest.raises(RuntimeError, match="out of memory"):
-        run_grid(grid, progress=False, log=lambda _: None)
+        run_grid(grid, GridOptions(progress=False), log=lambda _: None)
     assert failure(cell / "seed-0") == {"reason": "the device ran out of memory in round 3",
                                         "error": "RuntimeError", "last-round": 2}
     assert [r["round"] for r in read_metrics(cell / "seed-0")] == [2]
@@ -175,7 +176,7 @@ def test_a_cell_whose_run_fails_is_not_complete_and_runs_again(tmp_path: Path, m
 
     monkeypatch.undo()
     logged: list[str] = []
-    run_grid(grid, progress=False, log=logged.append)
+    run_grid(grid, GridOptions(progress=False), log=logged.append)
     assert any(cell.name in line and "running" in line for line in logged)
     assert failure(cell / "seed-0") is None and (cell / "cell.json").exists()
     assert [r["round"] for r in read_metrics(cell / "seed-0")] == [2, 4]

@@ -1,5 +1,5 @@
-"""dpadmm.sharing.reproduce (`dpadmm reproduce --paper 001`): a small grid on real a9a, resuming; the
-privacy of a noise level."""
+"""dpadmm.sharing.reproduce (`dpadmm reproduce --paper 001`): a small grid on real a9a, resuming; the same
+numbers on Ray workers; the privacy of a noise level."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from dpadmm.privacy.ledger import Release, pld_epsilon
-from dpadmm.sharing import privacy
+from dpadmm.runs.grid import CellsFailed, GridOptions
+from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.reproduce import Grid, best_step, estimate, implied_epsilon, mean_curves, run_grid
+from tests.conftest import grid_results
+
+QUIET = GridOptions(progress=False)
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -19,13 +23,36 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
+def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("a9a",), epochs=4,
                 sigmas=(1.0, 100.0), eps=(1.0,), seeds=2, rates=(1.0, 3.0), rhos=(1.0, 2.0))
     estimated = estimate(grid)  # before it starts: ADMM's 2 rhos, 2 modes x 2 sigmas, Theorem 3's; SGD
     assert estimated.units == 2 + 2 * 2 + 1 + 1 and estimated.probes == 4 and estimated.seconds > 0
     assert "not included: the scikit-learn baselines" in estimated.line()
-    out = run_grid(grid, progress=False, log=lambda _: None)
+    first = ["a9a/problem", "a9a/scikit-learn/all-features", "a9a/scikit-learn/party-1-alone",
+             "a9a/ADMM/no-noise/rho=1", "a9a/ADMM/no-noise/rho=2", "a9a/SGD"]
+
+    # a call whose ADMM runs fail: the other stage-1 cells are committed, the noisy cells wait
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(engine, "run", broken)
+    logged: list[str] = []
+    with pytest.raises(CellsFailed, match="2 cells failed .* a9a/ADMM/no-noise/rho=1: RuntimeError"):
+        run_grid(grid, QUIET, log=logged.append)
+    assert [line for line in logged if line.endswith(": complete")] == [
+        f"{key}: complete" for key in first if "ADMM" not in key]
+    assert "a9a: its noisy cells wait for the next call (no noise-free ADMM run or problems row)" in logged
+    monkeypatch.undo()
+
+    # the next call runs what is missing: stage 1's ADMM, then stage 2 at the rho it chose
+    logged.clear()
+    out = run_grid(grid, QUIET, log=logged.append)
+    assert sum(line.endswith(": complete, skipped") for line in logged) == 4
+    keys = [line.removesuffix(": complete") for line in logged if line.endswith(": complete")]
+    assert keys[:2] == first[3:5] and len(keys) == 2 + 2 * 2 + 1
+    assert keys[-1].startswith("a9a/ADMM/message-noise/eps=1/rho=")
     base = {r["model"]: r for r in _rows(out / "baselines.csv")}
     # party 1's columns are a restriction of all columns: scikit-learn's optimum cannot be lower
     assert float(base["all features"]["train_objective"]) < float(base["party 1 alone"]["train_objective"])
@@ -52,10 +79,31 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path)
         assert (out / figure).stat().st_size > 0
     before = (out / "curves.csv").read_text()
     assert estimate(grid).units == 0
-    run_grid(grid, progress=False, log=lambda line: pytest.fail(f"resumed call ran {line}"))
+    logged.clear()
+    run_grid(grid, QUIET, log=logged.append)  # every cell complete: none runs
+    assert logged == [f"{key}: complete, skipped" for key in first + keys[2:]]
     assert (out / "curves.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):
-        run_grid(Grid(**{**grid.__dict__, "seeds": 3}), progress=False, log=lambda _: None)
+        run_grid(Grid(**{**grid.__dict__, "seeds": 3}), QUIET, log=lambda _: None)
+
+
+@pytest.mark.slow  # starts Ray
+def test_the_numbers_are_the_same_on_ray_workers(tmp_path: Path, mnist_dir: Path) -> None:
+    """A tiny grid run here and on two Ray workers (each loading the data set itself) writes the same rows,
+    clocks aside. mnist-4v9 under paper noise is the case that tells: its noise is built from the parties'
+    Gram eigenvectors, which LAPACK computes differently on 1 and 2 threads (rank-deficient blocks,
+    near-equal eigenvalues) unless pinned to one (:func:`dpadmm.sharing.updates.geometry`)."""
+    grid = Grid(data_dir=str(mnist_dir.parent), datasets=("mnist-4v9",), epochs=2, sigmas=(1.0,), eps=(1.0,),
+                seeds=2, rates=(1.0,), rhos=(1.0, 2.0))
+    # here with both cores: the geometry is the same as on the workers' one thread
+    here = run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "here")}),
+                    GridOptions(threads=2, progress=False), log=lambda _: None)
+    logged: list[str] = []
+    on_ray = run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "ray")}),
+                      GridOptions(workers=2, threads=1, progress=False), log=logged.append)
+    assert "grid: 2 cells at once on a local Ray instance, 1 thread(s) each" in logged
+    assert sum(line.endswith(": complete") for line in logged) == 6 + 3
+    assert grid_results(here) == grid_results(on_ray)
 
 
 def test_the_privacy_of_a_noise_level_is_the_composed_gaussian_mechanism() -> None:

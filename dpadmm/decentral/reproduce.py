@@ -27,33 +27,49 @@ of [45]'s" (Huang, Mitra & Vaidya's noisy DGD) at about the same final utility (
 The privacy curves are per agent: the a-priori loss (the same for every agent: the guarantee) and the
 ex-post loss of eq. (10), the mean over agents and runs (a diagnostic that depends on the agents' data).
 
-Everything is appended to CSV files in ``--out`` as each cell completes (``cells.csv``, ``curves.csv``),
-so an interrupted call resumes; ``summary.md`` and the figures are rebuilt from them.
+How it runs (:mod:`dpadmm.runs.grid`): every curve above (a figure and a method, e.g. ``Fig. C / Algorithm
+2*``) is one cell of the grid, which runs the method's ``--seeds`` runs as one batch of the engine and
+returns their rows of ``curves.csv`` (one per run and iteration); a cell writes no files, so it runs the
+same in this process, on local Ray workers or on a cluster without a shared file system. Each cell loads
+UCI Adult itself (once per process: a worker that runs many cells reads the files once). The driver
+appends each cell's rows to ``curves.csv`` in the grid's order, whichever cell finishes first, and rebuilds
+``summary.md`` and that cell's figure after each (every figure at the end); ``grid.json`` holds the
+settings the rows depend on (a call with others is refused). A cell whose rows are in ``curves.csv`` is
+complete: a second call skips it, and an interrupted one resumes with the cells it had not committed. The
+rows do not depend on how the grid ran: the engine's iterates and metrics are the same at any thread
+count (a test compares a sequential grid with one on two Ray workers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit, evaluations
 from dpadmm.runs.estimate import estimate as estimate_units
+from dpadmm.runs.grid import Cell as GridCell
+from dpadmm.runs.grid import GridOptions, GridRunner, Workspace
 from dpadmm.runs.tables import Tables, from_args
+
+if TYPE_CHECKING:  # the data and torch are imported where used: ``dpadmm --help`` builds its parser from Grid
+    from dpadmm.data import Dataset
 
 PAPER = DecentralConfig(sensitivity=0.01)  # Example (a) with the paper's B_inf
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One curve of a figure: a label and the configuration changes from :data:`PAPER`."""
+    """One curve of a figure: a label and the configuration changes from :data:`PAPER`; one cell of the
+    grid (:func:`run_grid`)."""
 
     figure: str
     label: str
@@ -140,16 +156,16 @@ def estimate(grid: Grid) -> Estimate:
     iterations with all its seeds (:mod:`dpadmm.runs.estimate`) and costs K of them, each evaluated."""
     from dpadmm.decentral import engine
 
-    done = {(r["figure"], r["method"]) for r in Tables(Path(grid.out), FILES).read("curves")}
+    done = completed(Tables(Path(grid.out), FILES))
     pending = [c for c in CELLS if c.figure in grid.figures and (c.figure, c.label) not in done]
-    dataset = engine.dataset_of(grid.config(CELLS[0])) if pending else None
     units = []
     for cell in pending:
         config = grid.config(cell)
 
         def run(k: int, config: DecentralConfig = config) -> list[dict[str, Any]]:
             probe = dataclasses.replace(config, rounds=k, eval_every=1)
-            return engine.run(probe, seeds=range(grid.seeds), dataset=dataset, write=False,
+            data = dataset(config.dataset, config.data_dir)
+            return engine.run(probe, seeds=range(grid.seeds), dataset=data, write=False,
                               progress=False).records[0]
 
         units.append(Unit(key=cell, iterations=config.rounds,
@@ -157,30 +173,79 @@ def estimate(grid: Grid) -> Estimate:
     return estimate_units(units, excluded="the report and figures rebuilt after each cell (seconds each)")
 
 
-def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Run every missing cell of ``grid`` into ``grid.out`` (resuming), then write the report."""
-    from dpadmm.decentral import engine
+def completed(tables: Tables) -> set[tuple[str, str]]:
+    """(figure, method) of every curve whose rows are in ``curves.csv``: a cell's rows are appended in one
+    write when it completes, so a curve there is a complete one."""
+    return {(r["figure"], r["method"]) for r in tables.read("curves")}
 
+
+def run_grid(grid: Grid, options: GridOptions | None = None, *,
+             log: Callable[[str], None] = print) -> Path:
+    """Run every cell of ``grid`` not yet in ``grid.out`` (:mod:`dpadmm.runs.grid`: here, or on Ray with
+    ``options``), rebuilding the report after each; returns the folder. Raises
+    :class:`dpadmm.runs.grid.CellsFailed` at the end if cells failed (the others are in the tables and
+    the report)."""
     out = Path(grid.out)
     tables = Tables(out, FILES)
-    tables.claim(grid.settings())
-    dataset = engine.dataset_of(grid.config(CELLS[0]))
-    done = {(r["figure"], r["method"]) for r in tables.read("curves")}
-    for cell in CELLS:
-        if cell.figure not in grid.figures or (cell.figure, cell.label) in done:
-            continue
-        log(f"Fig. {cell.figure}: {cell.label}, {grid.seeds} runs")
-        result = engine.run(grid.config(cell), seeds=range(grid.seeds), dataset=dataset, write=False,
-                            progress=progress)
-        tables.append("curves", [{
-            "figure": cell.figure, "method": cell.label, "seed": seed, "round": r["round"],
-            "log_error": r["log-error"], "log_error_max": r["log-error-max"], "epsilon": r.get("epsilon", ""),
-            "epsilon_ex_post": r.get("epsilon-ex-post", ""),
-            "epsilon_ex_post_max": r.get("epsilon-ex-post-max", "")}
-            for seed, records in enumerate(result.records) for r in records])
-        write_report(out)
+    tables.claim(grid.settings())  # before any run: a folder with other settings is refused, never mixed
+    done = completed(tables)
+    cells = [_cell(grid, c, (c.figure, c.label) in done) for c in CELLS if c.figure in grid.figures]
+    log(f"reproduce 004: {len(cells)} cells (Fig. {', '.join(grid.figures)}) x {grid.seeds} runs, "
+        f"K={grid.rounds}, {grid.dtype} on {grid.device}, into {out}")
+    with GridRunner(out, options or GridOptions(), log=log) as runner:
+        runner.run(cells, functools.partial(_commit, out))
     write_report(out)
+    runner.raise_failures()
     return out
+
+
+def cell_key(cell: Cell) -> str:
+    """The grid key of a curve, as the log shows it: ``Fig. 2 / fixed penalties``."""
+    return f"Fig. {cell.figure} / {cell.label}"
+
+
+def _cell(grid: Grid, cell: Cell, done: bool) -> GridCell:
+    """The grid cell of one curve: its configuration and seeds, nothing it needs from this process (the
+    data set is loaded where it runs)."""
+    return GridCell(key=cell_key(cell), run=functools.partial(_run_cell, grid.config(cell), grid.seeds,
+                                                              cell.figure, cell.label),
+                    done=done, gpus=1.0 if grid.device == "cuda" else 0.0)
+
+
+@functools.lru_cache(maxsize=2)
+def dataset(name: str, data_dir: str) -> Dataset:
+    """The data set, read once per process: every cell uses the same one, read-only (the engine builds
+    each run's agents from it), and a worker that runs many cells would otherwise parse UCI Adult's
+    45,000 rows for each."""
+    from dpadmm.decentral import engine
+
+    return engine.load_dataset(name, data_dir)
+
+
+def _run_cell(config: DecentralConfig, seeds: int, figure: str, label: str,
+              workspace: Workspace) -> dict[str, list[dict[str, Any]]]:
+    """One curve: its runs as one batch of the engine, returned as rows of ``curves.csv`` (written by
+    the driver, :func:`_commit`: the workspace is not the grid's folder)."""
+    from dpadmm.decentral import engine
+
+    del workspace  # nothing to checkpoint: a cell is seconds to minutes, and runs again if lost
+    result = engine.run(config, seeds=range(seeds), dataset=dataset(config.dataset, config.data_dir),
+                        write=False, progress=False)
+    return {"curves": [{
+        "figure": figure, "method": label, "seed": seed, "round": r["round"],
+        "log_error": r["log-error"], "log_error_max": r["log-error-max"], "epsilon": r.get("epsilon", ""),
+        "epsilon_ex_post": r.get("epsilon-ex-post", ""),
+        "epsilon_ex_post_max": r.get("epsilon-ex-post-max", "")}
+        for seed, records in enumerate(result.records) for r in records]}
+
+
+def _commit(out: Path, cell: GridCell, result: dict[str, list[dict[str, Any]]]) -> None:
+    """A completed cell, in the grid's order: its rows appended to their tables, then the report (the
+    cell's own figure redrawn; :func:`run_grid` redraws them all at the end)."""
+    tables = Tables(out, FILES)
+    for name, rows in result.items():
+        tables.append(name, rows)
+    write_report(out, changed={row["figure"] for row in result["curves"]})
 
 
 # ----- the report -----
@@ -210,18 +275,21 @@ def bands(rows: list[dict[str, str]]) -> dict[tuple[str, str], Band]:
     return result
 
 
-def write_report(out: Path) -> None:
-    """summary.md and the figures from the CSV files in ``out``."""
+def write_report(out: Path, changed: Collection[str] | None = None) -> None:
+    """summary.md and the figures from the CSV files in ``out``: every figure, or with ``changed`` only
+    those figures (and Fig. 1 if it is missing). After a cell only its figure has new curves, and drawing
+    all six costs about a second, more than a small cell's run; the grid's last call draws them all."""
     from dpadmm.decentral import figures
 
     tables = Tables(out, FILES)
     settings = tables.settings()
     curves = bands(tables.read("curves"))
-    for figure in FIGURES:
+    for figure in FIGURES if changed is None else [f for f in FIGURES if f in changed]:
         shown = {m: b for (f, m), b in curves.items() if f == figure}
         figures.figure(out / f"fig-{figure}.png", figure, shown)
     table = gamma_table()
-    figures.gamma(out / "fig-1.png", table)
+    if changed is None or not (out / "fig-1.png").exists():
+        figures.gamma(out / "fig-1.png", table)
     (out / "summary.md").write_text(summary(settings, curves, table), encoding="utf-8")
 
 
@@ -230,8 +298,11 @@ GAMMA_BETAS = (2.0, 4.0, 6.0, 8.0, 10.0)
 GAMMA_SHIFT = 0.001  # alpha B, fixed in Fig. 1
 
 
+@functools.lru_cache(maxsize=1)
 def gamma_table() -> dict[float, dict[float, tuple[float, float]]]:
-    """beta -> omega -> (gamma exact, eq. (11) as printed) on Fig. 1's grid: no data, no runs."""
+    """beta -> omega -> (gamma exact, eq. (11) as printed) on Fig. 1's grid: no data, no runs. Computed
+    once per process (read, never changed, by its callers): its quadratures cost seconds, and the report
+    is rebuilt after every cell."""
     from dpadmm.decentral import privacy
 
     return {beta: {w: (privacy.gamma(w, beta, GAMMA_SHIFT), privacy.gamma_eq11(w, beta, GAMMA_SHIFT))

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dpadmm.models.modules import Params, tree_map
+from dpadmm.models.modules import Params, fixed_sum, tree_map
 
 Tree = torch.Tensor | Params
 
@@ -46,8 +46,9 @@ def consensus_violation(w: Tree, z: Tree) -> float:
     """sum_p ||w - z_p||_1 / P, the consensus violation of 000 (Appendix A.10); w [J, K], z [P, J, K]
     (or dicts of [...] and [P, ...]: the L1 norm over all parameters).
 
-    Summed a few agents at a time: a [P, ...] temporary of a network is P copies of the model.
+    Summed a few agents at a time (a [P, ...] temporary of a network is P copies of the model), in a
+    fixed order (:func:`dpadmm.models.modules.fixed_sum`: the same at any thread count).
     """
     pairs = [(w[k], z[k]) for k in z] if isinstance(z, Mapping) else [(w, z)]
     agents = pairs[0][1].shape[0]
-    return sum(float((part - w_).abs_().sum()) for w_, z_ in pairs for part in z_.split(8)) / agents
+    return sum(fixed_sum((part - w_).abs_()) for w_, z_ in pairs for part in z_.split(8)) / agents

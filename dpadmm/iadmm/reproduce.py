@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -47,6 +48,7 @@ from dpadmm.iadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunCon
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit, evaluations
 from dpadmm.runs.estimate import estimate as estimate_units
+from dpadmm.runs.grid import Cell, GridOptions, GridRunner, Workspace
 
 # The engine, the data and numpy are imported where they are used, so that the ``dpadmm`` command can build
 # its parser from GridConfig without them (``dpadmm --help`` in well under a second).
@@ -166,48 +168,79 @@ def _identity(config: RunConfig, seeds: Sequence[int]) -> dict[str, Any]:
     return {"config": mapping, "seeds": list(seeds)}
 
 
-def run_grid(grid: GridConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Run every cell not yet complete, rebuilding the report after each; returns the folder."""
-    from dpadmm.iadmm import engine
-    from dpadmm.iadmm.federation import load_for
-
+def run_grid(grid: GridConfig, options: GridOptions | None = None, *,
+             log: Callable[[str], None] = print) -> Path:
+    """Run every cell not yet complete (:mod:`dpadmm.runs.grid`: here, or on Ray with ``options``),
+    rebuilding the report after each; returns the folder. Raises :class:`dpadmm.runs.grid.CellsFailed`
+    at the end if cells failed (the others are complete and reported)."""
     out = Path(grid.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     seeds = list(range(grid.seeds))
-    cells = grid.cells()
+    cells = [_cell(out, config, seeds if config.private else seeds[:1]) for config in grid.cells()]
     log(f"reproduce: {len(cells)} cells x {len(seeds)} seeds, T={grid.rounds}, {grid.dtype} on "
         f"{grid.device}, into {out}")
     log("reproduce: sensitivity=data-dependent, the papers' eq. (9b) calibration, so the runs match theirs; "
         "Theorem 1 does not cover it and the privacy columns are nominal (dpadmm train defaults to clipped)")
-    for i, config in enumerate(cells, 1):
-        folder = out / "runs" / cell_name(config)
-        cell_seeds = seeds if config.private else seeds[:1]
-        identity = _identity(config, cell_seeds)
-        done = folder / "cell.json"
-        if done.exists():
-            recorded = json.loads(done.read_text())
-            # a cell recorded before a key existed ran with that key's default
-            recorded["config"] = {**_identity(RunConfig(), [])["config"], **recorded["config"]}
-            if not config.private:  # recorded before non-private cells ran one seed: the same run
-                recorded["seeds"] = recorded["seeds"][:1]
-            if {k: recorded[k] for k in identity} != identity:
-                raise ValueError(f"{folder} holds this cell with other settings ({recorded['config']}, seeds "
-                                 f"{recorded['seeds']}); use another --out or delete that folder")
-            log(f"[{i}/{len(cells)}] {cell_name(config)}: complete, skipped")
-            continue
-        checkpoint = folder / "checkpoint.pt"
-        log(f"[{i}/{len(cells)}] {cell_name(config)}: " + ("resuming" if checkpoint.exists() else "running"))
-        started = time.perf_counter()
-        dirs = [folder / f"seed-{s}" for s in cell_seeds]
-        engine.run_seeds(config, cell_seeds, progress=progress, directories=dirs, checkpoint=checkpoint)
-        record = {**identity, "wall_seconds_last_call": round(time.perf_counter() - started, 1),
-                  "training_samples": load_for(config).num_train, "machine": machine(),
-                  "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-        done.write_text(json.dumps(record, indent=2) + "\n")
-        checkpoint.unlink(missing_ok=True)
-        write_report(out, grid.delta)
+    with GridRunner(out, options or GridOptions(), log=log) as runner:
+        runner.run(cells, functools.partial(_commit, out, grid.delta))
     write_report(out, grid.delta)
+    runner.raise_failures()
     return out
+
+
+def _cell(out: Path, config: RunConfig, seeds: list[int]) -> Cell:
+    """The grid cell of ``config``: complete when its folder holds cell.json with the same settings (another
+    cell's settings there are an error: never overwritten)."""
+    name = cell_name(config)
+    identity = _identity(config, seeds)
+    done = out / "runs" / name / "cell.json"
+    if done.exists():
+        recorded = json.loads(done.read_text())
+        # a cell recorded before a key existed ran with that key's default
+        recorded["config"] = {**_identity(RunConfig(), [])["config"], **recorded["config"]}
+        if not config.private:  # recorded before non-private cells ran one seed: the same run
+            recorded["seeds"] = recorded["seeds"][:1]
+        if {k: recorded[k] for k in identity} != identity:
+            raise ValueError(f"{done.parent} holds this cell with other settings ({recorded['config']}, "
+                             f"seeds {recorded['seeds']}); use another --out or delete that folder")
+    return Cell(key=name, run=functools.partial(_run_cell, config, seeds), folder=f"runs/{name}",
+                checkpoint=CHECKPOINT, done=done.exists(),
+                progress=functools.partial(_rounds_done, config.rounds),
+                gpus=1.0 if config.device == "cuda" else 0.0, identity=identity)
+
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def _run_cell(config: RunConfig, seeds: list[int], workspace: Workspace) -> dict[str, Any]:
+    """One cell: its seeds as one batch of the engine, in the workspace (resuming from its checkpoint)."""
+    import torch
+
+    from dpadmm.iadmm import engine
+    from dpadmm.iadmm.federation import load_for
+
+    started = time.perf_counter()
+    engine.run_seeds(config, seeds, progress=False, directories=[workspace.path / f"seed-{s}" for s in seeds],
+                     checkpoint=workspace.path / CHECKPOINT, checkpoint_seconds=workspace.checkpoint_seconds)
+    (workspace.path / CHECKPOINT).unlink(missing_ok=True)
+    return {**_identity(config, seeds), "wall_seconds_last_call": round(time.perf_counter() - started, 1),
+            "training_samples": load_for(config).num_train, "machine": machine(),
+            "threads": torch.get_num_threads()}
+
+
+def _rounds_done(rounds: int, folder: Path) -> str:
+    """How far a running cell is: the last evaluated round of its first seed, of ``rounds``."""
+    logs = sorted(folder.glob("seed-*/metrics.jsonl"))
+    lines = logs[0].read_text(encoding="utf-8").splitlines() if logs else []
+    last = json.loads(lines[-1])["round"] if lines and lines[-1].endswith("}") else 0
+    return f"{last}/{rounds}"
+
+
+def _commit(out: Path, delta: float, cell: Cell, result: dict[str, Any]) -> None:
+    """A completed cell: cell.json (its settings, seeds and wall time), then the report."""
+    record = {**result, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (out / cell.folder / "cell.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_report(out, delta)
 
 
 def estimate(grid: GridConfig) -> Estimate:

@@ -22,14 +22,28 @@ x_0, the eps of Fig. 1, the eps grid of Fig. 2, or how many repetitions. The cho
   :func:`~dpadmm.linadmm.problem.reference_optimum`), checked against long non-private ADMM and
   AccADMM runs (``--optimum-rounds``); F* is the lowest of the three.
 
-Everything is appended to CSV files in ``--out`` as it completes (``problems.csv``,
-``optimum.csv``, ``cells.csv``, ``curves.csv``), so an interrupted call resumes where it stopped;
-``summary.md``, ``fig1-gap-vs-time.png`` and ``fig2-vs-eps.png`` are rebuilt from them.
+The grid is a list of cells (:mod:`dpadmm.runs.grid`: one after another in this process, or N at once
+on Ray workers or a Ray cluster), in two stages, because every run needs eta and eta is the problem's:
+
+1. per data set, ``<data> problem``: the data loaded, W built, L_f and eta (its row of ``problems.csv``);
+2. per data set whose problem is there, in this order: ``<data> optimum T=<optimum-rounds>`` (the
+   reference solver and the two long runs: its row of ``optimum.csv``); one cell per (T, method, eps),
+   e.g. ``a9a DP-ADMM eps=0.05 T=25`` or ``a9a ADMM T=25``, its seeds one batch of the engine (a row of
+   ``cells.csv`` per seed); one per run of Fig. 1, e.g. ``a9a Fig. 1 DP-ADMM eps=0.05 seed=3 T=400`` (a
+   row of ``curves.csv`` per iteration).
+
+A cell loads its data set itself (once per process, so that a worker with many cells reads it once) and
+returns its rows; it writes nothing, as a worker may share no file system with ``--out``. The driver
+appends the rows to the CSV files in the grid's order whatever order the cells finish in, so the files
+are the same however the grid ran, and rebuilds ``summary.md``, ``fig1-gap-vs-time.png`` and
+``fig2-vs-eps.png`` after each data set's last cell and at the end. A cell whose rows are in the files
+is skipped: an interrupted call resumes where it stopped, losing at most the cells that were running.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -44,6 +58,7 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit
 from dpadmm.runs.estimate import estimate as estimate_units
+from dpadmm.runs.grid import Cell, GridOptions, GridRunner, Workspace
 from dpadmm.runs.tables import Tables, from_args
 
 PAPER = LinAdmmConfig()  # the paper's constants are the family's defaults
@@ -120,14 +135,31 @@ def _folder(root: str, dataset: str) -> str:
     return str(Path(root) / dataset) if root else ""
 
 
-def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Run every missing unit of ``grid`` into ``grid.out`` (resuming), then write the report."""
+def run_grid(grid: Grid, options: GridOptions | None = None, *, log: Callable[[str], None] = print) -> Path:
+    """Run every cell of ``grid`` not yet in ``grid.out`` (:mod:`dpadmm.runs.grid`: here, or on Ray with
+    ``options``) and write the report; returns the folder.
+
+    Two stages, because the runs need eta and eta is the problem's: stage 1 sets up each data set
+    (``problems.csv``), stage 2 runs the optimum, the (T, method, eps) cells and the Fig. 1 curves of every
+    data set whose set-up completed. Raises :class:`dpadmm.runs.grid.CellsFailed` at the end if cells failed
+    (the others are in the tables and the report; the next call runs the failed ones again)."""
     out = Path(grid.out)
-    Tables(out, FILES).claim(grid.settings())
-    for dataset in grid.datasets:
-        _run_dataset(grid, out, dataset, progress, log)
-        write_report(out)
+    tables = Tables(out, FILES)
+    tables.claim(grid.settings())
+    log(f"reproduce --paper 002: {', '.join(grid.datasets)}; T in {', '.join(map(str, grid.rounds))}, "
+        f"{len(grid.eps)} eps x {grid.seeds} seeds per private method, {grid.dtype} on {grid.device}, "
+        f"into {out}")
+    with GridRunner(out, options or GridOptions(), log=log) as runner:
+        runner.run([_problem_cell(grid, tables, dataset) for dataset in grid.datasets], _Commit(out))
+        # the runs take eta as problems.csv holds it (9 digits), on a first call as on a resumed one
+        etas = {r["dataset"]: float(r["eta"]) for r in tables.read("problems")}
+        groups = [_dataset_cells(grid, tables, dataset, etas[dataset])
+                  for dataset in grid.datasets if dataset in etas]
+        pending = [[cell for cell in group if not cell.done] for group in groups]
+        last = frozenset(cells[-1].key for cells in pending if cells)  # the report after each data set
+        runner.run([cell for group in groups for cell in group], _Commit(out, last))
     write_report(out)
+    runner.raise_failures()
     return out
 
 
@@ -136,8 +168,8 @@ def estimate(grid: Grid) -> Estimate:
     runs that check the optimum, the cells (T iterations, one evaluation, the seeds batched) and Fig. 1's
     curves (each seed alone, every iteration evaluated). Each kind (data set, algorithm, private or not,
     seeds) runs a few iterations on the loaded data set (:mod:`dpadmm.runs.estimate`); the loading is
-    timed and counted once per data set, as the grid loads each once."""
-    from dpadmm.linadmm import engine, problem
+    timed and counted once per data set, as the grid loads each once (per worker process)."""
+    from dpadmm.linadmm import engine
 
     if not grid.data_dir:
         raise ValueError("--data-dir is needed: a folder with one sub-folder per data set, e.g. "
@@ -161,8 +193,7 @@ def estimate(grid: Grid) -> Estimate:
         if not wanted:
             continue
         began = time.perf_counter()
-        task = problem.load(dataset, str(Path(grid.data_dir) / dataset), PAPER.graph_alpha,
-                            engine.DTYPES[grid.dtype], grid.device)
+        task = _task(dataset, grid.data_dir, grid.dtype, grid.device)
         loading += time.perf_counter() - began
         for algorithm, private, seeds, iterations, evaluated in wanted:
 
@@ -179,77 +210,144 @@ def estimate(grid: Grid) -> Estimate:
     return dataclasses.replace(found, seconds=found.seconds + loading)
 
 
-@dataclass(frozen=True)
-class _Runner:
-    """Runs of one data set: the grid's settings, the loaded problem and its eta."""
+# ----- the cells: built by the driver, run wherever the grid runs them -----
 
-    grid: Grid
-    dataset: str
-    task: Any  # dpadmm.linadmm.problem.Problem (torch is imported only when the grid runs)
-    eta: float
-    progress: bool
-
-    def records(self, algorithm: str, eps: float, rounds: int, seeds: Sequence[int], every: int,
-                ) -> list[list[dict[str, Any]]]:
-        from dpadmm.linadmm import engine
-
-        config = self.grid.config(self.dataset, algorithm, eps, rounds, self.eta, every)
-        return engine.run(config, seeds, problem=self.task, write=False, progress=self.progress).records
+ALGORITHMS = {label: (algorithm, private) for label, algorithm, private in METHODS}
 
 
-def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Callable[[str], None]) -> None:
-    from dpadmm.linadmm import engine, problem
+def _eps_key(eps: float) -> str:
+    """`` eps=0.05`` in a private cell's key, nothing in a non-private one's (eps = inf)."""
+    return f" eps={eps:g}" if math.isfinite(eps) else ""
 
-    tables = Tables(out, FILES)
 
-    task = problem.load(dataset, _folder(grid.data_dir, dataset), PAPER.graph_alpha,
-                        engine.DTYPES[grid.dtype], grid.device)
-    if dataset not in {r["dataset"] for r in tables.read("problems")}:
-        lf = problem.smoothness(task.features)
-        tables.append("problems", [{
-            "dataset": dataset, "samples": task.num_samples, "features": task.num_features,
-            "edges": len(task.edges), "graph_converged": task.graph_converged, "smoothness": lf,
-            "eta": grid.eta or 1 / lf}])
-    eta = next(float(r["eta"]) for r in tables.read("problems") if r["dataset"] == dataset)
-    runner = _Runner(grid, dataset, task, eta, progress)
-    if dataset not in {r["dataset"] for r in tables.read("optimum")}:
-        log(f"{dataset}: the optimum (the reference solver, and {grid.optimum_rounds} non-private "
-            "iterations of ADMM and of AccADMM)")
-        reference = problem.reference_optimum(task, PAPER.l1)[0]
-        long = [runner.records(alg, math.inf, grid.optimum_rounds, [0], grid.optimum_rounds)[0][-1]
-                ["objective"] for alg in ("dp-admm", "dp-accadmm")]
-        tables.append("optimum", [{"dataset": dataset, "reference": reference, "admm_long": long[0],
-                                  "accadmm_long": long[1], "rounds": grid.optimum_rounds,
-                                  "optimum": min(reference, *long)}])
+def _problem_cell(grid: Grid, tables: Tables, dataset: str) -> Cell:
+    """Stage 1: the data set's row of problems.csv (its graph, L_f and eta); done when the row is there."""
+    done = dataset in {r["dataset"] for r in tables.read("problems")}
+    return Cell(key=f"{dataset} problem", run=functools.partial(_problem, grid, dataset), done=done)
+
+
+def _dataset_cells(grid: Grid, tables: Tables, dataset: str, eta: float) -> list[Cell]:
+    """Stage 2 of one data set, in the order its rows are appended: the optimum, the cells of the claim-3
+    table (T, method, eps; the seeds of a private cell batched), the Fig. 1 curves (each seed alone, so that
+    its clock is one run's). A cell is done when its rows are in the tables."""
+    optimum = dataset in {r["dataset"] for r in tables.read("optimum")}
+    cells = [Cell(key=f"{dataset} optimum T={grid.optimum_rounds}",
+                  run=functools.partial(_optimum, grid, dataset, eta), done=optimum)]
     done = {(r["method"], float(r["eps"]), int(r["rounds"])) for r in tables.read("cells")
             if r["dataset"] == dataset}
     for rounds in grid.rounds:
-        for label, algorithm, private in METHODS:
+        for label, _, private in METHODS:
             for eps in grid.eps if private else (math.inf,):
-                if (label, eps, rounds) in done:
-                    continue
-                seeds = range(grid.seeds) if private else range(1)
-                log(f"{dataset}: {label} eps={eps:g} T={rounds}")
-                runs = runner.records(algorithm, eps, rounds, seeds, rounds)
-                tables.append("cells", [{
-                    "dataset": dataset, "method": label, "eps": eps, "rounds": rounds, "seed": seed,
-                    "objective": r[-1]["objective"], "objective_avg": r[-1]["objective-avg"],
-                    "test_accuracy": r[-1]["test-accuracy"],
-                    "test_accuracy_avg": r[-1]["test-accuracy-avg"], "seconds": r[-1]["elapsed"]}
-                    for seed, r in zip(seeds, runs, strict=True)])
+                cells.append(Cell(key=f"{dataset} {label}{_eps_key(eps)} T={rounds}",
+                                  run=functools.partial(_final, grid, dataset, eta, label, eps, rounds),
+                                  done=(label, eps, rounds) in done))
     drawn = {(r["method"], int(r["seed"])) for r in tables.read("curves") if r["dataset"] == dataset}
     t_max = max(grid.rounds)
-    for label, algorithm, private in METHODS:  # Fig. 1: each run alone, so that its clock is one run's
+    for label, _, private in METHODS:
         eps = grid.fig1_eps if private else math.inf
         for seed in range(grid.seeds) if private else range(1):
-            if (label, seed) in drawn:
-                continue
-            log(f"{dataset}: Fig. 1, {label} seed {seed}, T={t_max}")
-            curve = runner.records(algorithm, eps, t_max, [seed], 1)[0]
-            tables.append("curves", [{"dataset": dataset, "method": label, "eps": eps, "seed": seed,
-                                     "round": r["round"], "elapsed": r["elapsed"],
-                                     "objective": r["objective"], "test_accuracy": r["test-accuracy"]}
-                                    for r in curve])
+            which = f" seed={seed}" if private else ""
+            cells.append(Cell(key=f"{dataset} Fig. 1 {label}{_eps_key(eps)}{which} T={t_max}",
+                              run=functools.partial(_curve, grid, dataset, eta, label, seed),
+                              done=(label, seed) in drawn))
+    return cells
+
+
+Rows = dict[str, list[dict[str, Any]]]  # a cell's result: table name -> its rows
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """The driver's side of a cell: its rows appended to their tables, in the grid's order whatever order
+    the cells finished in (so the files are the same however the grid ran), and the report rebuilt after
+    the last pending cell of each data set (``report_after``), as before the grid runner: drawing the two
+    figures takes about a second, which after each of a data set's hundred-odd cells would add minutes."""
+
+    out: Path
+    report_after: frozenset[str] = frozenset()
+
+    def __call__(self, cell: Cell, result: Rows) -> None:
+        tables = Tables(self.out, FILES)
+        for name, rows in result.items():
+            tables.append(name, rows)
+        if cell.key in self.report_after:
+            write_report(self.out)
+
+
+@functools.lru_cache(maxsize=2)
+def _task(dataset: str, data_dir: str, dtype: str, device: str) -> Any:
+    """The data set's problem (dpadmm.linadmm.problem.Problem), loaded once per process: a worker runs many
+    cells of a data set one after another, and reading it and building A takes seconds (the graph itself
+    comes from the disk cache, :func:`dpadmm.linadmm.problem.sparse_graph`, written atomically, so workers
+    that compute the same graph at once each write a whole file). Two data sets are kept, as the grid's
+    order moves from one to the next."""
+    from dpadmm.linadmm import engine, problem
+
+    return problem.load(dataset, _folder(data_dir, dataset), PAPER.graph_alpha, engine.DTYPES[dtype], device)
+
+
+def _grid_task(grid: Grid, dataset: str) -> Any:
+    return _task(dataset, grid.data_dir, grid.dtype, grid.device)
+
+
+def _records(grid: Grid, dataset: str, eta: float, algorithm: str, eps: float, rounds: int,
+             seeds: Sequence[int], every: int) -> list[list[dict[str, Any]]]:
+    """The records of one engine run of the grid (the seeds as one batch), every ``every``-th evaluated."""
+    from dpadmm.linadmm import engine
+
+    config = grid.config(dataset, algorithm, eps, rounds, eta, every)
+    return engine.run(config, seeds, problem=_grid_task(grid, dataset), write=False, progress=False).records
+
+
+def _problem(grid: Grid, dataset: str, workspace: Workspace) -> Rows:
+    """Cell: the problem's size, its graph and L_f, and eta (1/L_f unless the grid sets it). The cell
+    writes no files (``workspace`` unused): its row goes back to the driver."""
+    from dpadmm.linadmm import problem
+
+    task = _grid_task(grid, dataset)
+    lf = problem.smoothness(task.features)
+    return {"problems": [{"dataset": dataset, "samples": task.num_samples, "features": task.num_features,
+                          "edges": len(task.edges), "graph_converged": task.graph_converged,
+                          "smoothness": lf, "eta": grid.eta or 1 / lf}]}
+
+
+def _optimum(grid: Grid, dataset: str, eta: float, workspace: Workspace) -> Rows:
+    """Cell: F*, the lowest of the reference solver's value and of ``optimum_rounds`` non-private
+    iterations of ADMM and of AccADMM (which check it)."""
+    from dpadmm.linadmm import problem
+
+    reference = problem.reference_optimum(_grid_task(grid, dataset), PAPER.l1)[0]
+    long = [_records(grid, dataset, eta, algorithm, math.inf, grid.optimum_rounds, [0], grid.optimum_rounds)
+            [0][-1]["objective"] for algorithm in ("dp-admm", "dp-accadmm")]
+    return {"optimum": [{"dataset": dataset, "reference": reference, "admm_long": long[0],
+                         "accadmm_long": long[1], "rounds": grid.optimum_rounds,
+                         "optimum": min(reference, *long)}]}
+
+
+def _final(grid: Grid, dataset: str, eta: float, label: str, eps: float, rounds: int,
+           workspace: Workspace) -> Rows:
+    """Cell: the last iterate of T = ``rounds`` iterations of one method at one eps, per seed (one run
+    without noise for a non-private method, whose runs would not depend on the seed)."""
+    algorithm, private = ALGORITHMS[label]
+    seeds = range(grid.seeds) if private else range(1)
+    runs = _records(grid, dataset, eta, algorithm, eps, rounds, seeds, rounds)
+    return {"cells": [{"dataset": dataset, "method": label, "eps": eps, "rounds": rounds, "seed": seed,
+                       "objective": r[-1]["objective"], "objective_avg": r[-1]["objective-avg"],
+                       "test_accuracy": r[-1]["test-accuracy"],
+                       "test_accuracy_avg": r[-1]["test-accuracy-avg"], "seconds": r[-1]["elapsed"]}
+                      for seed, r in zip(seeds, runs, strict=True)]}
+
+
+def _curve(grid: Grid, dataset: str, eta: float, label: str, seed: int, workspace: Workspace) -> Rows:
+    """Cell: one run of Fig. 1 (T = max(rounds), eps = fig1_eps for a private method), every iteration
+    evaluated; alone, so that its clock is one run's."""
+    algorithm, private = ALGORITHMS[label]
+    eps = grid.fig1_eps if private else math.inf
+    t_max = max(grid.rounds)
+    curve = _records(grid, dataset, eta, algorithm, eps, t_max, [seed], 1)[0]
+    return {"curves": [{"dataset": dataset, "method": label, "eps": eps, "seed": seed, "round": r["round"],
+                        "elapsed": r["elapsed"], "objective": r["objective"],
+                        "test_accuracy": r["test-accuracy"]} for r in curve]}
 
 
 # ----- the report -----

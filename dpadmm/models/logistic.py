@@ -20,6 +20,7 @@ from functools import cached_property
 import torch
 
 from dpadmm import native
+from dpadmm.models.modules import fixed_sum
 
 # Where more of X is nonzero, the batched dense products (BLAS) are used: the fused kernel's work grows with
 # the nonzeros, and on fully dense data it took 1.4 times the products' time on 2 cores (an early row-wise
@@ -198,9 +199,10 @@ def training_loss(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta: float
 
 
 def loss_from_logits(logits: torch.Tensor, y: torch.Tensor, squared_norm: float, beta: float) -> float:
-    """-(1/I) sum_i ln softmax(logits_i)_{y_i} + beta ||w||^2: eq. (2c) for any model's logits."""
-    nll = -torch.log_softmax(logits, dim=1).gather(1, y.reshape(-1, 1)).mean()
-    return float(nll) + beta * squared_norm
+    """-(1/I) sum_i ln softmax(logits_i)_{y_i} + beta ||w||^2: eq. (2c) for any model's logits (the sum
+    in a fixed order, :func:`dpadmm.models.modules.fixed_sum`)."""
+    nll = -torch.log_softmax(logits, dim=1).gather(1, y.reshape(-1, 1))
+    return fixed_sum(nll) / nll.shape[0] + beta * squared_norm
 
 
 def error_rate(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:

@@ -133,6 +133,14 @@ def numel(params: Mapping[str, torch.Tensor], agent_dim: bool = False) -> int:
     return sum(p[0].numel() if agent_dim else p.numel() for p in params.values())
 
 
+def fixed_sum(values: torch.Tensor) -> float:
+    """The sum of a reported metric's terms, the same whatever the thread count: numpy's pairwise sum in
+    float64 on one thread. torch splits a long reduction into one part per thread, so a loss or a
+    consensus violation summed by torch changes in its last digits with the threads a run was given,
+    even where the iterates do not (DP-IADMM's, whose products are the native kernels' fixed order)."""
+    return float(values.detach().to("cpu", torch.float64).numpy().sum())
+
+
 def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
     """fn applied per parameter: on the tensors of dicts with the same keys, or on plain tensors.
 

@@ -61,12 +61,17 @@ class Estimate:
     probe_seconds: float
     excluded: str = ""
 
-    def line(self) -> str:
-        """The line ``dpadmm reproduce`` prints before it starts."""
+    def line(self, at_once: int = 1) -> str:
+        """The line ``dpadmm reproduce`` prints before it starts; with ``at_once`` cells running together (on
+        Ray workers, each with its share of the cores) the wall time is the runs' total over that many, the
+        probes having run at this process's thread count (a rough figure: cells differ in length)."""
         if not self.units:
             return "reproduce: every run of this grid is complete in --out; only the report is rebuilt"
         left_out = f"; not included: {self.excluded}" if self.excluded else ""
-        return (f"reproduce: estimated wall time {duration(self.seconds)} for the {self.units} "
+        at_once = max(1, min(at_once, self.units))
+        shared = f" ({at_once} at once; {duration(self.seconds)} one after another)" if at_once > 1 else ""
+        return (f"reproduce: estimated wall time {duration(self.seconds / at_once)}{shared} for the "
+                f"{self.units} "
                 f"run{'s' if self.units > 1 else ''} not yet complete (timed by {self.probes} short "
                 f"probe{'s' if self.probes > 1 else ''} on this machine, {self.probe_seconds:.0f} s; a "
                 f"rough figure, often off by tens of percent){left_out}")

@@ -33,14 +33,26 @@ are not given. The choices here:
   (T Gaussian releases compose exactly to one with multiplier (sigma / C) / sqrt(T)).
 - ``--seeds`` = 3 per noisy cell (mean and standard deviation); the noise-free runs run once.
 
-Everything is appended to CSV files in ``--out`` as it completes (``problems.csv``,
-``baselines.csv``, ``curves.csv``), so an interrupted call resumes; ``summary.md``,
-``fig1-a9a.png``, ``fig2-mnist-4v9.png`` and ``fig3-noise.png`` are rebuilt from them.
+The grid runs as cells of :mod:`dpadmm.runs.grid` (in this process, or N at a time on Ray, with the same
+numbers), in two stages, since the noisy runs need the rho that the noise-free ones choose:
+
+1. per data set: ``<data>/problem`` (its row of ``problems.csv``), ``<data>/scikit-learn/<model>`` (one
+   per centralised baseline), ``<data>/ADMM/no-noise/rho=<r>`` (one per rho, seed 0) and ``<data>/SGD``
+   (every rate and seed as one batch);
+2. per data set, at its chosen rho: ``<data>/ADMM/<mode>-noise/sigma=<s>/rho=<r>`` for every sigma and
+   mode and ``<data>/ADMM/message-noise/eps=<e>/rho=<r>`` (Theorem 3's sigma), the seeds as one batch.
+
+A cell loads its data set itself (once per process) and returns its rows; the driver appends them to the CSV
+files in ``--out`` (``problems.csv``, ``baselines.csv``, ``curves.csv``) in the grid's order, whichever cell
+finishes first, and rebuilds ``summary.md``, ``fig1-a9a.png``, ``fig2-mnist-4v9.png`` and ``fig3-noise.png``
+from them. A cell whose rows the files hold is complete: a second call skips it and an interrupted call
+resumes with the cells it had not committed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -48,13 +60,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit
 from dpadmm.runs.estimate import estimate as estimate_units
+from dpadmm.runs.grid import Cell, GridOptions, GridRunner, Workspace
 from dpadmm.runs.tables import Tables, from_args
 from dpadmm.sharing.config import DATASETS, SharingConfig
+
+if TYPE_CHECKING:  # the engine (torch) is imported where it runs: ``dpadmm --help`` builds Grid without it
+    from dpadmm.sharing.engine import Problem
 
 PAPER_PARTIES = {"a9a": "66,57", "mnist-4v9": "262,261,261"}  # 001's a9a split; gisette's 3 parties, thirds
 FOLDERS = {"a9a": "a9a", "mnist-4v9": "mnist"}  # the sub-folder of --data-dir that holds each data set
@@ -145,17 +161,186 @@ def implied_epsilon(sigma: float, sensitivity: float, releases: int, delta: floa
         return math.inf
 
 
-# ----- the runs -----
+# ----- the runs: cells in two stages -----
 
 
-def run_grid(grid: Grid, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """Run every missing unit of ``grid`` into ``grid.out`` (resuming), then write the report."""
+def run_grid(grid: Grid, options: GridOptions | None = None, *, log: Callable[[str], None] = print) -> Path:
+    """Run every cell of ``grid`` not yet in ``grid.out`` (:mod:`dpadmm.runs.grid`: here, or on Ray with
+    ``options``), appending each cell's rows as it completes, then write the report; returns the folder.
+
+    Two stages, because the noisy cells run at the rho that the noise-free runs choose: stage 1 holds every
+    data set's problem row, scikit-learn baselines, noise-free ADMM (one cell per rho) and vertical SGD;
+    stage 2 the noisy cells of every data set at its chosen rho. Raises
+    :class:`dpadmm.runs.grid.CellsFailed` at the end if cells failed (the others are committed and
+    reported; a data set whose stage-1 cells it needs failed runs no noisy cells until the next call)."""
     out = Path(grid.out)
-    Tables(out, FILES).claim(grid.settings())
-    for dataset in grid.datasets:
-        _run_dataset(grid, out, dataset, progress, log)
-        write_report(out)
+    tables = Tables(out, FILES)
+    tables.claim(grid.settings())
+    try:
+        with GridRunner(out, options or GridOptions(), log=log) as runner:
+            first = [cell for dataset in grid.datasets for cell in _first_cells(grid, tables, dataset)]
+            runner.run(first, functools.partial(_commit, out, _report_points(first)))
+            noisy = [cell for dataset in grid.datasets for cell in _noisy_cells(grid, tables, dataset, log)]
+            runner.run(noisy, functools.partial(_commit, out, _report_points(noisy)))
+    finally:
+        _problem.cache_clear()  # the driver's copy: the data sets are not needed after the runs
+    write_report(out)
+    runner.raise_failures()
     return out
+
+
+def _first_cells(grid: Grid, tables: Tables, dataset: str) -> list[Cell]:
+    """Stage 1 of ``dataset``: its problems row, the scikit-learn baselines, noise-free ADMM at each rho and
+    vertical SGD (all rates and seeds in one batch), each done when its rows are in the tables."""
+    held = {r["model"] for r in tables.read("baselines") if r["dataset"] == dataset}
+    done = _curves_done(tables, dataset)
+    cells = [Cell(key=f"{dataset}/problem", run=functools.partial(_run_problem, grid, dataset),
+                  done=dataset in {r["dataset"] for r in tables.read("problems")})]
+    cells += [Cell(key=f"{dataset}/scikit-learn/{model.replace(' ', '-')}",
+                   run=functools.partial(_run_baseline, grid, dataset, model), done=model in held)
+              for model in BASELINES]
+    cells += [_admm_cell(grid, dataset, "none", 0.0, 0.0, step, (0,), done) for step in grid.rhos]
+    cells.append(Cell(key=f"{dataset}/SGD", run=functools.partial(_run_sgd, grid, dataset),
+                      done=any(method == "SGD" for method, *_ in done)))
+    return cells
+
+
+def _noisy_cells(grid: Grid, tables: Tables, dataset: str, log: Callable[[str], None]) -> list[Cell]:
+    """Stage 2 of ``dataset``: ADMM at the rho of the noise-free runs with the lowest final training
+    objective, under every sigma in both noise modes and at Theorem 3's sigma of each eps. None when stage
+    1 left no noise-free run or no problems row (a failed cell): the next call runs them."""
+    rho = best_step(mean_curves(tables.read("curves")), dataset, "ADMM")
+    known = [r for r in tables.read("problems") if r["dataset"] == dataset]
+    if rho is None or not known:
+        log(f"{dataset}: its noisy cells wait for the next call (no noise-free ADMM run or problems row)")
+        return []
+    from dpadmm.sharing import privacy
+
+    # exact, from N (the table's 9 digits would move Theorem 3's sigma in its last digits)
+    sensitivity = privacy.message_sensitivity(int(known[0]["samples"]), grid.config(dataset, math.inf,
+                                                                                      "message").x_bound)
+    levels = [(noise, sigma, 0.0) for noise in NOISES for sigma in grid.sigmas]
+    levels += [("message", privacy.theorem_3_std(eps, grid.delta, sensitivity), eps) for eps in grid.eps]
+    done = _curves_done(tables, dataset)
+    seeds = tuple(range(grid.seeds))
+    cells: list[Cell] = []
+    planned: set[tuple[str, float]] = set()
+    for noise, sigma, eps in levels:
+        identity = (noise, float(f"{sigma:.9g}"))  # a curve's key as the table holds it: once per curve
+        if identity not in planned:
+            planned.add(identity)
+            cells.append(_admm_cell(grid, dataset, noise, sigma, eps, rho, seeds, done))
+    return cells
+
+
+def _curves_done(tables: Tables, dataset: str) -> set[tuple[str, str, float, float]]:
+    """(method, noise, sigma, step) of every curve of ``dataset`` in curves.csv."""
+    return {(r["method"], r["noise"], float(r["sigma"]), float(r["step"])) for r in tables.read("curves")
+            if r["dataset"] == dataset}
+
+
+def _admm_cell(grid: Grid, dataset: str, noise: str, sigma: float, eps: float, step: float,
+               seeds: tuple[int, ...], done: set[tuple[str, str, float, float]]) -> Cell:
+    """ADMM sharing at rho = ``step``/(4N) under ``noise`` of level ``sigma`` (Theorem 3's for ``eps`` > 0),
+    its seeds as one batch; done when curves.csv holds its curve (sigma and rho as the table writes them)."""
+    level = "no-noise" if noise == "none" else (f"{noise}-noise/eps={eps:g}" if eps
+                                                 else f"{noise}-noise/sigma={sigma:.9g}")
+    curve = ("ADMM", noise, float(f"{sigma:.9g}"), float(f"{step:.9g}"))
+    return Cell(key=f"{dataset}/ADMM/{level}/rho={step:.9g}",
+                run=functools.partial(_run_admm, grid, dataset, noise, sigma, eps, step, seeds),
+                done=curve in done)
+
+
+@functools.lru_cache(maxsize=len(DATASETS))
+def _problem(config: SharingConfig) -> Problem:
+    """The problem of ``config``, loaded once per process: a worker running many cells of a data set (or
+    this process, running them one after another) reads and splits it once."""
+    from dpadmm.sharing import engine
+
+    return engine.load(config)
+
+
+def _load(grid: Grid, dataset: str) -> tuple[SharingConfig, Problem]:
+    """(the noise-free configuration of ``dataset``, its problem): what every cell of the data set shares."""
+    free = grid.config(dataset, math.inf, "message")
+    return free, _problem(free)
+
+
+Rows = dict[str, list[dict[str, Any]]]  # a cell's results: table name -> rows to append
+
+
+def _run_problem(grid: Grid, dataset: str, workspace: Workspace) -> Rows:
+    """The problems row of ``dataset``: its split, sizes, default rho and message sensitivity C."""
+    from dpadmm.sharing import privacy
+
+    free, problem = _load(grid, dataset)
+    n = problem.num_samples
+    return {"problems": [{"dataset": dataset, "parties": free.parties, "samples": n,
+                          "test_samples": int(problem.test_labels.shape[0]), "rho": free.penalty(n),
+                          "sensitivity": privacy.message_sensitivity(n, free.x_bound)}]}
+
+
+def _run_baseline(grid: Grid, dataset: str, model: str, workspace: Workspace) -> Rows:
+    """scikit-learn's minimiser of the objective on the columns of ``model`` (:data:`BASELINES`)."""
+    from dpadmm.sharing import baselines
+
+    free, problem = _load(grid, dataset)
+    began = time.perf_counter()
+    fit = baselines.centralised(problem, free.l2, BASELINES[model])
+    return {"baselines": [{"dataset": dataset, "model": model, "seconds": time.perf_counter() - began,
+                           **{k.replace("-", "_"): v for k, v in fit.items()}}]}
+
+
+def _run_admm(grid: Grid, dataset: str, noise: str, sigma: float, eps: float, step: float,
+              seeds: tuple[int, ...], workspace: Workspace) -> Rows:
+    """ADMM sharing's curves (every epoch of every seed) at rho = ``step``/(4N) and noise level ``sigma``."""
+    from dpadmm.sharing import engine
+
+    _, problem = _load(grid, dataset)
+    config = grid.config(dataset, math.inf, "message" if noise == "none" else noise,
+                         step / (4 * problem.num_samples))
+    runs = engine.run(config, seeds, problem=problem, write=False, progress=False, std=sigma).records
+    return {"curves": [row for seed, records in zip(seeds, runs, strict=True)
+                       for row in _curve_rows(dataset, "ADMM", noise, sigma, eps, step, seed, records)]}
+
+
+def _run_sgd(grid: Grid, dataset: str, workspace: Workspace) -> Rows:
+    """Vertical SGD's curves at every rate and seed, run as one batch; each run's elapsed time is an even
+    share of the batch's."""
+    from dpadmm.sharing import baselines
+
+    free, problem = _load(grid, dataset)
+    seeds = list(range(grid.seeds))
+    began = time.perf_counter()
+    runs = baselines.vertical_sgd(problem, free.l2, grid.rates, seeds, grid.epochs, grid.batch)
+    per_run = (time.perf_counter() - began) / len(runs)
+    rows = []
+    for i, records in enumerate(runs):
+        rate, seed = grid.rates[i // len(seeds)], seeds[i % len(seeds)]
+        timed = [{**r, "elapsed": per_run * r["epoch"] / grid.epochs} for r in records]
+        rows += _curve_rows(dataset, "SGD", "none", 0.0, 0.0, rate, seed, timed)
+    return {"curves": rows}
+
+
+def _report_points(cells: Sequence[Cell]) -> frozenset[str]:
+    """The cells after whose commit the report is rebuilt: each data set's last cell to run in a stage (the
+    figures take a second or two to draw; the report is rebuilt at the end in any case)."""
+    last: dict[str, str] = {}
+    for cell in cells:
+        if not cell.done:
+            last[cell.key.split("/")[0]] = cell.key
+    return frozenset(last.values())
+
+
+def _commit(out: Path, report_after: frozenset[str], cell: Cell, result: Rows) -> None:
+    """A completed cell: its rows appended to their tables (in the grid's order, whichever way it ran), then
+    the report where a data set's stage is complete."""
+    tables = Tables(out, FILES)
+    for name in FILES:
+        if result.get(name):
+            tables.append(name, result[name])
+    if cell.key in report_after:
+        write_report(out)
 
 
 def estimate(grid: Grid) -> Estimate:
@@ -222,63 +407,6 @@ def _curve_rows(dataset: str, method: str, noise: str, sigma: float, eps: float,
              "seed": seed, "epoch": r.get("round", r.get("epoch")), "train_objective": r["train-objective"],
              "test_log_loss": r["test-log-loss"], "test_error": r["test-error"], "elapsed": r["elapsed"]}
             for r in records]
-
-
-def _run_dataset(grid: Grid, out: Path, dataset: str, progress: bool, log: Callable[[str], None]) -> None:
-    from dpadmm.sharing import baselines, engine, privacy
-
-    tables = Tables(out, FILES)
-    free = grid.config(dataset, math.inf, "message")
-    problem = engine.load(free)
-    n = problem.num_samples
-    sensitivity = privacy.message_sensitivity(n, free.x_bound)
-    if dataset not in {r["dataset"] for r in tables.read("problems")}:
-        tables.append("problems", [{"dataset": dataset, "parties": free.parties, "samples": n,
-                                    "test_samples": int(problem.test_labels.shape[0]), "rho": free.penalty(n),
-                                    "sensitivity": sensitivity}])
-    held = {r["model"] for r in tables.read("baselines") if r["dataset"] == dataset}
-    for model, parties in BASELINES.items():
-        if model not in held:
-            log(f"{dataset}: scikit-learn, {model}")
-            began = time.perf_counter()
-            fit = baselines.centralised(problem, free.l2, parties)
-            seconds = time.perf_counter() - began
-            tables.append("baselines", [{"dataset": dataset, "model": model, "seconds": seconds,
-                                         **{k.replace("-", "_"): v for k, v in fit.items()}}])
-    done = {(r["method"], r["noise"], float(r["sigma"]), float(r["step"])) for r in tables.read("curves")
-            if r["dataset"] == dataset}
-
-    def admm(noise: str, sigma: float, eps: float, step: float, seeds: Sequence[int]) -> None:
-        if ("ADMM", noise, float(f"{sigma:.9g}"), step) in done:  # sigma as the table holds it
-            return
-        log(f"{dataset}: ADMM sharing, rho {step:g}/(4N), "
-            + (f"{noise} noise sigma={sigma:g}" if sigma else "no noise")
-            + (f" (Theorem 3 at eps={eps:g})" if eps else ""))
-        config = grid.config(dataset, math.inf, "message" if noise == "none" else noise, step / (4 * n))
-        runs = engine.run(config, seeds, problem=problem, write=False, progress=progress, std=sigma).records
-        tables.append("curves", [row for seed, records in zip(seeds, runs, strict=True) for row in
-                                 _curve_rows(dataset, "ADMM", noise, sigma, eps, step, seed, records)])
-
-    for step in grid.rhos:
-        admm("none", 0.0, 0.0, step, [0])
-    rho = best_step(mean_curves(tables.read("curves")), dataset, "ADMM")
-    seeds = list(range(grid.seeds))
-    for noise in NOISES:
-        for sigma in grid.sigmas:
-            admm(noise, sigma, 0.0, rho, seeds)
-    for eps in grid.eps:
-        admm("message", privacy.theorem_3_std(eps, grid.delta, sensitivity), eps, rho, seeds)
-    if not any(m == "SGD" for m, *_ in done):
-        log(f"{dataset}: vertical SGD, rates {', '.join(f'{r:g}' for r in grid.rates)}, batch {grid.batch}")
-        began = time.perf_counter()
-        runs = baselines.vertical_sgd(problem, free.l2, grid.rates, seeds, grid.epochs, grid.batch)
-        per_run = (time.perf_counter() - began) / len(runs)  # the runs were batched: an even share each
-        rows = []
-        for i, records in enumerate(runs):
-            rate, seed = grid.rates[i // len(seeds)], seeds[i % len(seeds)]
-            timed = [{**r, "elapsed": per_run * r["epoch"] / grid.epochs} for r in records]
-            rows += _curve_rows(dataset, "SGD", "none", 0.0, 0.0, rate, seed, timed)
-        tables.append("curves", rows)
 
 
 # ----- the report -----

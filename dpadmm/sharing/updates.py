@@ -58,9 +58,19 @@ class Geometry:
 
 
 def geometry(blocks: torch.Tensor) -> Geometry:
-    """:class:`Geometry` of the blocks [M, N, d]."""
+    """:class:`Geometry` of the blocks [M, N, d].
+
+    The eigendecomposition runs on one thread: LAPACK's eigenvectors differ in their last digits with the
+    number of threads it splits the work over, those digits reach the x-step and so the iterates, and a run
+    must compute the same numbers whatever threads it was given (a grid cell on a Ray worker with one
+    thread, the same cell here with all the cores: :mod:`dpadmm.runs.grid`). It runs once per data set."""
     gram = blocks.transpose(-2, -1) @ blocks
-    values, vectors = torch.linalg.eigh(gram)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        values, vectors = torch.linalg.eigh(gram)
+    finally:
+        torch.set_num_threads(threads)
     return Geometry(columns=blocks.transpose(-2, -1).contiguous(), eigenvalues=values.clamp_min(0),
                     eigenvectors=vectors)
 

@@ -1,0 +1,150 @@
+"""The grid runner (dpadmm.runs.grid): order, resuming, failures, checkpoints, and a lost Ray worker."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpadmm.iadmm.reproduce import GridConfig, run_grid
+from dpadmm.runs.grid import Cell, CellsFailed, GridOptions, GridRunner, Workspace, mirror, snapshot
+from tests.conftest import grid_results
+
+QUIET = GridOptions(progress=False)
+
+
+def _square(x: int, workspace: Workspace) -> dict[str, int]:
+    (workspace.path / "note.txt").write_text(f"{x}\n")
+    return {"x": x, "square": x * x}
+
+
+def _slow_square(x: int, seconds: float, workspace: Workspace) -> dict[str, int]:
+    time.sleep(seconds)
+    return _square(x, workspace)
+
+
+def _broken(workspace: Workspace) -> None:
+    (workspace.path / "failed.json").write_text('{"reason": "no data"}\n')
+    raise RuntimeError("no data for this cell")
+
+
+def _cells(xs: list[int], **kw: Any) -> list[Cell]:
+    return [Cell(key=f"x={x}", run=functools.partial(_square, x), folder=f"cells/{x}", **kw) for x in xs]
+
+
+@pytest.mark.slow  # starts Ray
+def test_cells_run_in_scratch_folders_and_commit_in_order(tmp_path: Path) -> None:
+    committed: list[tuple[str, Any]] = []
+    logged: list[str] = []
+    # the second cell sleeps: on 2 workers the third finishes first, and still commits last
+    cells = _cells([1])
+    cells.append(Cell(key="x=2", run=functools.partial(_slow_square, 2, 0.5), folder="cells/2"))
+    cells += _cells([3])
+    with GridRunner(tmp_path, GridOptions(workers=2, progress=False), log=logged.append) as runner:
+        runner.run(cells, lambda cell, result: committed.append((cell.key, result)))
+    runner.raise_failures()
+    assert committed == [(f"x={x}", {"x": x, "square": x * x}) for x in (1, 2, 3)]
+    assert (tmp_path / "cells" / "2" / "note.txt").read_text() == "2\n"  # the scratch files came back
+    assert not (tmp_path / ".grid").exists()  # nothing left waiting
+    # x=3 arrived before x=2, waited for it, and was committed after it
+    assert [line.split(":")[0] for line in logged if line.endswith("complete")] == ["x=1", "x=3", "x=2"]
+
+    # done cells are skipped; a result received but not committed (interrupted) is committed without a run
+    (tmp_path / ".grid").mkdir()
+    (tmp_path / ".grid" / "x=5.json").write_text(json.dumps({"key": "x=5", "identity": None,
+                                                             "result": {"x": 5, "square": 25}}))
+    committed.clear()
+    logged.clear()
+    with GridRunner(tmp_path, QUIET, log=logged.append) as runner:
+        runner.run(_cells([1, 2, 3], done=True) + _cells([4, 5]),
+                   lambda cell, result: committed.append((cell.key, result)))
+    assert committed == [("x=4", {"x": 4, "square": 16}), ("x=5", {"x": 5, "square": 25})]
+    assert sum("complete, skipped" in line for line in logged) == 3
+    assert not any(line.startswith("x=5: running") for line in logged)
+
+    # ... unless it was run with other settings
+    (tmp_path / ".grid").mkdir()
+    (tmp_path / ".grid" / "x=6.json").write_text(json.dumps({"key": "x=6", "identity": {"seeds": 3},
+                                                             "result": {}}))
+    with (pytest.raises(ValueError, match="x=6 run with other settings"),
+          GridRunner(tmp_path, QUIET) as runner):
+        runner.run(_cells([6]), lambda cell, result: None)
+    with pytest.raises(ValueError, match="distinct keys"), GridRunner(tmp_path, QUIET) as runner:
+        runner.run(_cells([7, 7]), lambda cell, result: None)
+
+
+def test_a_failing_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None:
+    committed: list[str] = []
+    cells = [*_cells([1]), Cell(key="broken", run=_broken, folder="cells/broken"), *_cells([2])]
+    with GridRunner(tmp_path, QUIET, log=lambda _: None) as runner:
+        runner.run(cells, lambda cell, result: committed.append(cell.key))
+    assert committed == ["x=1", "x=2"]
+    assert [(f.key, f.error) for f in runner.failures] == [("broken", "RuntimeError: no data for this cell")]
+    # its folder came back: it says what failed
+    assert json.loads((tmp_path / "cells" / "broken" / "failed.json").read_text()) == {"reason": "no data"}
+    with pytest.raises(CellsFailed, match="1 cell failed .*broken: RuntimeError: no data for this cell"):
+        runner.raise_failures()
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="workers=0 is not allowed"):
+        GridOptions(workers=0)
+    with pytest.raises(ValueError, match="give one or the other"):
+        GridOptions(workers=2, ray_address="auto")
+    with pytest.raises(ValueError, match="threads=0 must be >= 1"):
+        GridOptions(threads=0)
+    assert GridOptions(workers=8).threads == 1  # the threads, and so the numbers, do not follow the workers
+
+
+def test_a_snapshot_keeps_complete_log_lines_and_a_mirror_is_exact(tmp_path: Path) -> None:
+    source = tmp_path / "a"
+    (source / "seed-0").mkdir(parents=True)
+    (source / "seed-0" / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n{"rou')  # mid-write
+    (source / "checkpoint.pt").write_bytes(b"\x00\x01")
+    (source / "checkpoint.pt.tmp").write_bytes(b"half")  # an atomic write under way is not a file yet
+    files = snapshot(source)
+    assert files == {"checkpoint.pt": b"\x00\x01", "seed-0/metrics.jsonl": b'{"round": 1}\n{"round": 2}\n'}
+    target = tmp_path / "b"
+    (target / "old").mkdir(parents=True)
+    (target / "old" / "stale.txt").write_text("from an earlier state")
+    mirror(files, target)
+    assert snapshot(target) == files and not (target / "old").exists()
+
+
+def _mnist_grid(out: Path, mnist_dir: Path) -> GridConfig:
+    return GridConfig(out=str(out), datasets=("mnist",), algorithms=("objt",), trust_radii=("paper",),
+                      eps=(0.5, 1.0), seeds=2, rounds=30, eval_every=2, mnist_dir=str(mnist_dir))
+
+
+@pytest.mark.slow  # starts Ray
+def test_a_cell_whose_ray_worker_is_killed_resumes_from_its_checkpoint_to_the_same_numbers(
+        tmp_path: Path, mnist_dir: Path) -> None:
+    """Two cells on two local Ray workers, each checkpointing at every evaluation. The worker of the first
+    is killed (SIGKILL, as a lost node) once its first checkpoint has reached the driver: the cell runs
+    again on a new worker from that checkpoint, and the grid writes what a sequential run writes."""
+    run_grid(_mnist_grid(tmp_path / "sequential", mnist_dir), QUIET, log=lambda _: None)
+
+    logged: list[str] = []
+    pids: dict[str, int] = {}
+
+    def watch(line: str) -> None:
+        logged.append(line)
+        key = line.split(":")[0]
+        started = re.search(r": started on \S+ pid (\d+)", line)
+        if started:
+            pids[key] = int(started.group(1))
+        if key == "mnist-objt-eps0.5" and "checkpoint at" in line and not any("lost" in s for s in logged):
+            os.kill(pids[key], signal.SIGKILL)
+
+    options = GridOptions(workers=2, progress=False, checkpoint_seconds=0.001)
+    run_grid(_mnist_grid(tmp_path / "ray", mnist_dir), options, log=watch)
+    assert any(line.startswith("mnist-objt-eps0.5: its worker was lost") for line in logged), logged
+    assert any(line.startswith("mnist-objt-eps0.5: resuming (attempt 2") for line in logged), logged
+    assert grid_results(tmp_path / "ray") == grid_results(tmp_path / "sequential")
