@@ -334,8 +334,11 @@ def _reproduce(args: argparse.Namespace) -> int:
             how = GridOptions(workers=args.workers, ray_address=args.ray_address, threads=args.threads,
                               checkpoint_seconds=60 * args.checkpoint_minutes, progress=not args.no_progress)
             if not args.no_estimate:  # before the grid starts: the papers' defaults run for days (003)
+                import torch
+
                 print("reproduce: timing a few iterations of each kind of run to estimate the wall time ...",
                       flush=True)
+                torch.set_num_threads(how.threads)  # probes at the cells' threads
                 print(reproduce.estimate(grid).line(how.parallel()), flush=True)
             out = reproduce.run_grid(grid, how)
     except CellsFailed as err:  # the other cells completed and are in the report

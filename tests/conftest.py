@@ -422,32 +422,3 @@ class Deployment:
             self.kill(name)
         return stop_flwr_processes(self.home)
 
-
-# What a grid writes that is a clock or a machine, not a number its runs compute: the only fields in which a
-# grid run on Ray workers may differ from the same grid run in one process (dpadmm.runs.grid).
-CLOCKS = frozenset({"seconds", "elapsed", "wall_seconds_last_call", "finished", "machine"})
-
-
-def grid_results(out: Path) -> dict[str, Any]:
-    """Every data file a ``dpadmm reproduce`` grid wrote under ``out`` (CSV, JSON lines, JSON), parsed, with
-    the clock fields (:data:`CLOCKS`) left out: two runs of one grid, however run, must give equal values.
-    The figures and summary.md are left out too, since they show clocks (time per iteration, wall time)."""
-    import csv
-
-    found: dict[str, Any] = {}
-    for path in sorted(out.rglob("*")):
-        name = path.relative_to(out).as_posix()
-        if path.suffix == ".csv":
-            with open(path, newline="", encoding="utf-8") as fh:
-                found[name] = [{k: v for k, v in row.items() if k not in CLOCKS}
-                               for row in csv.DictReader(fh)]
-        elif path.suffix == ".jsonl":
-            found[name] = [{k: v for k, v in json.loads(line).items() if k not in CLOCKS}
-                           for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        elif path.suffix == ".json":
-            value = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(value, dict):
-                value = {k: v for k, v in value.items() if k not in CLOCKS}
-            found[name] = value
-    assert found, f"{out} holds no results"
-    return found

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_ports, grid_results, stop_flwr_processes
+from tests.conftest import ROOT, free_ports, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
@@ -265,7 +265,7 @@ def test_reproduce_grids_run_on_every_node_of_an_existing_ray_cluster(
     from dpadmm.decentral import reproduce as r004
     from dpadmm.iadmm import reproduce as r003
     from dpadmm.linadmm import reproduce as r002
-    from dpadmm.runs.grid import GridOptions
+    from dpadmm.runs.grid import GridOptions, numbers
     from dpadmm.sharing import reproduce as r001
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -289,4 +289,4 @@ def test_reproduce_grids_run_on_every_node_of_an_existing_ray_cluster(
         started = (re.search(r"started on .*\(Ray node ([\d.]+)\)", line) for line in logged)
         nodes = {m.group(1) for m in started if m}
         assert nodes == {HEAD_IP, WORKER_IP}, (paper, logged)
-        assert grid_results(there) == grid_results(here), paper
+        assert numbers(there) == numbers(here), paper

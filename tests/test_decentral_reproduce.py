@@ -9,8 +9,7 @@ import pytest
 
 from dpadmm.decentral.reproduce import CELLS, Grid, bands, cell_key, estimate, run_grid
 from dpadmm.runs import references
-from dpadmm.runs.grid import GridOptions
-from tests.conftest import grid_results
+from dpadmm.runs.grid import GridOptions, numbers
 
 QUIET = GridOptions(progress=False)
 
@@ -83,7 +82,7 @@ def test_an_interrupted_grid_resumes_with_the_cells_it_had_not_committed(tmp_pat
     run_grid(part, QUIET, log=logged.append)
     assert sum(line.endswith("complete, skipped") for line in logged) == 1
     assert sum(line.endswith(": running") for line in logged) == 3
-    assert grid_results(tmp_path / "part") == grid_results(tmp_path / "whole")
+    assert numbers(tmp_path / "part") == numbers(tmp_path / "whole")
 
 
 @pytest.mark.slow  # starts Ray
@@ -99,4 +98,4 @@ def test_the_same_numbers_on_ray_workers(tmp_path: Path, binary_dir: Path) -> No
     run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "ray")}), GridOptions(workers=2, progress=False),
              log=logged.append)
     assert any("2 cells at once on a local Ray instance, 1 thread(s) each" in line for line in logged)
-    assert grid_results(tmp_path / "here") == grid_results(tmp_path / "ray")
+    assert numbers(tmp_path / "here") == numbers(tmp_path / "ray")

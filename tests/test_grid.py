@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from dpadmm.iadmm.reproduce import GridConfig, run_grid
-from dpadmm.runs.grid import Cell, CellsFailed, GridOptions, GridRunner, Workspace, mirror, snapshot
-from tests.conftest import grid_results
+from dpadmm.runs.grid import Cell, CellsFailed, GridOptions, GridRunner, Workspace, mirror, numbers, snapshot
 
 QUIET = GridOptions(progress=False)
 
@@ -147,4 +146,4 @@ def test_a_cell_whose_ray_worker_is_killed_resumes_from_its_checkpoint_to_the_sa
     run_grid(_mnist_grid(tmp_path / "ray", mnist_dir), options, log=watch)
     assert any(line.startswith("mnist-objt-eps0.5: its worker was lost") for line in logged), logged
     assert any(line.startswith("mnist-objt-eps0.5: resuming (attempt 2") for line in logged), logged
-    assert grid_results(tmp_path / "ray") == grid_results(tmp_path / "sequential")
+    assert numbers(tmp_path / "ray") == numbers(tmp_path / "sequential")

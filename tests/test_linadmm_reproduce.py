@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from dpadmm.linadmm.reproduce import TUNED, Grid, crossover, estimate, finals, run_grid, tuned
-from dpadmm.runs.grid import GridOptions
-from tests.conftest import grid_results
+from dpadmm.runs.grid import GridOptions, numbers
 
 QUIET = GridOptions(progress=False)
 
@@ -78,7 +77,7 @@ def test_ray_workers_write_the_same_numbers_and_an_interrupted_grid_resumes(tmp_
     on_ray = run_grid(Grid(out=str(tmp_path / "ray"), **values), GridOptions(workers=2, progress=False),
                       log=logged.append)
     assert "grid: 2 cells at once on a local Ray instance, 1 thread(s) each" in logged
-    assert grid_results(on_ray) == grid_results(here)
+    assert numbers(on_ray) == numbers(here)
 
     resumed = tmp_path / "resumed"  # interrupted after the problem, the optimum and the non-private cells
     resumed.mkdir()
@@ -89,7 +88,7 @@ def test_ray_workers_write_the_same_numbers_and_an_interrupted_grid_resumes(tmp_
     logged.clear()
     run_grid(Grid(out=str(resumed), **values), QUIET, log=logged.append)
     assert sum(line.endswith(": complete, skipped") for line in logged) == 4
-    assert grid_results(resumed) == grid_results(here)
+    assert numbers(resumed) == numbers(here)
 
 
 def _table(admm: list[float], acc: list[float], eps: list[float]) -> dict:

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from dpadmm.privacy.ledger import Release, pld_epsilon
-from dpadmm.runs.grid import CellsFailed, GridOptions
+from dpadmm.runs.grid import CellsFailed, GridOptions, numbers
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.reproduce import Grid, best_step, estimate, implied_epsilon, mean_curves, run_grid
-from tests.conftest import grid_results
 
 QUIET = GridOptions(progress=False)
 
@@ -103,7 +102,7 @@ def test_the_numbers_are_the_same_on_ray_workers(tmp_path: Path, mnist_dir: Path
                       GridOptions(workers=2, threads=1, progress=False), log=logged.append)
     assert "grid: 2 cells at once on a local Ray instance, 1 thread(s) each" in logged
     assert sum(line.endswith(": complete") for line in logged) == 6 + 3
-    assert grid_results(here) == grid_results(on_ray)
+    assert numbers(here) == numbers(on_ray)
 
 
 def test_the_privacy_of_a_noise_level_is_the_composed_gaussian_mechanism() -> None:

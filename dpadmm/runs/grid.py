@@ -298,7 +298,6 @@ class GridRunner:
             twice = sorted({k for k in keys if keys.count(k) > 1})
             raise ValueError(f"a grid's cells need distinct keys: {twice} come twice")
         todo = [cell for cell in cells if not cell.done]
-        self._grow_bar(len(cells), len(cells) - len(todo))
         for cell in cells:
             if cell.done:
                 self.log(f"{cell.key}: complete, skipped")
@@ -311,7 +310,9 @@ class GridRunner:
                     raise ValueError(f"{spool} holds a result of {cell.key} run with other settings "
                                      f"({saved.get('identity')}); use another --out or delete that file")
                 arrived[cell.key] = saved["result"]
+                self.log(f"{cell.key}: complete (received by an earlier call), committed now")
         runnable = [cell for cell in todo if cell.key not in arrived]
+        self._grow_bar(len(cells), len(cells) - len(runnable))
         state = _Commits(todo, arrived, commit, self)
         state.flush()
         if self.options.on_ray:
@@ -451,6 +452,9 @@ class GridRunner:
             self._bar.set_postfix_str(running[:120], refresh=True)
 
     def _start_ray(self) -> None:
+        # Ray 2.55 warns on every start that a future version stops overriding CUDA_VISIBLE_DEVICES for tasks
+        # that ask for no GPU; asking for the future behaviour now is right here (a cell declares its GPU)
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         import ray
 
         address = self.options.ray_address
@@ -505,3 +509,32 @@ class _Commits:
             self.commit(cell, self.arrived.pop(cell.key))
             self.runner._spool(cell).unlink(missing_ok=True)
             self.position += 1
+
+
+# What a grid writes that is a clock or a machine, not a number its runs compute: the only fields in which a
+# grid run on Ray workers may differ from the same grid run in one process.
+CLOCKS = frozenset({"seconds", "elapsed", "wall_seconds_last_call", "finished", "machine"})
+
+
+def numbers(out: str | Path) -> dict[str, Any]:
+    """Every data file a grid wrote under ``out`` (CSV, JSON lines, JSON), parsed, with the clock fields
+    (:data:`CLOCKS`) left out: two runs of one grid, however run, give equal values (the tests and
+    ``benchmarks/grids.py`` compare them). The figures and summary.md are left out: they show clocks."""
+    import csv
+
+    found: dict[str, Any] = {}
+    for path in sorted(Path(out).rglob("*")):
+        name = path.relative_to(out).as_posix()
+        if path.suffix == ".csv":
+            with open(path, newline="", encoding="utf-8") as fh:
+                found[name] = [{k: v for k, v in row.items() if k not in CLOCKS}
+                               for row in csv.DictReader(fh)]
+        elif path.suffix == ".jsonl":
+            found[name] = [{k: v for k, v in json.loads(line).items() if k not in CLOCKS}
+                           for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        elif path.suffix == ".json":
+            value = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k not in CLOCKS}
+            found[name] = value
+    return found
