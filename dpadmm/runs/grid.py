@@ -197,7 +197,7 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
         def target() -> None:
             try:
                 outcome.put((True, cell.run(workspace)))
-            except BaseException as error:  # noqa: BLE001 - re-raised by the generator, where the caller is
+            except BaseException as error:  # noqa: BLE001 - the generator reports it: a failed cell
                 outcome.put((False, error))
 
         worker = threading.Thread(target=target, name=f"cell {cell.key}", daemon=True)
