@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,17 @@ from typing import Any
 import pytest
 
 from dpadmm.iadmm.reproduce import GridConfig, run_grid
-from dpadmm.runs.grid import Cell, CellsFailed, GridOptions, GridRunner, Workspace, mirror, numbers, snapshot
+from dpadmm.runs.grid import (
+    SCRATCH,
+    Cell,
+    CellsFailed,
+    GridOptions,
+    GridRunner,
+    Workspace,
+    mirror,
+    numbers,
+    snapshot,
+)
 
 QUIET = GridOptions(progress=False)
 
@@ -146,4 +157,6 @@ def test_a_cell_whose_ray_worker_is_killed_resumes_from_its_checkpoint_to_the_sa
     run_grid(_mnist_grid(tmp_path / "ray", mnist_dir), options, log=watch)
     assert any(line.startswith("mnist-objt-eps0.5: its worker was lost") for line in logged), logged
     assert any(line.startswith("mnist-objt-eps0.5: resuming (attempt 2") for line in logged), logged
+    # the killed worker's scratch folder was removed by the next cell to start on this machine
+    assert not list(Path(tempfile.gettempdir()).glob(f"{SCRATCH}{pids['mnist-objt-eps0.5']}-*"))
     assert numbers(tmp_path / "ray") == numbers(tmp_path / "sequential")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
+SCRATCH = "dpadmm-cell-"  # a running cell's folder, in the temp dir of its machine: dpadmm-cell-<pid>-...
 POLL_SECONDS = 1.0  # how often a running cell's folder is looked at (checkpoint, rounds done)
 
 Files = dict[str, bytes]  # a folder's files: path relative to the folder -> content
@@ -188,7 +189,8 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
     import torch
 
     torch.set_num_threads(threads)
-    with tempfile.TemporaryDirectory(prefix="dpadmm-cell-") as scratch:
+    remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH}{os.getpid()}-") as scratch:
         path = Path(scratch)
         mirror(files, path)
         workspace = Workspace(path=path, checkpoint_seconds=checkpoint_seconds)
@@ -222,6 +224,32 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
             yield "done", (value, snapshot(path))
         else:  # its files too (a failed run's folder says what failed and when), and the error as text
             yield "failed", (f"{type(value).__name__}: {value}".strip(), snapshot(path))
+
+
+def remove_orphans() -> list[Path]:
+    """Remove the scratch folders of cells whose process is gone (a worker killed, a node's process ended
+    by the OOM killer): a killed process cannot remove its own, and a FEMNIST cell's holds a checkpoint of
+    hundreds of megabytes. A folder is named after the process that made it; returns those removed."""
+    import shutil
+    import tempfile
+
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*-*"):
+        owner = path.name[len(SCRATCH):].split("-", 1)[0]
+        if owner.isdigit() and path.is_dir() and not _alive(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _where() -> str:
