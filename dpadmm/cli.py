@@ -178,7 +178,7 @@ def _add_reproduce(commands: argparse._SubParsersAction, paper: str) -> None:
      "004": _add_reproduce_004}[paper](rep)
     rep.add_argument("--workers", type=int, default=1,
                      help="cells run at once: 1 (default) one after another in this process; N > 1 on a "
-                          "local Ray instance, each cell with its share of the cores (the same results)")
+                          "local Ray instance, each cell with --threads threads (the same results)")
     rep.add_argument("--ray-address", default="",
                      help="run the cells on the existing Ray cluster at this address (host:port, or auto: "
                           "RAY_ADDRESS or the cluster started on this machine); every node needs dpadmm and "
