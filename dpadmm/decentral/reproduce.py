@@ -242,9 +242,7 @@ def _run_cell(config: DecentralConfig, seeds: int, figure: str, label: str,
 def _commit(out: Path, cell: GridCell, result: dict[str, list[dict[str, Any]]]) -> None:
     """A completed cell, in the grid's order: its rows appended to their tables, then the report (the
     cell's own figure redrawn; :func:`run_grid` redraws them all at the end)."""
-    tables = Tables(out, FILES)
-    for name, rows in result.items():
-        tables.append(name, rows)
+    Tables(out, FILES).append_all(result)
     write_report(out, changed={row["figure"] for row in result["curves"]})
 
 

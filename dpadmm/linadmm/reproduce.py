@@ -267,9 +267,7 @@ class _Commit:
     report_after: frozenset[str] = frozenset()
 
     def __call__(self, cell: Cell, result: Rows) -> None:
-        tables = Tables(self.out, FILES)
-        for name, rows in result.items():
-            tables.append(name, rows)
+        Tables(self.out, FILES).append_all(result)
         if cell.key in self.report_after:
             write_report(self.out)
 

@@ -47,6 +47,14 @@ class Tables:
             writer.writerows({k: f"{v:.9g}" if isinstance(v, float) else v for k, v in row.items()}
                              for row in rows)
 
+    def append_all(self, rows: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
+        """Append a grid cell's result: rows per table name (:mod:`dpadmm.runs.grid`); empty ones write
+        nothing, not even a header."""
+        for name, table_rows in rows.items():
+            table_rows = list(table_rows)
+            if table_rows:
+                self.append(name, table_rows)
+
     def settings(self) -> dict[str, Any]:
         """The settings saved by :meth:`claim`."""
         return json.loads((self.out / SETTINGS).read_text())

@@ -335,10 +335,7 @@ def _report_points(cells: Sequence[Cell]) -> frozenset[str]:
 def _commit(out: Path, report_after: frozenset[str], cell: Cell, result: Rows) -> None:
     """A completed cell: its rows appended to their tables (in the grid's order, whichever way it ran), then
     the report where a data set's stage is complete."""
-    tables = Tables(out, FILES)
-    for name in FILES:
-        if result.get(name):
-            tables.append(name, result[name])
+    Tables(out, FILES).append_all(result)
     if cell.key in report_after:
         write_report(out)
 
