@@ -35,6 +35,16 @@ def test_epsilon_inf_means_non_private(tmp_path: Path) -> None:
     assert all(r["noise-magnitude"] == 0 for r in lines)
 
 
+def test_train_deals_the_agents_a_heterogeneous_partition(tmp_path: Path) -> None:
+    done = _dpadmm("train", "--rounds", "2", "--num-agents", "10", "--partition", "shards:1",
+                   "--partition-seed", "4", "--out", "r", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["partition"] == "shards:1" and config["partition-seed"] == 4
+    bad = _dpadmm("train", "--partition", "dirichlet", cwd=tmp_path)
+    assert bad.returncode == 2 and "partition='dirichlet' is not allowed; give contiguous" in bad.stderr
+
+
 def test_bad_input_is_named(tmp_path: Path) -> None:
     done = _dpadmm("train", "--algorithm", "sgd", cwd=tmp_path)
     assert done.returncode == 2 and "algorithm='sgd' is not allowed" in done.stderr

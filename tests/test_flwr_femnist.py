@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -23,12 +24,8 @@ import torch
 from dpadmm.data import Dataset
 from dpadmm.data.checks import DataError
 from dpadmm.data.femnist import Writer, read_leaf, sample_folders
+from dpadmm.data.flwr_femnist import load_flwr_femnist
 from tests.conftest import SHARED_DATA
-
-datasets = pytest.importorskip("datasets", reason="flwr-datasets/datasets not installed (the online extra)")
-pytest.importorskip("flwr_datasets", reason="flwr-datasets not installed (the online extra)")
-
-from dpadmm.data.flwr_femnist import load_flwr_femnist  # noqa: E402
 
 SAMPLE = SHARED_DATA / "femnist" / "leaf-sample-a"
 # One LEAF file pair (its writers' train and test parts) keeps reading fast; file 3 has six

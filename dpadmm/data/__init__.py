@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # numpy and torch are imported where the data are built: dpad
     import torch
 
 from dpadmm.catalog import DATASET_NAMES, DEFAULT_AGENTS, NUM_CLASSES, NUM_FEATURES
-from dpadmm.data.partition import partition_contiguous
+from dpadmm.data.partition import Scheme, parse_scheme, partition_contiguous, partition_indices
 
 __all__ = [
     "DATASET_NAMES",
@@ -49,7 +49,10 @@ __all__ = [
     "load_embedded",
     "load_femnist",
     "load_mnist",
+    "Scheme",
+    "parse_scheme",
     "partition_contiguous",
+    "partition_indices",
     "read_idx",
     "train_size",
 ]
@@ -127,10 +130,34 @@ class Dataset:
         if self.agent_sizes is None:
             return partition_contiguous(self.num_train, num_agents)
         if num_agents != len(self.agent_sizes):
-            raise ValueError(f"num-agents={num_agents} does not match data set {self.name!r}, which was "
-                             f"loaded with one agent per writer for {len(self.agent_sizes)} writers")
+            raise ValueError(f"num-agents={num_agents} does not match data set {self.name!r}, whose training "
+                             f"samples are dealt to {len(self.agent_sizes)} agents (its writers, or a "
+                             "partition)")
         stops = list(itertools.accumulate(self.agent_sizes))
         return [slice(stop - size, stop) for stop, size in zip(stops, self.agent_sizes, strict=True)]
+
+    def partitioned(self, num_agents: int, scheme: Scheme | str, seed: int = 0) -> Dataset:
+        """This data set with its training samples dealt to ``num_agents`` agents by ``scheme``
+        (:func:`~dpadmm.data.partition.partition_indices`, drawn with ``seed``): the training rows reordered
+        so that agent p's samples are block p (in their original order), and ``agent_sizes`` set, so every
+        family reads the agents' blocks as it reads the papers'. ``contiguous`` returns the data set itself.
+
+        A data set with a natural partition (FEMNIST's writers) refuses a skewed scheme: its agents are
+        already heterogeneous, and dealing its samples anew would erase the writers."""
+        import numpy as np
+        import torch
+
+        scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+        if not scheme.skewed:
+            return self
+        if self.agent_sizes is not None:
+            raise ValueError(f"partition={scheme} is not allowed with data set {self.name!r}, whose agents "
+                             "are its writers (the natural partition); use partition='contiguous'")
+        blocks = partition_indices(self.y_train.numpy(), num_agents, scheme, seed)
+        order = torch.from_numpy(np.concatenate(blocks))
+        return Dataset(name=self.name, x_train=self.x_train[order], y_train=self.y_train[order],
+                       x_test=self.x_test.clone(), y_test=self.y_test.clone(), num_classes=self.num_classes,
+                       agent_sizes=tuple(len(block) for block in blocks))
 
     @property
     def num_features(self) -> int:

@@ -16,8 +16,8 @@ downstream (the natural partition, the pooled test set) works unchanged:
 LEAF's 5% sample that the papers used, so its first 195 writers are not the papers'
 writers; results on it are a reconstruction of the papers' setting, not a replication.
 
-``flwr-datasets`` (and ``datasets`` with it) is an optional dependency, imported only
-inside :func:`load_flwr_femnist`: ``pip install "dpadmm[online]"``.
+``flwr-datasets`` (and ``datasets`` with it) is imported only inside :func:`load_flwr_femnist`, so
+``import dpadmm.data`` stays light.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ def load_flwr_femnist(
     returns ``x = 1 - pixel / 255``, the authors' convention that
     :func:`dpadmm.data.femnist.load_femnist` also follows (background 0, as in MNIST).
 
-    Raises ``ImportError`` (with the install command) when flwr-datasets is missing,
-    ``ValueError`` for a ``num_agents`` outside 1..(number of writers) (naming that
+    Raises ``ValueError`` for a ``num_agents`` outside 1..(number of writers) (naming that
     number) or a ``test_fraction`` outside (0, 1), and a
     :class:`~dpadmm.data.checks.DataError` naming the data set and the writer for a missing
     column, an image that is not 28x28 or a label outside 0..61.
@@ -88,14 +87,8 @@ def load_flwr_femnist(
         raise ValueError(f"num_agents must be an int, got {num_agents!r}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction} is not allowed; choose a value in (0, 1)")
-    try:
-        from flwr_datasets import FederatedDataset
-        from flwr_datasets.partitioner import NaturalIdPartitioner
-    except ImportError as e:
-        raise ImportError(
-            f"loading FEMNIST from Flower Datasets ({dataset}) needs the optional dependency "
-            f'flwr-datasets: pip install "dpadmm[online]" ({e})'
-        ) from e
+    from flwr_datasets import FederatedDataset
+    from flwr_datasets.partitioner import NaturalIdPartitioner
 
     fds = FederatedDataset(
         dataset=dataset,

@@ -3,11 +3,24 @@
 The papers (Ryu & Kim) give agent p the p-th contiguous block of the training set in its
 standard order. On MNIST's standard order this gives IID-like agents; the embedded default
 data set orders its training images round-robin over the classes for the same reason.
+
+Federated learning's hard case is the opposite: agents whose data differ. :class:`Scheme` names the
+heterogeneous partitions (label skew by a Dirichlet draw or by shards, quantity skew) and
+:func:`partition_indices` draws one, seeded, from the labels alone; :meth:`dpadmm.data.Dataset.partitioned`
+reorders a data set so that each agent's samples are one block again, which every family reads as it reads
+the papers' blocks.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def partition_contiguous(num_samples: int, num_agents: int) -> list[slice]:
@@ -40,3 +53,123 @@ def partition_contiguous(num_samples: int, num_agents: int) -> list[slice]:
         blocks.append(slice(start, stop))
         start = stop
     return blocks
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How the training samples are dealt out, as written in a run configuration (``partition``).
+
+    - ``contiguous``: the papers' contiguous blocks of the standard order (near-IID on MNIST);
+    - ``dirichlet:ALPHA``: label skew; each class is split among the agents in proportions drawn from a
+      symmetric Dirichlet(ALPHA) (Yurochkin et al., ICML 2019; Hsu et al., 2019): 0.1 gives most agents one
+      or two dominant classes, 1000 is near-IID;
+    - ``shards:K``: pathological label skew; the samples sorted by label are cut into K shards per agent
+      and each agent gets K of them at random (McMahan et al., AISTATS 2017: K = 2);
+    - ``quantity:ALPHA``: quantity skew; the agents' sizes are drawn from a Dirichlet(ALPHA) over the
+      agents (Li et al., ICDE 2022, NIID-Bench), their samples IID.
+
+    The partition is public (it is the problem, not a secret of any agent): the same ``(scheme, labels,
+    agents, seed)`` gives the same partition on every machine, and a privacy statement covers the samples
+    within it (neighbouring data sets change one sample of one agent, the partition's sizes fixed).
+    """
+
+    name: str = "contiguous"
+    value: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.value:g}" if self.skewed else self.name
+
+    @property
+    def skewed(self) -> bool:
+        """Whether the agents' samples are dealt by this scheme rather than the data set's own order."""
+        return self.name != "contiguous"
+
+
+def parse_scheme(text: str) -> Scheme:
+    """The :class:`Scheme` written as ``text``; ``ValueError`` names the value and what is allowed."""
+    allowed = "contiguous, dirichlet:ALPHA (ALPHA > 0), shards:K (K >= 1) or quantity:ALPHA (ALPHA > 0)"
+    name, colon, rest = str(text).strip().partition(":")
+    if name == "contiguous" and not colon:
+        return Scheme()
+    if name in ("dirichlet", "quantity", "shards") and colon:
+        try:
+            value = float(rest)
+        except ValueError:
+            value = math.nan
+        if name == "shards" and value.is_integer() and value >= 1:
+            return Scheme(name, value)
+        if name != "shards" and math.isfinite(value) and value > 0:
+            return Scheme(name, value)
+    raise ValueError(f"partition={text!r} is not allowed; give {allowed}")
+
+
+def partition_indices(labels: np.ndarray, num_agents: int, scheme: Scheme, seed: int = 0,
+                      min_size: int = 10) -> list[np.ndarray]:
+    """Each agent's training indices (sorted) under ``scheme``, drawn with ``seed``; every index goes to
+    exactly one agent.
+
+    The label-skew schemes are Flower Datasets' ``DirichletPartitioner`` and ``ShardPartitioner`` (the ones
+    Flower users run, on ``labels`` as a one-column data set), so a partition here is the partition a Flower
+    app with those partitioners and this seed gets. ``min_size`` is the fewest samples an agent may get: the
+    Dirichlet draws are repeated until it holds (Flower's rule), and the quantity draw gives every agent
+    ``min_size`` before sharing out the rest. ``contiguous`` gives :func:`partition_contiguous`'s blocks.
+    """
+    import numpy as np
+
+    labels = np.asarray(labels)
+    num_agents = operator.index(num_agents)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be one-dimensional, got shape {labels.shape}")
+    if not 1 <= num_agents * max(min_size, 1) <= len(labels):
+        raise ValueError(f"num-agents={num_agents} is not allowed for {len(labels)} training samples with at "
+                         f"least {min_size} each; it must be in 1..{len(labels) // max(min_size, 1)}")
+    if not scheme.skewed:
+        return [np.arange(len(labels))[block] for block in partition_contiguous(len(labels), num_agents)]
+    if scheme.name == "quantity":
+        return _quantity(len(labels), num_agents, scheme.value, seed, min_size)
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, ShardPartitioner
+
+    if scheme.name == "dirichlet":
+        partitioner = DirichletPartitioner(num_partitions=num_agents, partition_by="label",
+                                           alpha=scheme.value, min_partition_size=min_size,
+                                           self_balancing=False, shuffle=False, seed=seed)
+    else:
+        shards = int(scheme.value) * num_agents
+        if shards > len(labels):
+            raise ValueError(f"partition={scheme} gives {shards} shards for {len(labels)} training samples; "
+                             "give fewer shards per agent or fewer agents")
+        partitioner = ShardPartitioner(num_partitions=num_agents, partition_by="label",
+                                       num_shards_per_partition=int(scheme.value), shuffle=False, seed=seed)
+    partitioner.dataset = datasets.Dataset.from_dict({"label": labels.tolist(),
+                                                      "index": np.arange(len(labels)).tolist()})
+    with warnings.catch_warnings():  # Flower warns at each Dirichlet redraw (its rule), pyarrow of its API
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            blocks = [np.sort(np.asarray(partitioner.load_partition(p)["index"], dtype=np.int64))
+                      for p in range(num_agents)]
+        except ValueError as error:  # Flower's Dirichlet partitioner gives up after 10 draws
+            raise ValueError(f"partition={scheme} could not give each of {num_agents} agents at least "
+                             f"{min_size} of the {len(labels)} training samples ({error}); give a larger "
+                             "alpha or fewer agents") from error
+    if scheme.name == "shards":  # Flower drops the remainder of the shards; it goes round the agents
+        taken = np.zeros(len(labels), dtype=bool)
+        for block in blocks:
+            taken[block] = True
+        rest = np.flatnonzero(~taken)
+        blocks = [np.sort(np.concatenate([block, rest[p::num_agents]])) for p, block in enumerate(blocks)]
+    return blocks
+
+
+def _quantity(num_samples: int, num_agents: int, alpha: float, seed: int, min_size: int) -> list[np.ndarray]:
+    """Quantity skew: sizes ``min_size + multinomial(rest, Dirichlet(alpha))``, samples in a seeded random
+    order cut into blocks of those sizes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rest = num_samples - num_agents * min_size
+    sizes = min_size + rng.multinomial(rest, rng.dirichlet(np.full(num_agents, alpha)))
+    order = rng.permutation(num_samples)
+    stops = np.cumsum(sizes)
+    return [np.sort(order[stop - size:stop]) for stop, size in zip(stops, sizes, strict=True)]

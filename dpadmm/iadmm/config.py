@@ -22,6 +22,7 @@ from typing import Any
 from dpadmm import keys
 from dpadmm.catalog import DATASET_NAMES as DATASETS
 from dpadmm.catalog import DEFAULT_AGENTS, GENERATORS, MODELS
+from dpadmm.data.partition import parse_scheme
 from dpadmm.keys import allowed, key
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
@@ -77,6 +78,15 @@ class RunConfig(keys.Keyed):
                           "a LEAF sample folder with train/ and test/, a folder of such samples, or several "
                           "comma-separated); empty: the cache, fetched on first use"},
     )
+    partition: str = field(
+        default="contiguous",
+        metadata={"help": "how the training samples are dealt to the agents (public): contiguous (the "
+                          "papers' blocks, near-IID), dirichlet:ALPHA (label skew: 0.1 strong, 1000 "
+                          "near-IID), shards:K (K label-sorted shards per agent) or quantity:ALPHA (sizes "
+                          "skewed); femnist keeps its writers"},
+    )
+    partition_seed: int = field(default=0, metadata={"help": "seed of the partition's draw (public), "
+                                                             "0 <= seed < 2**32"})
     seed: int = field(default=0, metadata={"help": "seed of the noise streams, 0 <= seed < 2**32"})
     device: str = field(default="cpu", metadata={"help": "compute device: cpu or cuda"})
     dtype: str = field(default="float64", metadata={"help": "float64 (as the papers' code) or float32"})
@@ -193,6 +203,9 @@ class RunConfig(keys.Keyed):
         allowed("dataset", self.dataset, DATASETS)
         if self.num_agents == 0:  # resolved here, so every reader sees the actual P
             object.__setattr__(self, "num_agents", DEFAULT_AGENTS[self.dataset])
+        if parse_scheme(self.partition).skewed and self.dataset == "femnist":
+            raise ValueError(f"partition={self.partition!r} is not allowed with dataset='femnist', whose "
+                             "agents are its writers (the natural partition); leave partition='contiguous'")
         allowed("device", self.device, DEVICES)
         allowed("dtype", self.dtype, DTYPES)
         allowed("rho-preset", self.rho_preset, RHO_PRESETS)
@@ -233,8 +246,10 @@ class RunConfig(keys.Keyed):
                 f"local-steps={self.local_steps} is not allowed with algorithm={self.algorithm!r}, "
                 "which makes one local update per round; use algorithm='objpm' for E > 1"
             )
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed={self.seed!r} is not allowed; it must satisfy 0 <= seed < 2**32")
+        for name in ("seed", "partition_seed"):
+            if not 0 <= getattr(self, name) < 2**32:
+                raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must satisfy "
+                                 "0 <= seed < 2**32")
         for name in ("prox_scale", "rho_c1"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be > 0")

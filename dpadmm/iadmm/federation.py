@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import torch
 
-from dpadmm.data import Dataset, load_dataset
+from dpadmm.data import Dataset, load_dataset, parse_scheme
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.models.logistic import AgentData
 
@@ -43,14 +43,24 @@ def agent_data(dataset: Dataset, config: RunConfig, agents: Sequence[int]) -> Ag
 
 
 def load_for(config: RunConfig) -> Dataset:
-    """The configured data set, loaded once per process (Flower workers host many clients).
+    """The configured data set, loaded once per process (Flower workers host many clients), its training
+    rows dealt to the agents by ``config.partition`` (:meth:`dpadmm.data.Dataset.partitioned`).
 
     Callers must not modify the returned tensors in place.
     """
-    # Only FEMNIST depends on P (its agents are the first P writers).
-    return _load(config.dataset, config.data_dir, config.num_agents if config.dataset == "femnist" else None)
+    if config.dataset == "femnist":  # its agents are the first P writers
+        return _load(config.dataset, config.data_dir, config.num_agents)
+    if not parse_scheme(config.partition).skewed:
+        return _load(config.dataset, config.data_dir, None)
+    return _partitioned(config.dataset, config.data_dir, config.num_agents, config.partition,
+                        config.partition_seed)
 
 
 @lru_cache(maxsize=2)
 def _load(name: str, data_dir: str, num_agents: int | None) -> Dataset:
     return load_dataset(name, data_dir or None, num_agents)
+
+
+@lru_cache(maxsize=2)
+def _partitioned(name: str, data_dir: str, num_agents: int, scheme: str, seed: int) -> Dataset:
+    return _load(name, data_dir, None).partitioned(num_agents, scheme, seed)

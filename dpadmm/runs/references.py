@@ -66,6 +66,14 @@ _BIBLIOGRAPHY = """\
   John Nguyen, Sayan Ghosh, Akash Bharadwaj, Jessica Zhao, Graham Cormode and Ilya Mironov. *Opacus:
   User-Friendly Differential Privacy Library in PyTorch.* Preprint arXiv:2109.12298, 2021.
   <https://arxiv.org/abs/2109.12298>
+[li2020]
+- Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar and Virginia Smith.
+  *Federated Optimization in Heterogeneous Networks.* MLSys, 2020 (FedProx).
+  <https://arxiv.org/abs/1812.06127>
+[hsu2019]
+- Tzu-Ming Harry Hsu, Hang Qi and Matthew Brown. *Measuring the Effects of Non-Identical Data
+  Distribution for Federated Visual Classification.* Preprint arXiv:1909.06335, 2019 (Dirichlet label
+  skew). <https://arxiv.org/abs/1909.06335>
 """
 
 
