@@ -307,7 +307,8 @@ def _save_checkpoint(path: str | Path, config: RunConfig, seeds: list[int], stat
 def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int],
                      state: EngineState) -> int | None:
     """Restore the state from a checkpoint of the same configuration and seeds; its round, or None."""
-    saved = checkpoint.load(path, {"config": config.to_mapping(), "seeds": seeds})
+    saved = checkpoint.load(path, {"config": config.to_mapping(), "seeds": seeds},
+                            defaults={"config": RunConfig().to_mapping()})
     if saved is None:
         return None
     for key in ("w", "z", "z_chain", "lam"):

@@ -24,16 +24,22 @@ def save(path: str | Path, payload: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str | Path | None, expected: Mapping[str, Any]) -> dict[str, Any] | None:
+def load(path: str | Path | None, expected: Mapping[str, Any],
+         defaults: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
     """The checkpoint at ``path`` (None when there is none), checked against ``expected``.
 
     Every key of ``expected`` must hold the same value in the checkpoint; otherwise the
     checkpoint belongs to another run and a ValueError names what differs (resuming it
-    would silently mix two runs).
+    would silently mix two runs). ``defaults`` holds, per mapping of the checkpoint (a run's
+    configuration), the values of keys added since it may have been written: a run checkpointed
+    before a key existed ran with that key's default, and resumes as such.
     """
     if path is None or not Path(path).exists():
         return None
     saved = torch.load(path, weights_only=True)
+    for key, default in (defaults or {}).items():
+        if isinstance(saved.get(key), Mapping):
+            saved[key] = {**default, **saved[key]}
     differs = [key for key, value in expected.items() if saved.get(key) != value]
     if differs:
         detail = "; ".join(_difference(key, saved.get(key), expected[key]) for key in differs)
