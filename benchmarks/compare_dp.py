@@ -22,6 +22,16 @@ logistic regression, not 002's fused-lasso objective). DP-FedAvg is not run on t
 client-level noise over 10 agents leaves MNIST-10 near chance (the table shows it), and its app loads
 only the 003 family's data sets.
 
+The heterogeneity axis (``HETEROGENEOUS``): MNIST's 60,000 training images dealt to 100 agents by
+Flower Datasets' partitioners (:mod:`dpadmm.data.partition`, partition seed 0, public): Dirichlet label
+skew at alpha 0.1, 0.5 and 1000 (near-IID) and two label-sorted shards per agent. There a fourth method
+joins, the drift-correcting baseline a Flower and Opacus user would pick:
+
+- ``dpfedprox``: DP-SGD + FedAvg whose local steps also pull towards the round's global model, FedProx's
+  proximal term mu (w - w^t) (Li et al., MLSys 2020; Flower's ``FedProx`` strategy sends mu, the client
+  adds the term), added to Opacus's noisy gradient: a function of the private gradient and the public
+  global model, so its privacy is DP-SGD's.
+
 The three epsilons are not the same promise (``dpfedavg_bench.baselines`` explains): DP-IADMM and DP-SGD
 are sample-level and local (the agent adds the noise); DP-FedAvg is client-level (a whole agent)
 and central (the server adds the noise and sees the clipped updates). All three are stated for
@@ -92,23 +102,39 @@ from dpfedavg_bench.baselines import (  # noqa: E402
     evaluation_split,
 )
 
-METHODS = ("dpiadmm", "dpsgd", "dpfedavg")
+METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpfedavg")
 LABELS = {
     "dpiadmm": "DP-IADMM (ours; sample-level, local)",
     "dpsgd": "DP-SGD + FedAvg, Opacus (sample-level, local)",
+    "dpfedprox": "DP-FedProx: DP-SGD + FedAvg + proximal term, Opacus (sample-level, local)",
     "dpfedavg": "DP-FedAvg, Flower client-side fixed clipping (client-level, central)",
 }
-# What table.md cites (dpadmm.runs.references): 003, then DP-SGD, FedAvg, DP-FedAvg and Opacus.
-REFERENCES = ("003", "abadi2016", "mcmahan2017", "mcmahan2018", "yousefpour2021")
-DATASETS = ("mnist", "femnist", "a9a", "ijcnn1")
+# What table.md cites (dpadmm.runs.references): 003, then DP-SGD, FedAvg, DP-FedAvg, Opacus, FedProx and the
+# Dirichlet label skew.
+REFERENCES = ("003", "abadi2016", "mcmahan2017", "mcmahan2018", "yousefpour2021", "li2020", "hsu2019")
+# MNIST dealt to 100 agents by each partition (dpadmm.data.partition), drawn with PARTITION_SEED.
+HETEROGENEOUS = {"mnist100-dir0.1": "dirichlet:0.1", "mnist100-dir0.5": "dirichlet:0.5",
+                 "mnist100-dir1000": "dirichlet:1000", "mnist100-shards2": "shards:2"}
+PARTITION_SEED = 0
+# The goal on the heterogeneity axis, stated before its runs: DP-IADMM ahead of DP-SGD + FedAvg by more than
+# the seeds' spread (the sum of the two methods' standard deviations over the reported seeds) at every eps
+# under strong label skew, and no more than 0.5 points behind it near IID. table.md says, per eps, whether
+# each holds.
+GOALS = {"mnist100-dir0.1": "ahead", "mnist100-shards2": "ahead", "mnist100-dir1000": "within 0.5"}
+DATASETS = ("mnist", "femnist", "a9a", "ijcnn1", *HETEROGENEOUS)
 BINARY = ("a9a", "ijcnn1")  # the 002 family's tasks, loaded by dpadmm.data.libsvm
-AGENTS = {"mnist": 10, "femnist": 195, "a9a": 10, "ijcnn1": 10}
+AGENTS = {"mnist": 10, "femnist": 195, "a9a": 10, "ijcnn1": 10} | {name: 100 for name in HETEROGENEOUS}
+TITLES = {"mnist": "MNIST", "femnist": "FEMNIST", "a9a": "a9a", "ijcnn1": "ijcnn1",
+          "mnist100-dir0.1": "MNIST, Dirichlet label skew alpha = 0.1",
+          "mnist100-dir0.5": "MNIST, Dirichlet label skew alpha = 0.5",
+          "mnist100-dir1000": "MNIST, Dirichlet alpha = 1000 (near-IID)",
+          "mnist100-shards2": "MNIST, two label-sorted shards per agent"}
 DELTA = 1e-5
 TUNE_SEED = 0
 # Methods whose chosen configurations are also trained without noise (one seed), to separate what
 # the privacy costs from what the configuration's short training costs. Flower's wrapper needs a
 # positive noise multiplier when it accounts, so DP-FedAvg has none.
-REFERENCE_METHODS = ("dpiadmm", "dpsgd")
+REFERENCE_METHODS = ("dpiadmm", "dpsgd", "dpfedprox")
 
 # DP-IADMM's grid gives it what DP-SGD + FedAvg gets: the same rounds T, local steps E (= DP-SGD's K steps
 # per round), Poisson rates q and L2 clip C = 1 (``sampling-rate``, credited by the ledger), Gaussian noise,
@@ -121,6 +147,16 @@ REFERENCE_METHODS = ("dpiadmm", "dpsgd")
 # on MNIST) pull every local step back to w so hard that ten rounds learn little. And a round's local
 # steps start either where the agent's chain stopped (the papers' line 16) or at w, as FedAvg's clients
 # do (``local-start``); docs/results/compare/README.md says what each choice gave.
+
+
+def source(dataset: str) -> str:
+    """The data set a comparison setting deals out (MNIST for the heterogeneity axis)."""
+    return "mnist" if dataset in HETEROGENEOUS else dataset
+
+
+def partition(dataset: str) -> str:
+    """How a comparison setting deals its training samples to the agents."""
+    return HETEROGENEOUS.get(dataset, "contiguous")
 
 
 def _iadmm(rounds: int, local_steps: int, rate: float, prox_scale: float, rho: float,
@@ -160,6 +196,21 @@ GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
                   for q in (0.05, 0.1) for lr in (1.0, 4.0, 16.0, 40.0)],
     } for name in BINARY},
 }
+# The heterogeneity axis' grids, fixed before any run on it (100 agents of 600 images on average, T = 10,
+# E = K = 10 as on MNIST-10). DP-SGD keeps MNIST-10's eight points. With P = 100 the equivalence above
+# makes a = 100 lr, so DP-IADMM's a in {400, 1600, 4000} is lr 4, 16 and 40. rho spans the dual's reach:
+# in eq. (8) a local step moves z towards w with weight rho / (1/eta + rho), and 1/eta^t = sqrt(t) / a is
+# 0.00025 to 0.008 here, so rho = 1e-4 barely binds, 1e-3 binds part-way and 1e-2 dominates; both local
+# starts (the papers' chain, where the dual corrects the agent's drift, and the global model). DP-FedProx
+# takes DP-SGD's q = 0.1 and lr {4, 16, 40} with mu in {0.01, 0.1, 1} (Li et al.'s range).
+HETEROGENEOUS_GRID: dict[str, list[dict[str, Any]]] = {
+    "dpiadmm": [_iadmm(10, 10, 0.1, a, rho, start) for a in (400.0, 1600.0, 4000.0)
+                for rho in (1e-4, 1e-3, 1e-2) for start in ("chain", "global")],
+    "dpsgd": GRIDS["mnist"]["dpsgd"],
+    "dpfedprox": [{"rounds": 10, "local_steps": 10, "sample_rate": 0.1, "lr": lr, "clip_norm": 1.0,
+                   "prox_mu": mu} for lr in (4.0, 16.0, 40.0) for mu in (0.01, 0.1, 1.0)],
+}
+GRIDS |= {name: HETEROGENEOUS_GRID for name in HETEROGENEOUS}
 QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
     name: {"dpiadmm": [_iadmm(2, 2, 0.1, 400.0, 1e-3)],
            "dpsgd": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 1.0, "clip_norm": 1.0}],
@@ -167,7 +218,11 @@ QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
     for name in ("mnist", "femnist")
 } | {name: {"dpiadmm": [_iadmm(2, 2, 0.1, 400.0, 1e-3)],
             "dpsgd": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 1.0, "clip_norm": 1.0}]}
-     for name in BINARY}
+     for name in BINARY} | {name: {
+         "dpiadmm": [_iadmm(2, 2, 0.1, 400.0, 1e-3)],
+         "dpsgd": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 4.0, "clip_norm": 1.0}],
+         "dpfedprox": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 4.0, "clip_norm": 1.0,
+                        "prox_mu": 0.1}]} for name in HETEROGENEOUS}
 
 
 @dataclass(frozen=True)
@@ -227,8 +282,9 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
     """DP-IADMM's configuration of a grid point at a whole-run ``epsilon`` (inf: IADMM, the same steps and
     samples without noise).
 
-    The engine is handed ``ctx.data``; the configuration's ``dataset`` only names the loader of the 003
-    family, which has none for the binary tasks, so for them it keeps the default and ``num_agents`` says P.
+    The engine is handed ``ctx.data``; the configuration's ``dataset`` and ``partition`` only name the loader
+    of the 003 family and its partition (the one ``ctx.data`` holds), which has none for the binary tasks,
+    so for them it keeps the default and ``num_agents`` says P.
     """
     p, private = params, math.isfinite(epsilon)
     named = ctx.dataset not in BINARY
@@ -239,7 +295,8 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
         rho_preset="custom", rho_c1=p["rho_c1"], rho_c2=0.0, local_start=p.get("local_start", "chain"),
         target_epsilon=epsilon if private else 0.0, epsilon=1.0 if private else math.inf,
         delta=DELTA, neighbouring="add-remove", dtype="float32",
-        dataset=ctx.dataset if named else "default", data_dir=ctx.data_dir if named else "",
+        dataset=source(ctx.dataset) if named else "default", data_dir=ctx.data_dir if named else "",
+        partition=partition(ctx.dataset), partition_seed=PARTITION_SEED if named else 0,
         num_agents=ctx.num_agents, eval_every=p["rounds"])
 
 
@@ -263,7 +320,8 @@ def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], Non
 
 
 def run_dpsgd(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], None]) -> None:
-    """DP-SGD (Opacus) on every agent + FedAvg, the noise multiplier calibrated to the target."""
+    """DP-SGD (Opacus) on every agent + FedAvg, the noise multiplier calibrated to the target; with
+    ``prox_mu`` > 0 in the parameters, DP-FedProx."""
     for job in jobs:
         config = DpSgdConfig(**job.params, seed=job.seed)  # the reference (eps = inf): clipping, no noise
         config = config.calibrated(job.epsilon, DELTA) if math.isfinite(job.epsilon) else replace(
@@ -351,7 +409,8 @@ def _flwr_run(ctx: Context, specs: list[dict[str, Any]], run_config: dict[str, A
             stop_flwr_processes(home)
 
 
-RUNNERS: dict[str, Runner] = {"dpiadmm": run_dpiadmm, "dpsgd": run_dpsgd, "dpfedavg": run_dpfedavg}
+RUNNERS: dict[str, Runner] = {"dpiadmm": run_dpiadmm, "dpsgd": run_dpsgd, "dpfedprox": run_dpsgd,
+                               "dpfedavg": run_dpfedavg}
 
 
 # ----- the protocol -----
@@ -477,6 +536,31 @@ def _cells(runs: list[Result]) -> dict[tuple[str, str, float], list[Result]]:
     return cells
 
 
+def goal_lines(dataset: str, cells: dict[tuple[str, str, float], list[Result]]) -> list[str]:
+    """Whether the stated goal (:data:`GOALS`) holds at each eps: DP-IADMM's mean test error against DP-SGD
+    + FedAvg's, and the seeds' spread."""
+    goal = GOALS[dataset]
+    words = {"ahead": "DP-IADMM ahead of DP-SGD + FedAvg by more than the seeds' spread (the sum of the two "
+                      "standard deviations)",
+             "within 0.5": "DP-IADMM no more than 0.5 points behind DP-SGD + FedAvg"}
+    lines = [f"Goal, stated before the runs: {words[goal]} at every eps.", "",
+             "| eps | DP-IADMM | DP-SGD + FedAvg | DP-SGD minus DP-IADMM | spread | goal |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    held = []
+    for eps in sorted({k[2] for k in cells if k[0] == dataset}):
+        ours, theirs = cells.get((dataset, "dpiadmm", eps)), cells.get((dataset, "dpsgd", eps))
+        if not ours or not theirs:
+            continue
+        (mean, sd), (other, other_sd) = (_mean_sd([100 * r["test-error"] for r in c]) for c in (ours, theirs))
+        gain, spread = other - mean, sd + other_sd
+        met = gain > spread if goal == "ahead" else gain >= -0.5
+        held.append(met)
+        lines.append(f"| {eps:g} | {mean:.2f} | {other:.2f} | {gain:+.2f} | {spread:.2f} | "
+                     f"{'met' if met else 'not met'} |")
+    verdict = "met at every eps" if held and all(held) else "not met" if held else "not yet measured"
+    return [*lines, "", f"The goal is **{verdict}** here."]
+
+
 def write_table(path: Path, runs: list[Result], floors: dict[str, float]) -> None:
     """Per data set: test error (%) by method and epsilon, then each cell's chosen configuration;
     ``floors`` holds each data set's :func:`majority_error`."""
@@ -494,7 +578,7 @@ def write_table(path: Path, runs: list[Result], floors: dict[str, float]) -> Non
         if not keys:
             continue
         eps = sorted({k[2] for k in keys})
-        lines += [f"## {dataset.upper()} ({AGENTS[dataset]} agents)", "",
+        lines += [f"## {TITLES[dataset]} ({AGENTS[dataset]} agents)", "",
                   f"Predicting the training set's most common class: {100 * floors[dataset]:.2f}% test "
                   "error.", "",
                   "| method | " + " | ".join(f"eps = {e:g}" for e in eps) + " |",
@@ -510,6 +594,8 @@ def write_table(path: Path, runs: list[Result], floors: dict[str, float]) -> Non
                     row.append("-")
             if any(c != "-" for c in row):
                 lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
+        if dataset in GOALS:
+            lines += ["", *goal_lines(dataset, cells)]
         references = {(r["method"], json.dumps(r["params"], sort_keys=True)): r for r in runs
                       if r["phase"] == "reference" and r["dataset"] == dataset}
         lines += ["", "| method | eps | chosen configuration | noise | eps (PLD) | eps (Flower's RDP) | "
@@ -559,7 +645,7 @@ def write_plot(path: Path, runs: list[Result]) -> None:
     for ax in axes.flat[len(datasets):]:
         ax.set_visible(False)
     for ax, dataset in zip(axes.flat, datasets, strict=False):
-        for method, marker in zip(METHODS, "osD", strict=True):
+        for method, marker in zip(METHODS, "os^D", strict=True):
             keys = sorted(k for k in cells if k[0] == dataset and k[1] == method)
             if not keys:
                 continue
@@ -572,7 +658,7 @@ def write_plot(path: Path, runs: list[Result]) -> None:
         ax.set_xticks(eps, [f"{e:g}" for e in eps])
         ax.set_xlabel("whole-run epsilon per agent (delta = 1e-5)")
         ax.set_ylabel("test error (%)")
-        ax.set_title(f"{dataset.upper()}, {AGENTS[dataset]} agents, logistic regression")
+        ax.set_title(f"{TITLES[dataset]}, {AGENTS[dataset]} agents", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -598,8 +684,9 @@ def load_context(dataset: str, args: argparse.Namespace, out: Path) -> Context:
         raw = load_binary(dataset, data_dir)
         data = replace(raw, x_train=normalise_rows(raw.x_train), x_test=normalise_rows(raw.x_test))
     else:
-        data_dir = str(Path(args.mnist_dir if dataset == "mnist" else args.femnist_dir).resolve())
-        data = load_for(RunConfig(dataset=dataset, data_dir=data_dir, num_agents=AGENTS[dataset]))
+        data_dir = str(Path(args.mnist_dir if source(dataset) == "mnist" else args.femnist_dir).resolve())
+        data = load_for(RunConfig(dataset=source(dataset), data_dir=data_dir, num_agents=AGENTS[dataset],
+                                  partition=partition(dataset), partition_seed=PARTITION_SEED))
     val, test = evaluation_split(data.num_test)
     return Context(dataset, data_dir, data, val, test, out)
 

@@ -137,11 +137,12 @@ def _toy_dataset(agents: int = 3) -> Dataset:
                    num_classes=3)
 
 
-def _local(config: DpSgdConfig, x: torch.Tensor, y: torch.Tensor, agent: int = 0, round_: int = 1):
+def _local(config: DpSgdConfig, x: torch.Tensor, y: torch.Tensor, agent: int = 0, round_: int = 1,
+           start: torch.Tensor | None = None):
     from opacus import GradSampleModule
 
     module = LogisticRegression(x.shape[1], 3)
-    params = {"weight": torch.zeros(x.shape[1], 3)}
+    params = {"weight": torch.zeros(x.shape[1], 3) if start is None else start}
     return baselines.dpsgd_local(GradSampleModule(module, loss_reduction="sum"), module, params, x, y,
                                  config, agent, round_)["weight"]
 
@@ -161,6 +162,23 @@ def test_a_dpsgd_step_is_the_mean_of_clipped_per_sample_gradients() -> None:
     clipped = per_sample * (1.0 / norms)[:, None, None]
     torch.testing.assert_close(update, -0.5 * clipped.mean(0), rtol=1e-4, atol=1e-6)
     assert update.norm() <= 0.5 * 1.0 * (1 + 1e-5)
+
+
+def test_dpfedprox_adds_the_proximal_pull_to_the_noisy_step() -> None:
+    """Two steps of DP-FedProx from w^t are DP-SGD's second step from w1 less lr mu (w1 - w^t); its account
+    is DP-SGD's (the term is post-processing of the released gradient and the public w^t)."""
+    x, y = _toy(scale=50.0)
+    common = {"rounds": 1, "sample_rate": 1.0, "lr": 0.5, "clip_norm": 1.0, "noise_multiplier": 0.0}
+    start = torch.full((x.shape[1], 3), 0.01)
+    first = _local(DpSgdConfig(local_steps=1, **common), x, y, start=start)
+    second = _local(DpSgdConfig(local_steps=1, **common), x, y, start=first)
+    prox = _local(DpSgdConfig(local_steps=2, prox_mu=0.3, **common), x, y, start=start)
+    torch.testing.assert_close(prox, second - 0.5 * 0.3 * (first - start), rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(prox, _local(DpSgdConfig(local_steps=2, **common), x, y, start=start))
+    noisy = {**common, "noise_multiplier": 1.3, "sample_rate": 0.1}
+    assert DpSgdConfig(prox_mu=0.3, **noisy).epsilon(DELTA) == DpSgdConfig(**noisy).epsilon(DELTA)
+    with pytest.raises(ValueError, match="prox_mu=-0.1 is not allowed; it must be >= 0"):
+        DpSgdConfig(prox_mu=-0.1)
 
 
 def test_dpsgd_is_reproducible_from_its_seed_and_keyed_by_agent_and_round() -> None:

@@ -116,12 +116,14 @@ def test_every_familys_bad_key_ends_the_serverapp_with_one_line(keys: dict[str, 
     assert records[0].getMessage().startswith(f"dpadmm: the run config is not allowed: {message}")
 
 
-@pytest.mark.parametrize("algorithm", ["objpm", "outp"])
-def test_flower_simulation_equals_the_engine(algorithm: str, flwr_env: dict[str, str],
+@pytest.mark.parametrize(("algorithm", "partition"), [("objpm", "contiguous"), ("outp", "dirichlet:0.5")])
+def test_flower_simulation_equals_the_engine(algorithm: str, partition: str, flwr_env: dict[str, str],
                                             tmp_path: Path) -> None:
+    """Also under a skewed partition (the run-config keys ``partition`` and ``partition-seed``): the
+    ClientApps deal themselves the engine's blocks."""
     steps = 2 if algorithm == "objpm" else 1
     config = RunConfig(algorithm=algorithm, epsilon=0.5, rounds=3, local_steps=steps, num_agents=5, seed=7,
-                       out=str(tmp_path / "flower"), save_weights=True)
+                       partition=partition, partition_seed=3, out=str(tmp_path / "flower"), save_weights=True)
     flwr_run(flwr_env, run_config_of(config), supernodes=5)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
     flower_metrics = read_metrics(tmp_path / "flower")

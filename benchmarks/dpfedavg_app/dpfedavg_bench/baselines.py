@@ -10,6 +10,11 @@ own DP-FedAvg runs as the app ``benchmarks/dpfedavg_app``, whose clients train w
   (``UniformWithReplacementSampler``, rate q). The server averages the agents' models weighted
   by their sample counts. Every agent uses the same q and the same number of steps, so one
   noise multiplier sigma gives every agent the same guarantee.
+- **DP-FedProx.** The same, with FedProx's proximal term (Li et al., MLSys 2020): each local step
+  also moves by -lr mu (w - w^t), towards the round's global model w^t, which corrects the drift of
+  agents whose data differ. The term is added to Opacus's noisy gradient, not to the loss: it is a
+  function of the released gradient and the public w^t (post-processing), so it is neither clipped nor
+  noised and the privacy is DP-SGD's.
 - **DP-FedAvg with client-side fixed clipping** (McMahan et al., 2018; Flower's
   ``DifferentialPrivacyClientSideFixedClipping``): each agent trains without noise, clips its
   model update to L2 norm C, and the server adds Gaussian noise of standard deviation
@@ -214,6 +219,7 @@ class DpSgdConfig:
     lr: float = 1.0  # step size of SGD on the noisy mean gradient
     clip_norm: float = 1.0  # C, L2 bound of each per-sample gradient
     noise_multiplier: float = 1.0  # sigma: noise standard deviation sigma C on the clipped sum
+    prox_mu: float = 0.0  # mu of FedProx's proximal term (0: DP-SGD + FedAvg; > 0: DP-FedProx)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -225,8 +231,9 @@ class DpSgdConfig:
         for name in ("lr", "clip_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be > 0")
-        if self.noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier={self.noise_multiplier!r} is not allowed; it must be >= 0")
+        for name in ("noise_multiplier", "prox_mu"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be >= 0")
 
     @property
     def steps(self) -> int:
@@ -285,7 +292,8 @@ class DpFedAvgConfig:
 
 def dpsgd_local(private: GradSampleModule, module: nn.Module, params: Params, x: torch.Tensor,
                 y: torch.Tensor, config: DpSgdConfig, agent: int, round_: int) -> Params:
-    """One agent's round of DP-SGD from ``params``: K steps on Poisson samples, through Opacus.
+    """One agent's round of DP-SGD from ``params``: K steps on Poisson samples, through Opacus (with
+    ``config.prox_mu`` > 0, each step also moves by -lr mu (w - params): DP-FedProx).
 
     ``private`` wraps ``module`` (built once: wrapping is the expensive part). The gradient is
     the noisy sum of the clipped per-sample gradients divided by the expected batch size q I_p,
@@ -314,7 +322,12 @@ def dpsgd_local(private: GradSampleModule, module: nn.Module, params: Params, x:
             # Opacus's full backward hooks warn when the inputs do not require gradients, as data never does.
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             loss.backward()
-        optimizer.step()
+        before = {name: p.detach().clone() for name, p in module.named_parameters()} if config.prox_mu else {}
+        optimizer.step()  # w - lr (noisy gradient)
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                if name in before:  # - lr mu (w - w^t), the proximal term's gradient at the step's start
+                    p.sub_(before[name] - params[name], alpha=config.lr * config.prox_mu)
     optimizer.zero_grad(set_to_none=True)
     return {name: p.detach().clone() for name, p in module.named_parameters()}
 
