@@ -97,8 +97,14 @@ def _ray_env(marker: str) -> dict[str, str]:
 
 
 def _ray_start(args: list[str], env: dict[str, str]) -> int:
-    """``ray start ARGS`` in a new session; returns the session id, which its daemons keep."""
+    """``ray start ARGS`` in a new session; returns the session id, which its daemons keep.
+
+    Worker ports 0: each worker and driver binds a port the kernel picks. ``ray start``'s default pool,
+    10002-19999, is one per raylet: two raylets on one machine (this cluster's two, or another test's
+    cluster) can hand out the same free-looking port, and the second worker to bind it aborts.
+    """
     process = subprocess.Popen([RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats",
+                                "--min-worker-port=0", "--max-worker-port=0",
                                 "--object-store-memory=100000000"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output, _ = process.communicate(timeout=120)
