@@ -442,6 +442,9 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
                         help="b_i, the samples of each, at least 1 (default: 100)")
     agents.add_argument("--seed", type=int, default=0,
                         help="the run's seed, which draws the rows (default: 0)")
+    agents.add_argument("--partition", default="contiguous",
+                        help="how the drawn rows are dealt: contiguous (the paper's IID agents), "
+                             "dirichlet:ALPHA or shards:K (label skew, b each; default: contiguous)")
     agents.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
 
 
@@ -600,7 +603,8 @@ def _deploy(args: argparse.Namespace) -> int:
                   f"sharing.dataset='{args.dataset}' sharing.parties='{args.parties}' "
                   f"sharing.labels-path='{labels.resolve()}'\"")
         elif args.step == "agents":
-            paths = deploy.agent_files(args.data_dir, args.agents, args.samples, args.seed, args.out)
+            paths = deploy.agent_files(args.data_dir, args.agents, args.samples, args.seed, args.out,
+                                       args.partition)
             for i, path in enumerate(paths):
                 print(path)
                 print(f"  agent {i}'s device only: --node-config \"partition-id={i} "

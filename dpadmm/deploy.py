@@ -183,17 +183,18 @@ def vertical_files(dataset: str, data_dir: str | Path, parties: str, out: str | 
     return write_vertical_files(load_vertical(dataset, data_dir), widths, out)
 
 
-def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out: str | Path) -> list[Path]:
+def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out: str | Path,
+                partition: str = "contiguous") -> list[Path]:
     """The files of a 004 deployment: ``agent-<i>.npz`` for each of ``agents`` agents, its ``samples`` rows of
-    UCI Adult in ``data_dir`` as the run of ``seed`` draws them
+    UCI Adult in ``data_dir`` as the run of ``seed`` draws and ``partition`` deals them
     (:func:`dpadmm.decentral.problem.write_agent_files`), so that a deployment on them equals the
     simulation. Outside a test each agent's data would already live on its device.
 
     Nothing is written unless a run could use the files: the family's configuration accepts ``agents``,
-    ``samples`` and ``seed`` on any graph (at least 3 agents, at least one sample each), the training set
-    has ``agents`` x ``samples`` rows to draw, and its rows pass the checks a device applies to its file
-    (:func:`dpadmm.data.node.check_samples`, with labels 0/1); those checks go row by row, so every
-    agent's rows pass them too.
+    ``samples``, ``seed`` and ``partition`` on any graph (at least 3 agents, at least one sample each), the
+    training set has ``agents`` x ``samples`` rows to draw, and its rows pass the checks a device applies to
+    its file (:func:`dpadmm.data.node.check_samples`, with labels 0/1); those checks go row by row, so
+    every agent's rows pass them too.
     """
     from dpadmm.data.adult import load_adult
     from dpadmm.data.node import check_samples
@@ -201,11 +202,11 @@ def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out:
     from dpadmm.decentral.problem import write_agent_files
 
     # A complete graph adds no rule of its own; a random one adds only the edge count, which is the run's.
-    DecentralConfig(agents=agents, samples=samples, seed=seed, graph="complete")
+    DecentralConfig(agents=agents, samples=samples, seed=seed, graph="complete", partition=partition)
     dataset = load_adult(data_dir)
     check_samples(dataset.x_train.numpy(), dataset.y_train.numpy(), f"{data_dir} (UCI Adult's training rows)",
                   num_classes=2)
-    return write_agent_files(dataset, agents, samples, seed, out)
+    return write_agent_files(dataset, agents, samples, seed, out, partition)
 
 
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,

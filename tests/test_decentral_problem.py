@@ -16,8 +16,10 @@ from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import (
     agent_view,
     agents_samples,
+    build,
     public_agents,
     read_agent_file,
+    sample_rows,
     write_agent_files,
 )
 
@@ -45,6 +47,29 @@ def test_an_agent_file_gives_the_simulated_agents_view(tmp_path: Path, adult: Da
         assert torch.equal(own.labels[0, i], labels[i].double())
     with pytest.raises(FileExistsError, match="agent-0.npz exists; give an empty --out folder"):
         write_agent_files(adult, 4, 100, 3, tmp_path)
+
+
+def test_a_label_skewed_partition_deals_the_same_rows_and_the_files_follow_it(tmp_path: Path,
+                                                                               adult: Dataset) -> None:
+    """``partition`` deals the rows the seed draws (contiguous: the paper's i-th b, unchanged), b per
+    agent; every view of the run (the engine's, an agent's in simulation, an agent's file) holds them."""
+    plain = sample_rows(adult, 10, 100, 3)
+    rows = {text: sample_rows(adult, 10, 100, 3, text)
+            for text in ("contiguous", "dirichlet:0.1", "shards:1")}
+    assert torch.equal(rows["contiguous"], plain)
+    positive = {text: adult.y_train[r].double().mean(dim=1) for text, r in rows.items()}
+    for r in rows.values():
+        assert r.shape == (10, 100) and torch.equal(r.flatten().sort().values, plain.flatten().sort().values)
+    assert positive["contiguous"].std() < 0.1 < 0.2 < positive["dirichlet:0.1"].std()
+    assert ((positive["shards:1"] == 0) | (positive["shards:1"] == 1)).sum() >= 8  # one label, or the split
+    config = DecentralConfig(agents=10, edges=12, seed=3, partition="dirichlet:0.1")
+    paths = write_agent_files(adult, 10, 100, 3, tmp_path, "dirichlet:0.1")
+    built = build(config, adult, [3])
+    for i in (0, 9):
+        own, simulated = read_agent_file(config, i, paths[i]), agent_view(config, adult, i)
+        assert torch.equal(own.features, simulated.features) and torch.equal(own.labels, simulated.labels)
+        assert torch.equal(simulated.features[0, i], built.agents.features[0, i])
+        assert torch.equal(simulated.labels[0, i], 2 * adult.y_train[rows["dirichlet:0.1"][i]].double() - 1)
 
 
 @pytest.mark.parametrize(("arrays", "message"), [

@@ -11,7 +11,13 @@ import torch
 
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.data.libsvm import load_binary
-from dpadmm.data.partition import Scheme, parse_scheme, partition_contiguous, partition_indices
+from dpadmm.data.partition import (
+    Scheme,
+    equal_partition,
+    parse_scheme,
+    partition_contiguous,
+    partition_indices,
+)
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 
@@ -112,6 +118,44 @@ def test_impossible_partitions_are_refused_with_their_numbers() -> None:
         partition_indices(labels, 50, parse_scheme("dirichlet:0.01"))
     with pytest.raises(ValueError, match="partition=shards:20 gives 800 shards for 600 training samples"):
         partition_indices(labels, 40, parse_scheme("shards:20"), min_size=1)
+
+
+def test_equal_partitions_keep_every_agents_size_and_skew_its_labels(mnist_labels: np.ndarray) -> None:
+    """Agents that must hold b samples each (004's batched layout): Flower's InnerDirichletPartitioner and
+    ShardPartitioner with equal shards; the same seed, the same partition."""
+    labels = mnist_labels[:2000]
+    for text in ("contiguous", "dirichlet:0.1", "dirichlet:1000", "shards:2"):
+        rows = equal_partition(labels, 20, parse_scheme(text), seed=5)
+        assert rows.shape == (20, 100) and np.array_equal(np.sort(rows.ravel()), np.arange(2000)), text
+        assert np.array_equal(rows, equal_partition(labels, 20, parse_scheme(text), seed=5)), text
+        classes = np.median([len(np.unique(labels[row])) for row in rows])
+        assert {"contiguous": classes == 10, "dirichlet:1000": classes == 10, "dirichlet:0.1": classes <= 5,
+                "shards:2": classes <= 3}[text], (text, classes)
+    assert np.array_equal(equal_partition(labels, 20, Scheme(), seed=5), np.arange(2000).reshape(20, 100))
+    assert not np.array_equal(equal_partition(labels, 20, parse_scheme("dirichlet:0.1"), seed=5),
+                              equal_partition(labels, 20, parse_scheme("dirichlet:0.1"), seed=6))
+
+
+def test_the_equal_dirichlet_partition_is_flower_datasets_partition(mnist_labels: np.ndarray) -> None:
+    import datasets
+    from flwr_datasets.partitioner import InnerDirichletPartitioner
+
+    labels = mnist_labels[:1000]
+    theirs = InnerDirichletPartitioner(partition_sizes=[50] * 20, partition_by="label", alpha=0.3, seed=2)
+    theirs.dataset = datasets.Dataset.from_dict({"label": labels.tolist()})
+    for p, row in enumerate(equal_partition(labels, 20, parse_scheme("dirichlet:0.3"), seed=2)):
+        assert np.array_equal(np.sort(labels[row]), np.sort(theirs.load_partition(p)["label"]))
+
+
+def test_what_equal_partitions_cannot_deal_is_named() -> None:
+    labels = np.repeat(np.arange(2), 50)
+    with pytest.raises(ValueError, match=r"partition=quantity:1 is not allowed here: every agent holds the "
+                                         r"same number of samples \(10\)"):
+        equal_partition(labels, 10, parse_scheme("quantity:1"))
+    with pytest.raises(ValueError, match="partition=shards:3 is not allowed with 10 samples per agent"):
+        equal_partition(labels, 10, parse_scheme("shards:3"))
+    with pytest.raises(ValueError, match="100 labels .* cannot be dealt equally to num-agents=7"):
+        equal_partition(labels, 7, Scheme())
 
 
 def test_contiguous_is_the_papers_blocks() -> None:

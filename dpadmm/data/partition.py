@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+    from flwr_datasets.partitioner import Partitioner
 
 
 def partition_contiguous(num_samples: int, num_agents: int) -> list[slice]:
@@ -127,32 +128,20 @@ def partition_indices(labels: np.ndarray, num_agents: int, scheme: Scheme, seed:
         return [np.arange(len(labels))[block] for block in partition_contiguous(len(labels), num_agents)]
     if scheme.name == "quantity":
         return _quantity(len(labels), num_agents, scheme.value, seed, min_size)
-    import datasets
-    from flwr_datasets.partitioner import DirichletPartitioner, ShardPartitioner
+    from flwr_datasets.partitioner import DirichletPartitioner
 
     if scheme.name == "dirichlet":
         partitioner = DirichletPartitioner(num_partitions=num_agents, partition_by="label",
                                            alpha=scheme.value, min_partition_size=min_size,
                                            self_balancing=False, shuffle=False, seed=seed)
     else:
-        shards = int(scheme.value) * num_agents
-        if shards > len(labels):
-            raise ValueError(f"partition={scheme} gives {shards} shards for {len(labels)} training samples; "
-                             "give fewer shards per agent or fewer agents")
-        partitioner = ShardPartitioner(num_partitions=num_agents, partition_by="label",
-                                       num_shards_per_partition=int(scheme.value), shuffle=False, seed=seed)
-    partitioner.dataset = datasets.Dataset.from_dict({"label": labels.tolist(),
-                                                      "index": np.arange(len(labels)).tolist()})
-    with warnings.catch_warnings():  # Flower warns at each Dirichlet redraw (its rule), pyarrow of its API
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        try:
-            blocks = [np.sort(np.asarray(partitioner.load_partition(p)["index"], dtype=np.int64))
-                      for p in range(num_agents)]
-        except ValueError as error:  # Flower's Dirichlet partitioner gives up after 10 draws
-            raise ValueError(f"partition={scheme} could not give each of {num_agents} agents at least "
-                             f"{min_size} of the {len(labels)} training samples ({error}); give a larger "
-                             "alpha or fewer agents") from error
+        partitioner = _shards(scheme, labels, num_agents, seed)
+    try:
+        blocks = _flower_blocks(partitioner, labels, num_agents)
+    except ValueError as error:  # Flower's Dirichlet partitioner gives up after 10 draws
+        raise ValueError(f"partition={scheme} could not give each of {num_agents} agents at least "
+                         f"{min_size} of the {len(labels)} training samples ({error}); give a larger "
+                         "alpha or fewer agents") from error
     if scheme.name == "shards":  # Flower drops the remainder of the shards; it goes round the agents
         taken = np.zeros(len(labels), dtype=bool)
         for block in blocks:
@@ -160,6 +149,72 @@ def partition_indices(labels: np.ndarray, num_agents: int, scheme: Scheme, seed:
         rest = np.flatnonzero(~taken)
         blocks = [np.sort(np.concatenate([block, rest[p::num_agents]])) for p, block in enumerate(blocks)]
     return blocks
+
+
+def equal_partition(labels: np.ndarray, num_agents: int, scheme: Scheme, seed: int = 0) -> np.ndarray:
+    """Each agent's indices, sorted, as the rows of a ``[num_agents, b]`` array: ``scheme`` dealing
+    ``labels`` (b per agent, every index to exactly one agent) to agents that must all hold the same
+    number of samples (the batched layout of decentralised agents, each drawing b rows).
+
+    Flower Datasets' partitioners that keep the sizes fixed: ``InnerDirichletPartitioner`` for
+    ``dirichlet:ALPHA`` (each agent's class proportions drawn from a symmetric Dirichlet(ALPHA), its b samples
+    drawn one by one from them; Acar et al., ICLR 2021), and ``ShardPartitioner`` for ``shards:K``, whose
+    N K shards are then b / K samples each (K must divide b). ``contiguous`` gives the labels' order cut
+    into blocks of b; ``quantity:ALPHA`` would change the sizes and is refused.
+    """
+    import numpy as np
+
+    labels = np.asarray(labels)
+    num_agents = operator.index(num_agents)
+    if labels.ndim != 1 or num_agents < 1 or len(labels) % num_agents:
+        raise ValueError(f"{len(labels)} labels (shape {labels.shape}) cannot be dealt equally to "
+                         f"num-agents={num_agents}")
+    size = len(labels) // num_agents
+    if not scheme.skewed:
+        return np.arange(len(labels)).reshape(num_agents, size)
+    if scheme.name == "quantity":
+        raise ValueError(f"partition={scheme} is not allowed here: every agent holds the same number of "
+                         f"samples ({size}); give contiguous, dirichlet:ALPHA or shards:K")
+    if scheme.name == "shards" and size % int(scheme.value):
+        raise ValueError(f"partition={scheme} is not allowed with {size} samples per agent: the shards must "
+                         f"be equal, so K must divide {size}")
+    from flwr_datasets.partitioner import InnerDirichletPartitioner
+
+    if scheme.name == "dirichlet":
+        # Flower's partitioner reads the classes as 0..C-1
+        labels = np.unique(labels, return_inverse=True)[1]
+        partitioner = InnerDirichletPartitioner(partition_sizes=[size] * num_agents, partition_by="label",
+                                                alpha=float(scheme.value), shuffle=False, seed=seed)
+    else:
+        partitioner = _shards(scheme, labels, num_agents, seed)
+    return np.stack(_flower_blocks(partitioner, labels, num_agents))
+
+
+def _shards(scheme: Scheme, labels: np.ndarray, num_agents: int, seed: int) -> Partitioner:
+    """Flower's ``ShardPartitioner`` for ``shards:K``: the labels sorted, K shards per agent."""
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    shards = int(scheme.value) * num_agents
+    if shards > len(labels):
+        raise ValueError(f"partition={scheme} gives {shards} shards for {len(labels)} training samples; "
+                         "give fewer shards per agent or fewer agents")
+    return ShardPartitioner(num_partitions=num_agents, partition_by="label",
+                            num_shards_per_partition=int(scheme.value), shuffle=False, seed=seed)
+
+
+def _flower_blocks(partitioner: Partitioner, labels: np.ndarray, num_agents: int) -> list[np.ndarray]:
+    """The sorted indices of each agent under a Flower Datasets partitioner, run on ``labels`` as a
+    one-column data set."""
+    import datasets
+    import numpy as np
+
+    partitioner.dataset = datasets.Dataset.from_dict({"label": labels.tolist(),
+                                                      "index": np.arange(len(labels)).tolist()})
+    with warnings.catch_warnings():  # Flower warns at each Dirichlet redraw (its rule), pyarrow of its API
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return [np.sort(np.asarray(partitioner.load_partition(p)["index"], dtype=np.int64))
+                for p in range(num_agents)]
 
 
 def _quantity(num_samples: int, num_agents: int, alpha: float, seed: int, min_size: int) -> list[np.ndarray]:

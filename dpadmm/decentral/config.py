@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpadmm import keys
+from dpadmm.data.partition import parse_scheme
 from dpadmm.keys import allowed
 
 # ldp-admm: Algorithm 1 (random-penalty linearised ADMM); ldp-dgd: Algorithm 2 (complete graph);
@@ -56,6 +57,12 @@ class DecentralConfig(keys.Keyed):
     agents: int = field(default=10, metadata={"help": "N, the number of agents"})
     edges: int = field(default=20, metadata={"help": "|E| of a random graph (N - 1 .. N(N - 1)/2)"})
     samples: int = field(default=100, metadata={"help": "b_i, the training samples each agent draws"})
+    partition: str = field(
+        default="contiguous",
+        metadata={"help": "how the N b drawn rows are dealt (public): contiguous (agent i the i-th b, the "
+                          "paper's IID agents), dirichlet:ALPHA (label skew, b each: 0.1 strong, 1000 "
+                          "near-IID) or shards:K (K label-sorted shards of b/K each)"},
+    )
     penalty: float = field(default=10.0, metadata={"help": "D of Algorithm 1 (the paper: 10); alpha_k = 1/D"})
     zeta: float = field(default=0.5, metadata={"help": "zeta, the dual step of Algorithm 1 (the paper: 0.5)"})
     step_decay: float = field(
@@ -119,6 +126,11 @@ class DecentralConfig(keys.Keyed):
         allowed("device", self.device, DEVICES)
         allowed("dtype", self.dtype, DTYPES)
         keys.require(self, ">= 1", "rounds", "samples", "eval_every")
+        scheme = parse_scheme(self.partition)
+        if scheme.name == "quantity" or (scheme.name == "shards" and self.samples % int(scheme.value)):
+            raise ValueError(f"partition={self.partition!r} is not allowed with samples={self.samples}: "
+                             "every agent holds b samples; give contiguous, dirichlet:ALPHA or shards:K "
+                             "with K dividing b")
         keys.require(self, "> 0", "penalty", "zeta", "node_timeout", "round_timeout")
         keys.require(self, "finite and > 0", "secagg_range")
         if not self.sensitivity >= 0:

@@ -4,7 +4,9 @@ Sec. 5: "each agent gets 100 random samples" of UCI Adult and "a random communic
 given N and |E| is generated in each run", 10 runs. Here both are functions of the run's seed:
 
 - the samples: N b distinct training rows drawn uniformly without replacement (``numpy``'s PCG64 with
-  the seed and a constant of its own), agent i getting the i-th b of them; rows scaled to unit norm
+  the seed and a constant of its own), agent i getting the i-th b of them (``partition='contiguous'``,
+  the paper's IID agents) or the b that a label-skewed partition deals it from those rows
+  (:func:`dpadmm.data.partition.equal_partition`, seeded by the same stream); rows scaled to unit norm
   (the paper's "normalise rows"), labels +-1 (NOTES-004, G4);
 - the graph: :func:`dpadmm.decentral.graphs.build` with the same seed (another stream);
 - x* = argmin sum_i f_i(x), the consensus optimum, by Newton's method on the d-dimensional problem
@@ -26,6 +28,7 @@ from dpadmm.data import Dataset
 from dpadmm.data.adult import COLUMNS
 from dpadmm.data.libsvm import normalise_rows
 from dpadmm.data.node import load_node_data, write_npz
+from dpadmm.data.partition import equal_partition, parse_scheme
 from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
 
@@ -58,14 +61,21 @@ class Problem:
     optimum: torch.Tensor
 
 
-def sample_rows(dataset: Dataset, agents: int, samples: int, seed: int) -> torch.Tensor:
-    """The training rows each agent of a run gets, [N, b]: N b distinct rows drawn uniformly."""
+def sample_rows(dataset: Dataset, agents: int, samples: int, seed: int, partition: str = "contiguous"
+                ) -> torch.Tensor:
+    """The training rows each agent of a run gets, [N, b]: N b distinct rows drawn uniformly, dealt by
+    ``partition`` (public: a function of the rows' labels and the seed)."""
     total = agents * samples
     if total > dataset.num_train:
         raise ValueError(f"agents={agents} x samples={samples} = {total} rows, but {dataset.name} has "
                          f"{dataset.num_train} training rows")
     rng = np.random.Generator(np.random.PCG64([seed, DATA_STREAM]))
-    return torch.from_numpy(rng.choice(dataset.num_train, size=total, replace=False)).view(agents, samples)
+    rows = rng.choice(dataset.num_train, size=total, replace=False)
+    scheme = parse_scheme(partition)
+    if scheme.skewed:
+        rows = rows[equal_partition(dataset.y_train.numpy()[rows], agents, scheme,
+                                    int(rng.integers(2**32)))]
+    return torch.from_numpy(rows).view(agents, samples)
 
 
 def own_samples(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,10 +84,10 @@ def own_samples(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return normalise_rows(x.reshape(-1, x.shape[-1])).view(x.shape), 2 * y - 1
 
 
-def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int
+def agents_samples(dataset: Dataset, agents: int, samples: int, seed: int, partition: str = "contiguous"
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [N, b, d] with unit rows, labels +-1 [N, b]) of one run."""
-    rows = sample_rows(dataset, agents, samples, seed)
+    rows = sample_rows(dataset, agents, samples, seed, partition)
     return own_samples(dataset.x_train[rows], dataset.y_train[rows])
 
 
@@ -97,7 +107,7 @@ def optimum(features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def build(config: DecentralConfig, dataset: Dataset, seeds: Sequence[int], dtype: torch.dtype = torch.float64,
           device: str | torch.device = "cpu") -> Problem:
     """The problem of each of ``seeds`` (its samples, graph and optimum), stacked."""
-    drawn = [agents_samples(dataset, config.agents, config.samples, s) for s in seeds]
+    drawn = [agents_samples(dataset, config.agents, config.samples, s, config.partition) for s in seeds]
     features = torch.stack([f for f, _ in drawn]).to(dtype=dtype, device=device)
     labels = torch.stack([y for _, y in drawn]).to(dtype=dtype, device=device)
     adjacency = torch.stack([graphs.build(config.graph, config.agents, config.edges, s).adjacency
@@ -112,7 +122,7 @@ def agent_view(config: DecentralConfig, dataset: Dataset, agent: int, dtype: tor
     """What agent ``agent`` of the run ``config.seed`` holds and knows, in simulation: its samples of the
     run's draw (:func:`own_view`)."""
     _check_agent(config, agent)
-    features, labels = agents_samples(dataset, config.agents, config.samples, config.seed)
+    features, labels = agents_samples(dataset, config.agents, config.samples, config.seed, config.partition)
     return own_view(config, agent, features[agent], labels[agent], dtype)
 
 
@@ -162,13 +172,13 @@ def read_agent_file(config: DecentralConfig, agent: int, path: str | os.PathLike
     return own_view(config, agent, features, labels, dtype)
 
 
-def write_agent_files(dataset: Dataset, agents: int, samples: int, seed: int, out: str | os.PathLike
-                      ) -> list[Path]:
+def write_agent_files(dataset: Dataset, agents: int, samples: int, seed: int, out: str | os.PathLike,
+                      partition: str = "contiguous") -> list[Path]:
     """One file per agent (``agent-<i>.npz``, :func:`read_agent_file`'s layout) holding its ``samples`` rows
-    of the draw of a run with ``seed``, so that a deployment on them equals the simulation and the engine.
-    Existing files are refused."""
+    of the draw of a run with ``seed`` and ``partition``, so that a deployment on them equals the simulation
+    and the engine. Existing files are refused."""
     folder = Path(out).expanduser()
-    rows = sample_rows(dataset, agents, samples, seed)
+    rows = sample_rows(dataset, agents, samples, seed, partition)
     paths = [folder / agent_file_name(i) for i in range(agents)]
     taken = [str(p) for p in paths if p.exists()]
     if taken:
