@@ -46,14 +46,15 @@ round's model. The grids were fixed before any run; no reported number chose any
 
 Every finished run is appended to ``runs.jsonl`` in the output folder, and a later call skips the
 runs found there, so the comparison can be run piece by piece. At the end the script writes
-``runs.csv`` (every run), ``table.md`` and ``compare.png`` (test error against epsilon, error bars:
-one standard deviation over the seeds).
+``runs.csv`` (every run), ``table.md``, ``compare.png`` (test error against epsilon, error bars:
+one standard deviation over the seeds) and, for the heterogeneity axis, ``heterogeneity.png`` (the same,
+one panel per partition).
 
 Usage, from the project root:
 
-    python -m benchmarks.compare_dp [--quick] [--datasets mnist,femnist,a9a,ijcnn1]
-        [--methods dpiadmm,dpsgd,dpfedavg] [--eps 1,2,4,8] [--seeds 1,2,3] [--out docs/results/compare]
-        [--threads 1] [--data-root ../shared/data]
+    python -m benchmarks.compare_dp [--quick] [--datasets mnist,femnist,a9a,ijcnn1,mnist100-dir0.1,...]
+        [--methods dpiadmm,dpsgd,dpfedprox,dpfedavg] [--eps 1,2,4,8] [--seeds 1,2,3]
+        [--out docs/results/compare] [--threads 1] [--data-root ../shared/data]
 
 ``--quick`` is a smoke test (two rounds, one configuration per method, one reported seed) written to
 ``runs/compare-quick`` unless ``--out`` says otherwise. A benchmark script, not a test.
@@ -736,9 +737,15 @@ def main(argv: list[str] | None = None) -> None:
     for dataset in {r["dataset"] for r in current} - floors.keys():  # tabled, not run in this call
         floors[dataset] = majority_error(load_context(dataset, args, out))
     write_table(out / "table.md", current, floors)
-    write_plot(out / "compare.png", current)
+    # the heterogeneity axis (test error against eps per partition) in a figure of its own
+    figures = {"compare.png": [r for r in current if r["dataset"] not in HETEROGENEOUS],
+               "heterogeneity.png": [r for r in current if r["dataset"] in HETEROGENEOUS]}
+    for name, shown in figures.items():
+        if shown:
+            write_plot(out / name, shown)
     minutes = (time.perf_counter() - started) / 60
-    print(f"wrote {out}/runs.csv, table.md and compare.png ({minutes:.1f} min this call)")
+    print(f"wrote {out}/runs.csv, table.md and {', '.join(n for n, r in figures.items() if r)} "
+          f"({minutes:.1f} min this call)")
 
 
 if __name__ == "__main__":
