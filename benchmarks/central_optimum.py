@@ -41,7 +41,7 @@ def minimise(x: torch.Tensor, y: torch.Tensor, num_classes: int, beta: float, *,
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ w, y) + beta * (w * w).sum()
+        loss = training_loss(x, y, w, beta, differentiable=True)
         loss.backward()
         return loss
 
@@ -76,7 +76,7 @@ def main() -> None:
     w, iterations = minimise(x, y, data.num_classes, config.beta, report=report)
     seconds = time.perf_counter() - started
     w_grad = w.clone().requires_grad_(True)
-    (torch.nn.functional.cross_entropy(x @ w_grad, y) + config.beta * (w_grad * w_grad).sum()).backward()
+    training_loss(x, y, w_grad, config.beta, differentiable=True).backward()
     result = {
         "dataset": args.dataset, "num-agents": config.num_agents, "training-samples": data.num_train,
         "test-samples": data.num_test, "beta": config.beta, "objective": training_loss(x, y, w, config.beta),

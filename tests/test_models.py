@@ -85,6 +85,15 @@ def test_training_loss_and_error_rate() -> None:
     expected = float(_f_p(x, y, w, 50, 0.2, 1))
     assert training_loss(x, y, w, 0.2) == pytest.approx(expected, rel=1e-12)
     assert error_rate(x, y, w) == pytest.approx(float(((x @ w).argmax(1) != y).sum()) / 50)
+    # the differentiable form (a solver's objective) has the same value, and its autograd gradient is the
+    # family's eq. (2c) gradient of one agent holding every sample
+    w_grad = w.clone().requires_grad_(True)
+    loss = training_loss(x, y, w_grad, 0.2, differentiable=True)
+    loss.backward()
+    assert float(loss) == pytest.approx(expected, rel=1e-12)
+    one = AgentData.from_blocks([x], [y], num_classes=4, total=50, agents=[0])
+    torch.testing.assert_close(w_grad.grad, gradient(one, w[None], scale=1 / 50, reg=0.2)[0],
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_from_blocks_rejects_bad_input() -> None:

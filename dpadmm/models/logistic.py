@@ -193,16 +193,23 @@ def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:
     return (data.x_l1 * residual_l1).amax(dim=-1) / data.total
 
 
-def training_loss(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta: float) -> float:
-    """sum_p f_p(w) = -(1/I) sum_i ln h_{y_i}(w; x_i) + beta ||w||^2 (eqs. (2c), (63))."""
-    return loss_from_logits(x @ w, y, float((w * w).sum()), beta)
+def training_loss(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta: float,
+                  differentiable: bool = False) -> float | torch.Tensor:
+    """sum_p f_p(w) = -(1/I) sum_i ln h_{y_i}(w; x_i) + beta ||w||^2 (eqs. (2c), (63)); ``differentiable``:
+    a tensor with its autograd graph, for a solver of the problem itself."""
+    squared_norm = (w * w).sum()
+    return loss_from_logits(x @ w, y, squared_norm if differentiable else float(squared_norm), beta,
+                            differentiable)
 
 
-def loss_from_logits(logits: torch.Tensor, y: torch.Tensor, squared_norm: float, beta: float) -> float:
-    """-(1/I) sum_i ln softmax(logits_i)_{y_i} + beta ||w||^2: eq. (2c) for any model's logits (the sum
-    in a fixed order, :func:`dpadmm.models.modules.fixed_sum`)."""
+def loss_from_logits(logits: torch.Tensor, y: torch.Tensor, squared_norm: float | torch.Tensor, beta: float,
+                     differentiable: bool = False) -> float | torch.Tensor:
+    """-(1/I) sum_i ln softmax(logits_i)_{y_i} + beta ||w||^2: eq. (2c) for any model's logits. A reported
+    value sums in a fixed order (:func:`dpadmm.models.modules.fixed_sum`, a float); ``differentiable``
+    keeps torch's mean and the autograd graph."""
     nll = -torch.log_softmax(logits, dim=1).gather(1, y.reshape(-1, 1))
-    return fixed_sum(nll) / nll.shape[0] + beta * squared_norm
+    mean = nll.mean() if differentiable else fixed_sum(nll) / nll.shape[0]
+    return mean + beta * squared_norm
 
 
 def error_rate(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> float:
