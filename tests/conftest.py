@@ -364,7 +364,7 @@ class Deployment:
         self.start("superlink", "superlink", "--certs", str(self.root / "certs"), "--host", "127.0.0.1",
                    "--port", str(self.port), "--database", str(self.root / "superlink.db"))
         self.wait_for(lambda: self.flwr("supernode", "list", self.connection).returncode == 0,
-                      "the SuperLink")
+                      "the SuperLink", every=3)
 
     def start_supernode(self, i: int, node_config: str | None = None,
                         key: str | None = None) -> subprocess.Popen:
@@ -410,12 +410,17 @@ class Deployment:
                                 start_new_session=True)
 
     @staticmethod
-    def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120, every: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout:g} s for {what}")
-            time.sleep(0.5)
+            time.sleep(every)
+
+    def wait_online(self, count: int, what: str, timeout: float = 120) -> None:
+        """Wait until ``count`` SuperNodes are online. Each look is a `flwr supernode list` process (about
+        a second of CPU, taken from the tests running beside this one), so it looks every 3 s."""
+        self.wait_for(lambda: self.online() == count, what, timeout, every=3)
 
     def stop_all(self) -> list[int]:
         for name in list(self.processes):

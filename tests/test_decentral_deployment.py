@@ -49,7 +49,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> It
         for i, name in enumerate(names):
             d.register(name)
             d.start_supernode(i, f"partition-id={i} data-path='{files / f'agent-{i}.npz'}'")
-        d.wait_for(lambda: d.online() == AGENTS, "every agent's SuperNode online")
+        d.wait_online(AGENTS, "every agent's SuperNode online")
         yield d
     finally:
         assert d.stop_all() == []

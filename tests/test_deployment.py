@@ -58,7 +58,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         for i in range(AGENTS):
             d.register(f"node-{i}")
             d.start_supernode(i, _node_config(d, i))
-        d.wait_for(lambda: d.online() == AGENTS, "three SuperNodes online")
+        d.wait_online(AGENTS, "three SuperNodes online")
         yield d
     finally:
         assert d.stop_all() == []
@@ -139,7 +139,7 @@ def test_a_restarted_server_resumes_to_the_uninterrupted_model(deployment: Deplo
     deployment.kill("superlink")  # the SuperLink with its ServerApp, mid-run
     run.wait(timeout=60)
     deployment.start_superlink()
-    deployment.wait_for(lambda: deployment.online() == AGENTS, "the SuperNodes to reconnect")
+    deployment.wait_online(AGENTS, "the SuperNodes to reconnect")
     assert deployment.submit(_run_config(interrupted, rounds=4)).wait(timeout=600) == 0
 
     log = (deployment.root / "flwr-run.log").read_text()

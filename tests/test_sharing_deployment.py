@@ -56,7 +56,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> It
             d.start_supernode(party, _node_config(files / f"party-{party}.npz", party))
         d.register("node-2")
         d.register("node-3")
-        d.wait_for(lambda: d.online() == len(PARTIES), "both parties' SuperNodes online")
+        d.wait_online(len(PARTIES), "both parties' SuperNodes online")
         yield d
     finally:
         assert d.stop_all() == []
@@ -107,9 +107,9 @@ def _party_1_reads(d: Deployment, node: int, file: str, out: Path, log_name: str
     outcome: a ServerApp's failure (exit code 201) is in the log it streams."""
     for name in [n for n in d.processes if n.startswith("supernode-") and n != "supernode-0"]:
         d.stop(name)
-    d.wait_for(lambda: d.online() == 1, "party 1's SuperNode to leave")
+    d.wait_online(1, "party 1's SuperNode to leave")
     d.start_supernode(node, _node_config(d.root / "files" / file, 1))
-    d.wait_for(lambda: d.online() == 2, f"the SuperNode reading {file} online")
+    d.wait_online(2, f"the SuperNode reading {file} online")
     config = _config(out, labels_path=str(d.root / "files" / "labels.npz"))
     d.submit(run_config_of(config), log_name).wait(timeout=600)
     return (d.root / log_name).read_text()
