@@ -156,6 +156,9 @@ def test_what_equal_partitions_cannot_deal_is_named() -> None:
         equal_partition(labels, 10, parse_scheme("shards:3"))
     with pytest.raises(ValueError, match="100 labels .* cannot be dealt equally to num-agents=7"):
         equal_partition(labels, 7, Scheme())
+    with pytest.raises(ValueError, match=r"partition=dirichlet:1e-06 could not deal 100 samples to each of "
+                                         r"10 agents .*give a larger alpha"):
+        equal_partition(np.random.default_rng(0).integers(0, 10, 1000), 10, parse_scheme("dirichlet:1e-6"))
 
 
 def test_contiguous_is_the_papers_blocks() -> None:

@@ -187,7 +187,11 @@ def equal_partition(labels: np.ndarray, num_agents: int, scheme: Scheme, seed: i
                                                 alpha=float(scheme.value), shuffle=False, seed=seed)
     else:
         partitioner = _shards(scheme, labels, num_agents, seed)
-    return np.stack(_flower_blocks(partitioner, labels, num_agents))
+    try:
+        return np.stack(_flower_blocks(partitioner, labels, num_agents))
+    except ValueError as error:  # an agent whose Dirichlet draw put all its mass on classes used up
+        raise ValueError(f"partition={scheme} could not deal {size} samples to each of {num_agents} agents "
+                         f"({error}); give a larger alpha") from error
 
 
 def _shards(scheme: Scheme, labels: np.ndarray, num_agents: int, seed: int) -> Partitioner:
