@@ -90,7 +90,7 @@ def test_training_loss_and_error_rate() -> None:
     w_grad = w.clone().requires_grad_(True)
     loss = training_loss(x, y, w_grad, 0.2, differentiable=True)
     loss.backward()
-    assert float(loss) == pytest.approx(expected, rel=1e-12)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
     one = AgentData.from_blocks([x], [y], num_classes=4, total=50, agents=[0])
     torch.testing.assert_close(w_grad.grad, gradient(one, w[None], scale=1 / 50, reg=0.2)[0],
                                rtol=1e-12, atol=1e-12)
