@@ -35,9 +35,21 @@ def _square(x: int, workspace: Workspace) -> dict[str, int]:
     return {"x": x, "square": x * x}
 
 
-def _slow_square(x: int, seconds: float, workspace: Workspace) -> dict[str, int]:
-    time.sleep(seconds)
+def _square_after(x: int, marker: Path, workspace: Workspace) -> dict[str, int]:
+    """Square x once ``marker`` exists (another cell writes it): an arrival order no machine's load can
+    change."""
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{marker} never appeared")
+        time.sleep(0.05)
     return _square(x, workspace)
+
+
+def _square_then_mark(x: int, marker: Path, workspace: Workspace) -> dict[str, int]:
+    result = _square(x, workspace)
+    marker.write_text("done\n")
+    return result
 
 
 def _broken(workspace: Workspace) -> None:
@@ -53,18 +65,21 @@ def _cells(xs: list[int], **kw: Any) -> list[Cell]:
 def test_cells_run_in_scratch_folders_and_commit_in_order(tmp_path: Path) -> None:
     committed: list[tuple[str, Any]] = []
     logged: list[str] = []
-    # the second cell sleeps: on 2 workers the third finishes first, and still commits last
+    # the second cell waits for the third: on 2 workers the third finishes first, and still commits last
+    marker = tmp_path / "x=3 finished"
     cells = _cells([1])
-    cells.append(Cell(key="x=2", run=functools.partial(_slow_square, 2, 0.5), folder="cells/2"))
-    cells += _cells([3])
+    cells.append(Cell(key="x=2", run=functools.partial(_square_after, 2, marker), folder="cells/2"))
+    cells.append(Cell(key="x=3", run=functools.partial(_square_then_mark, 3, marker), folder="cells/3"))
     with GridRunner(tmp_path, GridOptions(workers=2, progress=False), log=logged.append) as runner:
         runner.run(cells, lambda cell, result: committed.append((cell.key, result)))
     runner.raise_failures()
     assert committed == [(f"x={x}", {"x": x, "square": x * x}) for x in (1, 2, 3)]
     assert (tmp_path / "cells" / "2" / "note.txt").read_text() == "2\n"  # the scratch files came back
     assert not (tmp_path / ".grid").exists()  # nothing left waiting
-    # x=3 arrived before x=2, waited for it, and was committed after it
-    assert [line.split(":")[0] for line in logged if line.endswith("complete")] == ["x=1", "x=3", "x=2"]
+    # x=3 arrived before x=2, waited for it, and was committed after it (x=1 may arrive at any point)
+    arrivals = [line.split(":")[0] for line in logged if line.endswith("complete")]
+    assert sorted(arrivals) == ["x=1", "x=2", "x=3"]
+    assert arrivals.index("x=3") < arrivals.index("x=2")
 
     # done cells are skipped; a result received but not committed (interrupted) is committed without a run
     (tmp_path / ".grid").mkdir()

@@ -338,7 +338,7 @@ class GridRunner:
                     raise ValueError(f"{spool} holds a result of {cell.key} run with other settings "
                                      f"({saved.get('identity')}); use another --out or delete that file")
                 arrived[cell.key] = saved["result"]
-                self.log(f"{cell.key}: complete (received by an earlier call), committed now")
+                self.log(f"{cell.key}: complete (received by an earlier call), committed in the cells' order")
         runnable = [cell for cell in todo if cell.key not in arrived]
         self._grow_bar(len(cells), len(cells) - len(runnable))
         state = _Commits(todo, arrived, commit, self)
