@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
                           "noise='laplace'; it needs algorithm='ldp-admm' and noise='none'"),
     ({"x_step": "newton"}, "x-step='newton' is not allowed; choose one of linearised, exact"),
     ({"target_epsilon": 1.0, "noise": "none"}, "target-epsilon=1.0 is not allowed; give a finite value >= 0"),
-    ({"partition": "quantity:1"}, "partition='quantity:1' is not allowed with samples=100: every agent "
-                                  "holds b samples; give contiguous, dirichlet:ALPHA or shards:K with K "
-                                  "dividing b"),
-    ({"partition": "shards:3"}, "partition='shards:3' is not allowed with samples=100"),
+    ({"partition": "quantity:1"}, "partition=quantity:1 is not allowed with 100 samples per agent: every "
+                                  "agent holds the same number of samples; give contiguous, dirichlet:ALPHA "
+                                  "or shards:K with K dividing 100"),
+    ({"partition": "shards:3"}, "partition=shards:3 is not allowed with 100 samples per agent"),
     ({"partition": "iid"}, "partition='iid' is not allowed; give contiguous, dirichlet:ALPHA"),
 ])
 def test_a_bad_value_is_named(changes: dict, message: str) -> None:

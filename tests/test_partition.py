@@ -149,8 +149,8 @@ def test_the_equal_dirichlet_partition_is_flower_datasets_partition(mnist_labels
 
 def test_what_equal_partitions_cannot_deal_is_named() -> None:
     labels = np.repeat(np.arange(2), 50)
-    with pytest.raises(ValueError, match=r"partition=quantity:1 is not allowed here: every agent holds the "
-                                         r"same number of samples \(10\)"):
+    with pytest.raises(ValueError, match=r"partition=quantity:1 is not allowed with 10 samples per agent: "
+                                         r"every agent holds the same number of samples"):
         equal_partition(labels, 10, parse_scheme("quantity:1"))
     with pytest.raises(ValueError, match="partition=shards:3 is not allowed with 10 samples per agent"):
         equal_partition(labels, 10, parse_scheme("shards:3"))

@@ -172,12 +172,7 @@ def equal_partition(labels: np.ndarray, num_agents: int, scheme: Scheme, seed: i
     size = len(labels) // num_agents
     if not scheme.skewed:
         return np.arange(len(labels)).reshape(num_agents, size)
-    if scheme.name == "quantity":
-        raise ValueError(f"partition={scheme} is not allowed here: every agent holds the same number of "
-                         f"samples ({size}); give contiguous, dirichlet:ALPHA or shards:K")
-    if scheme.name == "shards" and size % int(scheme.value):
-        raise ValueError(f"partition={scheme} is not allowed with {size} samples per agent: the shards must "
-                         f"be equal, so K must divide {size}")
+    check_equal_sizes(scheme, size)
     from flwr_datasets.partitioner import InnerDirichletPartitioner
 
     if scheme.name == "dirichlet":
@@ -192,6 +187,16 @@ def equal_partition(labels: np.ndarray, num_agents: int, scheme: Scheme, seed: i
     except ValueError as error:  # an agent whose Dirichlet draw put all its mass on classes used up
         raise ValueError(f"partition={scheme} could not deal {size} samples to each of {num_agents} agents "
                          f"({error}); give a larger alpha") from error
+
+
+def check_equal_sizes(scheme: Scheme, size: int) -> None:
+    """Raise ``ValueError`` (naming the value and what is allowed) unless :func:`equal_partition` can deal
+    ``scheme`` to agents of ``size`` samples each: ``quantity:`` changes the sizes, and ``shards:K`` needs
+    equal shards of ``size / K``. A configuration calls it before any data loads."""
+    if scheme.name == "quantity" or (scheme.name == "shards" and size % int(scheme.value)):
+        raise ValueError(f"partition={scheme} is not allowed with {size} samples per agent: every agent "
+                         f"holds the same number of samples; give contiguous, dirichlet:ALPHA or shards:K "
+                         f"with K dividing {size}")
 
 
 def _shards(scheme: Scheme, labels: np.ndarray, num_agents: int, seed: int) -> Partitioner:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpadmm import keys
-from dpadmm.data.partition import parse_scheme
+from dpadmm.data.partition import check_equal_sizes, parse_scheme
 from dpadmm.keys import allowed
 
 # ldp-admm: Algorithm 1 (random-penalty linearised ADMM); ldp-dgd: Algorithm 2 (complete graph);
@@ -126,11 +126,7 @@ class DecentralConfig(keys.Keyed):
         allowed("device", self.device, DEVICES)
         allowed("dtype", self.dtype, DTYPES)
         keys.require(self, ">= 1", "rounds", "samples", "eval_every")
-        scheme = parse_scheme(self.partition)
-        if scheme.name == "quantity" or (scheme.name == "shards" and self.samples % int(scheme.value)):
-            raise ValueError(f"partition={self.partition!r} is not allowed with samples={self.samples}: "
-                             "every agent holds b samples; give contiguous, dirichlet:ALPHA or shards:K "
-                             "with K dividing b")
+        check_equal_sizes(parse_scheme(self.partition), self.samples)
         keys.require(self, "> 0", "penalty", "zeta", "node_timeout", "round_timeout")
         keys.require(self, "finite and > 0", "secagg_range")
         if not self.sensitivity >= 0:
