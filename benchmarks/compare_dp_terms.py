@@ -20,6 +20,11 @@ run's releases (post-processing: the same privacy):
   each one eps-bar-DP), so this too is post-processing under the same guarantee: it measures what
   releasing the last iterate, as DP-SGD does, instead of the average would give.
 
+On the heterogeneity axis (``compare_dp.HETEROGENEOUS``) it also tables what the tuning measured about
+the two drift corrections, from the tuning runs alone (seed 0, validation half; no new training): DP-IADMM's
+best error over its step sizes a for each rho and local start (rho = 1e-2 binds, 1e-4 barely), and
+DP-FedProx's for each mu beside DP-SGD + FedAvg's (mu = 0) on the same rate q and learning rates.
+
 Usage, from the project root (after ``python -m benchmarks.compare_dp``, whose runs.jsonl it reads):
 
     python -m benchmarks.compare_dp_terms [--out docs/results/compare] [--seeds 1,2,3] [--threads 1]
@@ -34,13 +39,17 @@ import dataclasses
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.compare_dp import (
     DATASETS,
     GRIDS,
+    HETEROGENEOUS,
+    HETEROGENEOUS_GRID,
     Context,
+    Result,
     add_data_arguments,
     current_runs,
     errors,
@@ -70,6 +79,52 @@ def measure(ctx: Context, params: dict, epsilon: float, seeds: list[int]) -> dic
     return out
 
 
+def _best(runs: list[Result], **fixed: Any) -> str:
+    """The lowest validation error (%) of the tuning runs whose parameters hold ``fixed`` (a missing
+    ``local_start`` is the papers' chain), with how many grid points it is the best of."""
+    def holds(run: Result) -> bool:
+        params = {"local_start": "chain", **run["params"]}
+        return all(params.get(key, 0.0) == value for key, value in fixed.items())
+
+    chosen = [r["val-error"] for r in runs if holds(r)]
+    return f"{100 * min(chosen):.2f}" if chosen else "-"
+
+
+def correction_lines(runs: list[Result]) -> list[str]:
+    """What the tuning measured about the drift corrections on the heterogeneity axis: per partition and
+    eps, the best validation error over the step sizes for each strength of the correction."""
+    tuned = [r for r in runs if r["phase"] == "tune" and r["dataset"] in HETEROGENEOUS]
+    if not tuned:
+        return []
+    rhos = sorted({p["rho_c1"] for p in HETEROGENEOUS_GRID["dpiadmm"]})
+    mus = sorted({p["prox_mu"] for p in HETEROGENEOUS_GRID["dpfedprox"]})
+    rates = sorted({p["sample_rate"] for p in HETEROGENEOUS_GRID["dpfedprox"]})
+    lrs = sorted({p["lr"] for p in HETEROGENEOUS_GRID["dpfedprox"]})
+    starts = ("global", "chain")
+    rate_list, lr_list = ", ".join(f"{q:g}" for q in rates), ", ".join(f"{lr:g}" for lr in lrs)
+    lines = ["## The drift corrections in the tuning (heterogeneous partitions)", "",
+             "Validation error (%) of the tuning runs (seed 0), the best over the step sizes, for each "
+             "strength of the correction. DP-IADMM: rho^t = rho (eq. (8) moves a local step towards w with "
+             "weight rho / (1/eta + rho); the dual (4c) accumulates rho (w - z_p)), local steps from w "
+             "(global) or from the agent's chain; best over a. DP-FedProx: the proximal weight mu, at q = "
+             f"{rate_list}, best over lr in {{{lr_list}}}; "
+             "mu = 0 is DP-SGD + FedAvg's runs at the same q and learning rates.", "",
+             "| partition | eps | " + " | ".join(f"rho {rho:g}, {start}" for rho in rhos for start in starts)
+             + " | " + " | ".join(f"mu {mu:g}" for mu in (0.0, *mus)) + " |",
+             "| --- | --- |" + " --- |" * (len(rhos) * len(starts) + len(mus) + 1)]
+    for dataset in HETEROGENEOUS:
+        ours = [r for r in tuned if r["dataset"] == dataset]
+        for eps in sorted({r["epsilon"] for r in ours}):
+            at = [r for r in ours if r["epsilon"] == eps]
+            iadmm = [_best([r for r in at if r["method"] == "dpiadmm"], rho_c1=rho, local_start=start)
+                     for rho in rhos for start in starts]
+            prox = [_best([r for r in at if r["method"] == "dpsgd" and r["params"]["sample_rate"] in rates
+                           and r["params"]["lr"] in lrs])]
+            prox += [_best([r for r in at if r["method"] == "dpfedprox"], prox_mu=mu) for mu in mus]
+            lines.append(f"| {HETEROGENEOUS[dataset]} | {eps:g} | " + " | ".join(iadmm + prox) + " |")
+    return [*lines, ""]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/compare")
@@ -79,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",") if s]
-    chosen = {(r["dataset"], r["epsilon"]): r["params"] for r in current_runs(list(load_runs(
-        out / "runs.jsonl").values()), GRIDS) if r["method"] == "dpiadmm" and r["phase"] == "report"}
+    current = current_runs(list(load_runs(out / "runs.jsonl").values()), GRIDS)
+    chosen = {(r["dataset"], r["epsilon"]): r["params"] for r in current
+              if r["method"] == "dpiadmm" and r["phase"] == "report"}
     if not chosen:
         parser.error(f"no DP-IADMM report runs in {out / 'runs.jsonl'}; run benchmarks.compare_dp first")
     started = time.perf_counter()
@@ -107,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(f"| {dataset} | {eps:g} | {described} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     lines += ["", f"Wall time: {(time.perf_counter() - started) / 60:.1f} min on this machine.", "",
-              *references.section(REFERENCES), ""]
+              *correction_lines(current), *references.section(REFERENCES), ""]
     (out / "terms.md").write_text("\n".join(lines))
     print(f"wrote {out / 'terms.md'}")
 
