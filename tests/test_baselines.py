@@ -181,6 +181,25 @@ def test_dpfedprox_adds_the_proximal_pull_to_the_noisy_step() -> None:
         DpSgdConfig(prox_mu=-0.1)
 
 
+def test_the_sqrt_decay_steps_lr_over_sqrt_t_in_round_t() -> None:
+    """Round 4 with lr / sqrt(t) is round 4 at a constant lr / 2, the proximal pull included; round 1 is
+    the constant schedule's. The schedule leaves the account unchanged."""
+    x, y = _toy(scale=50.0)
+    common = {"rounds": 4, "local_steps": 2, "sample_rate": 1.0, "clip_norm": 1.0, "noise_multiplier": 0.0,
+              "prox_mu": 0.3}
+    start = torch.full((x.shape[1], 3), 0.01)
+    decayed = DpSgdConfig(lr=0.5, lr_decay="sqrt", **common)
+    assert [decayed.step_size(t) for t in (1, 4)] == [0.5, 0.25]
+    for round_, lr in ((4, 0.25), (1, 0.5)):
+        torch.testing.assert_close(_local(decayed, x, y, round_=round_, start=start),
+                                   _local(DpSgdConfig(lr=lr, **common), x, y, round_=round_, start=start),
+                                   rtol=0, atol=0)
+    noisy = {**common, "noise_multiplier": 1.3, "sample_rate": 0.1}
+    assert DpSgdConfig(lr_decay="sqrt", **noisy).epsilon(DELTA) == DpSgdConfig(**noisy).epsilon(DELTA)
+    with pytest.raises(ValueError, match="lr_decay='cosine' is not allowed; choose one of constant, sqrt"):
+        DpSgdConfig(lr_decay="cosine")
+
+
 def test_dpsgd_is_reproducible_from_its_seed_and_keyed_by_agent_and_round() -> None:
     x, y = _toy()
     config = DpSgdConfig(rounds=1, local_steps=5, sample_rate=0.3, noise_multiplier=1.0, seed=3)

@@ -209,6 +209,9 @@ def local_sgd(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Tenso
     return {k: v.detach() for k, v in current.items()}
 
 
+LR_DECAYS = ("constant", "sqrt")
+
+
 @dataclass(frozen=True)
 class DpSgdConfig:
     """DP-SGD local training (Opacus) with FedAvg aggregation: every hyper-parameter of a run."""
@@ -220,6 +223,9 @@ class DpSgdConfig:
     clip_norm: float = 1.0  # C, L2 bound of each per-sample gradient
     noise_multiplier: float = 1.0  # sigma: noise standard deviation sigma C on the clipped sum
     prox_mu: float = 0.0  # mu of FedProx's proximal term (0: DP-SGD + FedAvg; > 0: DP-FedProx)
+    # constant: lr every round (Opacus's and Flower's default); sqrt: lr / sqrt(t) in round t, the decay of
+    # DP-IADMM's eta^t = a / sqrt(t) (003), to tell what the schedule alone is worth
+    lr_decay: str = "constant"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -234,6 +240,13 @@ class DpSgdConfig:
         for name in ("noise_multiplier", "prox_mu"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be >= 0")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay={self.lr_decay!r} is not allowed; "
+                             f"choose one of {', '.join(LR_DECAYS)}")
+
+    def step_size(self, round_: int) -> float:
+        """The learning rate of round ``round_`` (1-based)."""
+        return self.lr / math.sqrt(round_) if self.lr_decay == "sqrt" else self.lr
 
     @property
     def steps(self) -> int:
@@ -293,7 +306,8 @@ class DpFedAvgConfig:
 def dpsgd_local(private: GradSampleModule, module: nn.Module, params: Params, x: torch.Tensor,
                 y: torch.Tensor, config: DpSgdConfig, agent: int, round_: int) -> Params:
     """One agent's round of DP-SGD from ``params``: K steps on Poisson samples, through Opacus (with
-    ``config.prox_mu`` > 0, each step also moves by -lr mu (w - params): DP-FedProx).
+    ``config.prox_mu`` > 0, each step also moves by -lr mu (w - params): DP-FedProx), at the round's
+    learning rate ``config.step_size(round_)``.
 
     ``private`` wraps ``module`` (built once: wrapping is the expensive part). The gradient is
     the noisy sum of the clipped per-sample gradients divided by the expected batch size q I_p,
@@ -305,11 +319,12 @@ def dpsgd_local(private: GradSampleModule, module: nn.Module, params: Params, x:
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
     _set_parameters(module, params)
+    lr = config.step_size(round_)
     sampler = UniformWithReplacementSampler(
         num_samples=x.shape[0], sample_rate=config.sample_rate, steps=config.local_steps,
         generator=torch.Generator().manual_seed(stream_seed(config.seed, agent, round_, _SAMPLING)))
     optimizer = DPOptimizer(
-        torch.optim.SGD(private.parameters(), lr=config.lr),
+        torch.optim.SGD(private.parameters(), lr=lr),
         noise_multiplier=config.noise_multiplier, max_grad_norm=config.clip_norm,
         expected_batch_size=config.sample_rate * x.shape[0], loss_reduction="mean",
         generator=torch.Generator().manual_seed(stream_seed(config.seed, agent, round_, _NOISE)))
@@ -327,7 +342,7 @@ def dpsgd_local(private: GradSampleModule, module: nn.Module, params: Params, x:
         with torch.no_grad():
             for name, p in module.named_parameters():
                 if name in before:  # - lr mu (w - w^t), the proximal term's gradient at the step's start
-                    p.sub_(before[name] - params[name], alpha=config.lr * config.prox_mu)
+                    p.sub_(before[name] - params[name], alpha=lr * config.prox_mu)
     optimizer.zero_grad(set_to_none=True)
     return {name: p.detach().clone() for name, p in module.named_parameters()}
 
