@@ -81,7 +81,7 @@ def measure(ctx: Context, params: dict, epsilon: float, seeds: list[int]) -> dic
 
 def _best(runs: list[Result], **fixed: Any) -> str:
     """The lowest validation error (%) of the tuning runs whose parameters hold ``fixed`` (a missing
-    ``local_start`` is the papers' chain), with how many grid points it is the best of."""
+    ``local_start`` is the papers' chain), or "-" when none does."""
     def holds(run: Result) -> bool:
         params = {"local_start": "chain", **run["params"]}
         return all(params.get(key, 0.0) == value for key, value in fixed.items())
