@@ -34,6 +34,9 @@ joins, the drift-correcting baseline a Flower and Opacus user would pick:
 - ``dpsgd-sqrt``: a diagnostic, not a baseline: DP-SGD + FedAvg with DP-IADMM's step decay, lr / sqrt(t) in
   round t (the schedule is public, so its privacy is DP-SGD's). It separates what DP-IADMM's schedule is
   worth from what its update is worth.
+- ``dpsgd-extra``: a second diagnostic: DP-SGD + FedAvg whose server extrapolates as DP-IADMM's does at a
+  constant rho, w^{t+1} = zbar^t + (zbar^t - zbar^{t-1}) (:func:`dpadmm.iadmm.consensus.global_update` shows
+  why), a function of the released models, so its privacy is DP-SGD's.
 
 The three epsilons are not the same promise (``dpfedavg_bench.baselines`` explains): DP-IADMM and DP-SGD
 are sample-level and local (the agent adds the noise); DP-FedAvg is client-level (a whole agent)
@@ -56,7 +59,7 @@ one panel per partition).
 Usage, from the project root:
 
     python -m benchmarks.compare_dp [--quick] [--datasets mnist,femnist,a9a,ijcnn1,mnist100-dir0.1,...]
-        [--methods dpiadmm,dpsgd,dpfedprox,dpsgd-sqrt,dpfedavg] [--eps 1,2,4,8] [--seeds 1,2,3]
+        [--methods dpiadmm,dpsgd,dpfedprox,dpsgd-sqrt,dpsgd-extra,dpfedavg] [--eps 1,2,4,8] [--seeds 1,2,3]
         [--out docs/results/compare] [--threads 1] [--data-root ../shared/data]
 
 ``--quick`` is a smoke test (two rounds, one configuration per method, one reported seed) written to
@@ -106,12 +109,13 @@ from dpfedavg_bench.baselines import (  # noqa: E402
     evaluation_split,
 )
 
-METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpsgd-sqrt", "dpfedavg")
+METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpsgd-sqrt", "dpsgd-extra", "dpfedavg")
 LABELS = {
     "dpiadmm": "DP-IADMM (ours; sample-level, local)",
     "dpsgd": "DP-SGD + FedAvg, Opacus (sample-level, local)",
     "dpfedprox": "DP-FedProx: DP-SGD + FedAvg + proximal term, Opacus (sample-level, local)",
     "dpsgd-sqrt": "DP-SGD + FedAvg, lr / sqrt(t) (diagnostic; sample-level, local)",
+    "dpsgd-extra": "DP-SGD + FedAvg, DP-IADMM's server extrapolation (diagnostic; sample-level, local)",
     "dpfedavg": "DP-FedAvg, Flower client-side fixed clipping (client-level, central)",
 }
 # What table.md cites (dpadmm.runs.references): 003, then DP-SGD, FedAvg, DP-FedAvg, Opacus, FedProx and the
@@ -139,7 +143,7 @@ TUNE_SEED = 0
 # Methods whose chosen configurations are also trained without noise (one seed), to separate what
 # the privacy costs from what the configuration's short training costs. Flower's wrapper needs a
 # positive noise multiplier when it accounts, so DP-FedAvg has none.
-REFERENCE_METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpsgd-sqrt")
+REFERENCE_METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpsgd-sqrt", "dpsgd-extra")
 
 # DP-IADMM's grid gives it what DP-SGD + FedAvg gets: the same rounds T, local steps E (= DP-SGD's K steps
 # per round), Poisson rates q and L2 clip C = 1 (``sampling-rate``, credited by the ledger), Gaussian noise,
@@ -218,6 +222,10 @@ HETEROGENEOUS_GRID: dict[str, list[dict[str, Any]]] = {
     # DP-SGD's grid with DP-IADMM's step decay (lr / sqrt(t) where DP-IADMM has eta^t = a / sqrt(t)). It
     # tells how much of the lead the schedule alone accounts for, and plays no part in the goal.
     "dpsgd-sqrt": [{**point, "lr_decay": "sqrt"} for point in GRIDS["mnist"]["dpsgd"]],
+    # The second diagnostic, added after the first took back little: 003's update order makes DP-IADMM's
+    # server extrapolate, w^{t+1} = zbar^t + (rho^{t-1} / rho^t) (zbar^t - zbar^{t-1}), at any size of rho
+    # (dpadmm.iadmm.consensus.global_update); FedAvg's server does not. DP-SGD's grid with that extrapolation.
+    "dpsgd-extra": [{**point, "extrapolation": 1.0} for point in GRIDS["mnist"]["dpsgd"]],
 }
 GRIDS |= {name: HETEROGENEOUS_GRID for name in HETEROGENEOUS}
 QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
@@ -233,7 +241,9 @@ QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
          "dpfedprox": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 4.0, "clip_norm": 1.0,
                         "prox_mu": 0.1}],
          "dpsgd-sqrt": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 4.0, "clip_norm": 1.0,
-                         "lr_decay": "sqrt"}]} for name in HETEROGENEOUS}
+                         "lr_decay": "sqrt"}],
+         "dpsgd-extra": [{"rounds": 2, "local_steps": 2, "sample_rate": 0.1, "lr": 4.0, "clip_norm": 1.0,
+                          "extrapolation": 1.0}]} for name in HETEROGENEOUS}
 
 
 @dataclass(frozen=True)
@@ -438,7 +448,7 @@ def _flwr_run(ctx: Context, specs: list[dict[str, Any]], run_config: dict[str, A
 
 
 RUNNERS: dict[str, Runner] = {"dpiadmm": run_dpiadmm, "dpsgd": run_dpsgd, "dpfedprox": run_dpsgd,
-                               "dpsgd-sqrt": run_dpsgd, "dpfedavg": run_dpfedavg}
+                               "dpsgd-sqrt": run_dpsgd, "dpsgd-extra": run_dpsgd, "dpfedavg": run_dpfedavg}
 
 
 # ----- the protocol -----
@@ -672,15 +682,15 @@ def write_plot(path: Path, runs: list[Result]) -> None:
     for ax in axes.flat[len(datasets):]:
         ax.set_visible(False)
     for ax, dataset in zip(axes.flat, datasets, strict=False):
-        for method, marker in zip(METHODS, "os^vD", strict=True):
+        for method, marker in zip(METHODS, "os^vPD", strict=True):
             keys = sorted(k for k in cells if k[0] == dataset and k[1] == method)
             if not keys:
                 continue
             stats = [_mean_sd([100 * r["test-error"] for r in cells[k]]) for k in keys]
             ax.errorbar([k[2] for k in keys], [s[0] for s in stats], yerr=[s[1] for s in stats],
                         marker=marker, capsize=4, label=LABELS[method],
-                        # dashed: another privacy unit; dotted: the diagnostic
-                        linestyle={"dpfedavg": "--", "dpsgd-sqrt": ":"}.get(method, "-"))
+                        # dashed: another privacy unit; dotted: the diagnostics
+                        linestyle={"dpfedavg": "--", "dpsgd-sqrt": ":", "dpsgd-extra": ":"}.get(method, "-"))
         ax.set_xscale("log", base=2)
         eps = sorted({k[2] for k in cells if k[0] == dataset})
         ax.set_xticks(eps, [f"{e:g}" for e in eps])

@@ -225,6 +225,26 @@ def test_dpsgd_fedavg_is_reproducible_and_averages_by_sample_count() -> None:
     torch.testing.assert_close(baselines.dpsgd_fedavg(one, data, 3)["weight"], expected, rtol=1e-5, atol=1e-7)
 
 
+def test_the_servers_extrapolation_is_the_average_plus_beta_times_its_change() -> None:
+    """With beta > 0 the global model of round t is zbar^t + beta (zbar^t - zbar^{t-1}) (zbar^0: the zero
+    start), and the next round's agents start from it; the account is DP-SGD's."""
+    data = _toy_dataset()
+    config = DpSgdConfig(rounds=2, local_steps=3, sample_rate=0.5, noise_multiplier=0.8, seed=1,
+                         extrapolation=0.7)
+    seen: dict[int, torch.Tensor] = {}
+    baselines.dpsgd_fedavg(config, data, 3, on_round=lambda t, p: seen.update({t: p["weight"].clone()}))
+    blocks = baselines.agent_blocks(data, 3)
+    first = sum(_local(config, x, y, agent=p) for p, (x, y) in enumerate(blocks)) / 3
+    torch.testing.assert_close(seen[1], 1.7 * first, rtol=1e-5, atol=1e-6)
+    second = sum(_local(config, x, y, agent=p, round_=2, start=seen[1])
+                 for p, (x, y) in enumerate(blocks)) / 3
+    torch.testing.assert_close(seen[2], second + 0.7 * (second - first), rtol=1e-5, atol=1e-6)
+    noisy = {"noise_multiplier": 1.3, "sample_rate": 0.1}
+    assert DpSgdConfig(extrapolation=1.0, **noisy).epsilon(DELTA) == DpSgdConfig(**noisy).epsilon(DELTA)
+    with pytest.raises(ValueError, match="extrapolation=-1.0 is not allowed; it must be >= 0"):
+        DpSgdConfig(extrapolation=-1.0)
+
+
 def test_local_sgd_is_keyed_by_its_seed_and_lowers_the_loss() -> None:
     x, y = _toy()
     module = LogisticRegression(x.shape[1], 3)

@@ -226,6 +226,10 @@ class DpSgdConfig:
     # constant: lr every round (Opacus's and Flower's default); sqrt: lr / sqrt(t) in round t, the decay of
     # DP-IADMM's eta^t = a / sqrt(t) (003), to tell what the schedule alone is worth
     lr_decay: str = "constant"
+    # beta: the server's next global model is zbar^t + beta (zbar^t - zbar^{t-1}), zbar^t the round's FedAvg
+    # average (zbar^0 the initial model). 0 is FedAvg; 1 is what DP-IADMM's server does at a constant rho
+    # (dpadmm.iadmm.consensus.global_update), to tell what that extrapolation alone is worth
+    extrapolation: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -237,7 +241,7 @@ class DpSgdConfig:
         for name in ("lr", "clip_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be > 0")
-        for name in ("noise_multiplier", "prox_mu"):
+        for name in ("noise_multiplier", "prox_mu", "extrapolation"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be >= 0")
         if self.lr_decay not in LR_DECAYS:
@@ -354,8 +358,10 @@ def dpsgd_fedavg(config: DpSgdConfig, dataset: Dataset, num_agents: int, *, mode
 
     Starts from :func:`dpadmm.models.modules.initial_parameters` (zeros for logistic regression, as
     DP-IADMM). Each round every agent runs :func:`dpsgd_local` from the global model, and the new
-    global model is the average of theirs weighted by I_p / I. ``on_round(t, params)`` is called
-    after every round (evaluation, progress).
+    global model is the average zbar^t of theirs weighted by I_p / I (FedAvg), or with
+    ``config.extrapolation`` beta > 0 the extrapolation zbar^t + beta (zbar^t - zbar^{t-1}): a function of
+    the released models only, so the privacy is DP-SGD's. ``on_round(t, params)`` is called after every
+    round (evaluation, progress).
     """
     from opacus import GradSampleModule
 
@@ -364,13 +370,16 @@ def dpsgd_fedavg(config: DpSgdConfig, dataset: Dataset, num_agents: int, *, mode
     blocks = agent_blocks(dataset, num_agents, dtype)
     total = sum(x.shape[0] for x, _ in blocks)
     params = initial_parameters(module, config.seed, dtype=dtype)
+    previous = params  # zbar^{t-1}
     for t in range(1, config.rounds + 1):
         average = {k: torch.zeros_like(v) for k, v in params.items()}
         for p, (x, y) in enumerate(blocks):
             local = dpsgd_local(private, module, params, x, y, config, p, t)
             for k in average:
                 average[k] += (x.shape[0] / total) * local[k]
-        params = average
+        params = average if not config.extrapolation else {
+            k: v + config.extrapolation * (v - previous[k]) for k, v in average.items()}
+        previous = average
         if on_round is not None:
             on_round(t, params)
     return params
