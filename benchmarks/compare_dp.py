@@ -223,7 +223,7 @@ HETEROGENEOUS_GRID: dict[str, list[dict[str, Any]]] = {
     # tells how much of the lead the schedule alone accounts for, and plays no part in the goal.
     "dpsgd-sqrt": [{**point, "lr_decay": "sqrt"} for point in GRIDS["mnist"]["dpsgd"]],
     # The second diagnostic, added after the first took back little: 003's update order makes DP-IADMM's
-    # server extrapolate, w^{t+1} = zbar^t + (rho^{t-1} / rho^t) (zbar^t - zbar^{t-1}), at any size of rho
+    # server extrapolate, w^{t+1} = zbar^t + (rho^t / rho^{t+1}) (zbar^t - zbar^{t-1}), at any size of rho
     # (dpadmm.iadmm.consensus.global_update); FedAvg's server does not. DP-SGD's grid with that extrapolation.
     "dpsgd-extra": [{**point, "extrapolation": 1.0} for point in GRIDS["mnist"]["dpsgd"]],
 }

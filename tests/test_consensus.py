@@ -38,18 +38,23 @@ def test_dual_update_and_violation() -> None:
     assert consensus_violation(w, z) == pytest.approx(6.0)
 
 
-def test_with_a_constant_rho_the_global_model_extrapolates_the_agents_average() -> None:
-    """(4a) and (4c) from the zero start: w^{t+1} = 2 zbar^t - zbar^{t-1}, whatever rho (the identity
-    benchmarks/compare_dp_terms.py measures the cost of under noise)."""
+@pytest.mark.parametrize("rhos", [[0.37] * 6, [1e-4, 1e-4, 2e-4, 2e-4, 5e-3, 1e-3]])
+def test_the_global_model_extrapolates_the_agents_average_whatever_rho(rhos: list[float]) -> None:
+    """(4a) and (4c) in 003's order from the zero start: w^{t+1} = zbar^t + (rho^t / rho^{t+1})
+    (zbar^t - zbar^{t-1}), so 2 zbar^t - zbar^{t-1} with a constant rho of any size (the identity
+    benchmarks/compare_dp_terms.py measures the cost of under noise, and compare_dp's dpsgd-extra gives
+    FedAvg)."""
     gen = torch.Generator().manual_seed(0)
-    agents, shape, rho = 5, (4, 3), 0.37
+    agents, shape = 5, (4, 3)
     lam = torch.zeros(agents, *shape, dtype=torch.float64)
     averages = [torch.zeros(shape, dtype=torch.float64)]  # zbar^0 = 0
     z = torch.zeros(agents, *shape, dtype=torch.float64)
-    for _ in range(6):
+    for t, rho in enumerate(rhos):
         w = global_update(z, lam, rho)
-        if len(averages) > 1:
-            torch.testing.assert_close(w, 2 * averages[-1] - averages[-2], rtol=1e-9, atol=1e-9)
+        if t:
+            beta = rhos[t - 1] / rho
+            torch.testing.assert_close(w, averages[-1] + beta * (averages[-1] - averages[-2]), rtol=1e-9,
+                                       atol=1e-9)
         z = torch.randn(agents, *shape, generator=gen, dtype=torch.float64)  # any releases
         lam = dual_update(lam, w, z, rho)
         averages.append(z.mean(dim=0))

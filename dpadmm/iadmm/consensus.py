@@ -24,6 +24,13 @@ def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
 
     z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs); or dicts of
     [P, ...] -> [...].
+
+    In 003's order (w, then the agents' z, then the dual update with the same rho) the agents' mean
+    dual is rho^t (zbar^{t-1} - zbar^t) after round t (zbar: the agents' average release, zbar^0 = z^0),
+    so w^{t+1} = zbar^t + (rho^t / rho^{t+1}) (zbar^t - zbar^{t-1}): with a constant rho of any size the
+    server extrapolates the average, 2 zbar^t - zbar^{t-1}, which FedAvg's server does not. In the agents'
+    steps (eq. (8)) lambda_p enters as it is, so there the dual's pull scales with rho; here it enters
+    divided by rho.
     """
     agent_dim = 0 if isinstance(z, Mapping) else -3
     # mean(z) - mean(lam) / rho: no [P, ...] temporaries (for a network, each is P copies of the model)
