@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_ports, stop_flwr_processes
+from tests.conftest import ROOT, free_ports, shipped_app, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
 
@@ -212,10 +212,11 @@ def _flwr_home(env: dict[str, str], home: Path) -> Iterator[dict[str, str]]:
 
 
 def _flwr_run(env: dict[str, str], out: Path) -> str:
-    """The test's configuration through ``flwr run . --stream``; asserts success, returns its output."""
+    """The test's configuration through ``flwr run <app> --stream`` (the project's app); asserts success,
+    returns its output."""
     bin_dir = Path(sys.executable).parent
     env = dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
-    command = ["flwr", "run", str(ROOT), "--stream", "--federation-config", FEDERATION,
+    command = ["flwr", "run", str(shipped_app()), "--stream", "--federation-config", FEDERATION,
                "--run-config", f"{RUN_CONFIG} iadmm.out='{out}'"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr

@@ -7,10 +7,12 @@ engine gives the same w after every round.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,25 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig, main_job
 from dpadmm.runs.results import read_jsonl, read_metrics
 from server import server_app
-from tests.conftest import flat_app_config, flwr_run, last_run_status, run_config_of
+from tests.conftest import ROOT, flat_app_config, flwr_run, last_run_status, run_config_of, shipped_app
 
 pytestmark = pytest.mark.slow
+
+
+def test_the_bundle_flower_ships_is_the_apps_code_and_the_tests_run_it() -> None:
+    """`flwr run .` ships pyproject.toml and the four packages' modules to every node, nothing else (no docs,
+    results or benchmarks), and the unpacked bundle the tests run builds the same bundle byte for byte."""
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = build_fab_from_disk(ROOT)
+    with zipfile.ZipFile(io.BytesIO(fab)) as bundle:
+        names = set(bundle.namelist()) - {".info/CONTENT"}
+    packages = ("dpadmm", "server", "clients", "strategies")
+    expected = {path.relative_to(ROOT).as_posix() for package in packages
+                for path in (ROOT / package).rglob("*.py") if "__pycache__" not in path.parts}
+    assert names == expected | {"pyproject.toml"}
+    assert "clients/client_app.py" in names and "dpadmm/iadmm/engine.py" in names
+    assert build_fab_from_disk(shipped_app()) == fab
 
 
 def test_flwr_run_works_offline_on_the_embedded_default(flwr_env: dict[str, str], tmp_path: Path) -> None:
