@@ -213,7 +213,11 @@ def _shards(scheme: Scheme, labels: np.ndarray, num_agents: int, seed: int) -> P
 
 def _flower_blocks(partitioner: Partitioner, labels: np.ndarray, num_agents: int) -> list[np.ndarray]:
     """The sorted indices of each agent under a Flower Datasets partitioner, run on ``labels`` as a
-    one-column data set."""
+    one-column data set.
+
+    Each partition is read as one batch (``[:]``): its ``["index"]`` column alone is a lazy column that
+    numpy would read row by row (2 of the 3 s a Dirichlet draw of MNIST for 100 agents took).
+    """
     import datasets
     import numpy as np
 
@@ -222,7 +226,7 @@ def _flower_blocks(partitioner: Partitioner, labels: np.ndarray, num_agents: int
     with warnings.catch_warnings():  # Flower warns at each Dirichlet redraw (its rule), pyarrow of its API
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return [np.sort(np.asarray(partitioner.load_partition(p)["index"], dtype=np.int64))
+        return [np.sort(np.asarray(partitioner.load_partition(p)[:]["index"], dtype=np.int64))
                 for p in range(num_agents)]
 
 
