@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
@@ -14,7 +15,7 @@ import torch
 
 from dpadmm.data import load_dataset
 from dpadmm.data.checks import DataError
-from dpadmm.data.femnist import load_femnist, read_leaf, sample_folders
+from dpadmm.data.femnist import load_femnist, read_leaf, read_leaf_files, sample_folders
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data
 from tests.corrupt import flipped, not_utf8, truncated, write_gz
@@ -163,6 +164,41 @@ def test_a_corrupted_leaf_file_is_refused_naming_the_file_and_writer(tmp_path: P
     assert message.format(w=leaf_file["users"][1]) in str(info.value) and "\n" not in str(info.value)
     write_gz(path, [json.dumps(leaf_file).encode()])  # the writers unchanged: they load
     assert load_femnist(sample).agent_names == tuple(leaf_file["users"])
+
+
+def test_a_read_file_is_kept_by_its_content_and_a_bad_entry_is_read_again(
+        tmp_path: Path, femnist_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real LEAF file, once parsed, is read back from the project's cache: the same writers, bit for bit;
+    the entry is what is read (an entry changed on purpose shows through); an unreadable entry is parsed
+    again and replaced; the same writers in other bytes are another entry."""
+    monkeypatch.setenv("DPADMM_CACHE", str(tmp_path / "cache"))
+    path = femnist_dir / "leaf-sample-a" / "train" / LEAF_FILE.format("train")
+    first = read_leaf_files([path])
+    entries = list((tmp_path / "cache" / "parsed-leaf-v1").iterdir())
+    assert [e.name for e in entries] == [f"{hashlib.sha256(path.read_bytes()).hexdigest()}.npz"]
+    again = read_leaf_files([path])
+    assert list(again) == list(first) and len(first) > 1
+    for name, writer in first.items():
+        assert np.array_equal(again[name].x, writer.x) and again[name].x.dtype == np.float32
+        assert np.array_equal(again[name].y, writer.y) and again[name].y.dtype == np.int64
+
+    with np.load(entries[0]) as saved:
+        changed = dict(saved)
+    changed["y"] = (changed["y"] + 1) % 62
+    np.savez_compressed(entries[0], **changed)
+    shifted = read_leaf_files([path])
+    assert all(np.array_equal(shifted[n].y, (w.y + 1) % 62) for n, w in first.items())
+
+    entries[0].write_bytes(b"not an npz")
+    assert all(np.array_equal(read_leaf_files([path])[n].y, w.y) for n, w in first.items())
+    with np.load(entries[0]) as saved:  # replaced by the parse
+        assert np.array_equal(saved["y"], np.concatenate([w.y for w in first.values()]))
+
+    other = tmp_path / path.name  # the same JSON, compressed again: other bytes
+    with gzip.open(path, "rb") as src, gzip.open(other, "wb", compresslevel=1) as dst:
+        dst.write(src.read())
+    assert read_leaf_files([other]).keys() == first.keys()
+    assert len(list((tmp_path / "cache" / "parsed-leaf-v1").iterdir())) == 2
 
 
 def test_real_samples_give_the_papers_federation(femnist_dir: Path) -> None:
