@@ -220,7 +220,7 @@ def shipped_app() -> Path:
     ``flwr run <folder>`` walks the whole folder before it picks the FAB's files, the virtual environment
     inside the project included (50,000 files: 3 s of CPU per run). The tests run the unpacked FAB instead,
     which holds the same files and builds the same FAB byte for byte (``tests/test_server_app.py`` checks
-    it), and so the same app, at a tenth of the walk. One per test process, removed at its exit.
+    it), and so the same app, from a folder of a few hundred files. One per test process, removed at its exit.
     """
     from flwr.cli.build import build_fab_from_disk
 
