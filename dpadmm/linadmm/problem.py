@@ -24,12 +24,12 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from dpadmm.data import Dataset
+from dpadmm.data.download import cache_dir
 from dpadmm.data.libsvm import load_binary, normalise_rows
 from dpadmm.models import binary
 
@@ -62,15 +62,11 @@ class Problem:
         return int(self.features.shape[1])
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("DPADMM_CACHE") or Path.home() / ".cache" / "dpadmm") / "graphs"
-
-
 def sparse_graph(features: torch.Tensor, alpha: float, cache: bool = True) -> tuple[np.ndarray, bool]:
     """(edges [E, 2] with i < j, whether the graphical lasso converged) of the standardised features."""
     x = features.detach().cpu().numpy().astype(np.float64)
     digest = hashlib.sha256(np.ascontiguousarray(x).tobytes() + repr(alpha).encode()).hexdigest()[:20]
-    path = _cache_dir() / f"{digest}.json"
+    path = cache_dir() / "graphs" / f"{digest}.json"
     if cache and path.exists():
         saved = json.loads(path.read_text())
         return np.asarray(saved["edges"], dtype=np.int64).reshape(-1, 2), bool(saved["converged"])
