@@ -46,6 +46,7 @@ __all__ = [
     "require_nonempty",
     "require_width",
     "row",
+    "write_npz",
 ]
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -180,6 +181,15 @@ def load_npz(path: str | os.PathLike, names: Sequence[str], layout: str, source:
                 raise DataError(source, f"array {name} cannot be read without pickle, or is damaged ({err}); "
                                         f"allowed: numbers or strings, an .npz holding {layout}") from err
     return arrays
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write a compressed ``.npz`` atomically: written beside it under this process's id, then renamed into
+    place, so an interrupted write never leaves a partial file that a reader would take for a damaged one,
+    and processes writing the same file at once each rename a whole file of their own."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
 
 
 def require_keys(found: Collection[str], needed: Sequence[str], source: str | os.PathLike, layout: str,

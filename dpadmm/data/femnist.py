@@ -44,12 +44,14 @@ import numpy as np
 from dpadmm.data import Dataset
 from dpadmm.data.checks import (
     DataError,
+    load_npz,
     open_text,
     require_finite,
     require_keys,
     require_labels,
     require_nonempty,
     require_width,
+    write_npz,
 )
 
 __all__ = ["FEMNIST_NUM_CLASSES", "Writer", "load_femnist", "read_leaf", "read_leaf_files", "sample_folders"]
@@ -202,25 +204,22 @@ def _file_writers(path: Path) -> list[Writer]:
 
     entry = cache_dir() / _PARSED_CACHE / f"{hashlib.sha256(path.read_bytes()).hexdigest()}.npz"
     try:
-        with np.load(entry, allow_pickle=False) as saved:
-            names, sizes, x, y = saved["names"], saved["sizes"], saved["x"], saved["y"]
+        saved = load_npz(entry, ("names", "sizes", "x", "y"), "a parsed LEAF file: names, sizes, x, y")
+        names, sizes, x, y = saved["names"], saved["sizes"], saved["x"], saved["y"]
         if (x.shape != (int(sizes.sum()), FEMNIST_PIXELS) or y.shape != (x.shape[0],)
                 or len(names) != len(sizes)):
             raise ValueError(f"{entry} holds arrays of other shapes")
         stops = np.cumsum(sizes)
         return [Writer(str(name), x[stop - size:stop], y[stop - size:stop])
                 for name, size, stop in zip(names, sizes, stops, strict=True)]
-    except (OSError, ValueError, KeyError, EOFError):  # not there yet, or unreadable: parse and keep it
+    except (OSError, ValueError):  # not there yet (FileNotFoundError), or unreadable (DataError): parse
         pass
     writers = _parse_file(path)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        part = entry.with_name(f"{entry.stem}.{os.getpid()}.tmp.npz")
-        np.savez_compressed(part, names=np.array([w.name for w in writers]),
-                            sizes=np.array([w.y.shape[0] for w in writers], dtype=np.int64),
-                            x=np.concatenate([w.x for w in writers]),
-                            y=np.concatenate([w.y for w in writers]))
-        os.replace(part, entry)  # whole or not at all: processes reading the same file at once may race
+        write_npz(entry, names=np.array([w.name for w in writers]),
+                  sizes=np.array([w.y.shape[0] for w in writers], dtype=np.int64),
+                  x=np.concatenate([w.x for w in writers]), y=np.concatenate([w.y for w in writers]))
     except OSError:
         pass  # a cache that cannot be written costs the speed, not the data
     return writers

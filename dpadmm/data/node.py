@@ -37,7 +37,7 @@ from dpadmm.data.checks import (
 from dpadmm.data.femnist import read_leaf_files
 from dpadmm.data.mnist import read_idx
 
-__all__ = ["check_samples", "load_node_data", "write_npz"]
+__all__ = ["check_samples", "load_node_data"]
 
 _NPZ_LAYOUT = "x [n, J] or [n, rows, cols] (uint8 pixels, or floats in [0, 1]) and y [n] (integer labels)"
 
@@ -125,10 +125,3 @@ def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
         return x.astype(np.float64) / 255.0, y
     return x.astype(np.float64), y
 
-
-def write_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write a device's ``.npz`` file atomically: written beside it, then renamed into place, so an
-    interrupted write never leaves a partial file that a SuperNode would read as a corrupt one."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)

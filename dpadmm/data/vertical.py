@@ -38,8 +38,8 @@ from dpadmm.data.checks import (
     require_finite,
     require_labels,
     require_nonempty,
+    write_npz,
 )
-from dpadmm.data.node import write_npz
 
 MNIST_4V9_DIGITS = (4, 9)
 MNIST_4V9_TRAIN = 11791  # 5,842 fours and 5,949 nines in MNIST's training file (a public count)

@@ -26,8 +26,9 @@ import torch
 
 from dpadmm.data import Dataset
 from dpadmm.data.adult import COLUMNS
+from dpadmm.data.checks import write_npz
 from dpadmm.data.libsvm import normalise_rows
-from dpadmm.data.node import load_node_data, write_npz
+from dpadmm.data.node import load_node_data
 from dpadmm.data.partition import equal_partition, parse_scheme
 from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
