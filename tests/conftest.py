@@ -38,31 +38,76 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 def pytest_configure(config: pytest.Config) -> None:
     """In a parallel run, OpenMP threads that sleep while they wait for work (``OMP_WAIT_POLICY=PASSIVE``).
 
-    The pytest-xdist workers outnumber the cores (``-n 4`` on 2), and beside them run the Flower and Ray
-    processes they start. torch's OpenMP threads spin while they wait by default, taking the cores from the
-    threads that have work: a CPU-bound test took three times longer, and the fast tests together three times
-    the CPU time. The workers and every process they start inherit the setting (set here, in the process that
-    starts the workers); the thread count, and so every number, stays as in a serial run.
+    The pytest-xdist workers can outnumber the cores (two per core in the whole suite), and beside them run
+    the Flower and Ray processes they start. torch's OpenMP threads spin while they wait by default, taking
+    the cores from the threads that have work: a CPU-bound test took three times longer, and the fast tests
+    together three times the CPU time. The workers and every process they start inherit the setting (set
+    here, in the process that starts the workers); the thread count, and so every number, stays as in a
+    serial run.
     """
     if getattr(config.option, "numprocesses", None):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml's addopts): one pytest-xdist worker per core for ``-m "not slow"``, two
+    per core (at most 8) for a selection with the slow tests.
+
+    The slow tests mostly wait on Flower's and Ray's timers, so more workers than cores keep the cores busy;
+    the quick ones compute, and each extra worker only adds its own start (importing and collecting the
+    suite, about 9 s of CPU). On 2 cores: the whole suite on 4 workers, "not slow" on 2 (197 s; 215 s on 4).
+    """
+    cores = len(os.sched_getaffinity(0))
+    quick = "not slow" in (config.option.markexpr or "")
+    return min(cores if quick else 2 * cores, 8)
+
+
+# Modules whose tests share one costly module fixture (a loopback deployment: a SuperLink and its SuperNodes;
+# a two-node Ray cluster): in a parallel run all their tests go to one worker, which starts it once.
+ONE_WORKER_MODULES = frozenset({"tests/test_deployment.py", "tests/test_sharing_deployment.py",
+                                "tests/test_cluster.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In a pytest-xdist worker, the slow tests first, each followed by a quick one.
 
-    The workers are handed tests in this order, one at a time (``--dist load --maxschedchunk 1`` in
-    pyproject.toml's addopts), each worker holding the test it runs and the next. The slow tests mostly wait
-    on Flower's and Ray's timers (SuperNodes poll every 3 s, a killed one is let back in after a minute) and
-    take no shorter when they start last, so they start first, and a quick test, not another slow one, waits
-    behind each. Every worker sorts the same collection the same way, as pytest-xdist requires; a serial run
-    keeps pytest's order.
+    The workers are handed tests in this order (:func:`pytest_xdist_make_scheduler`), each worker holding
+    the test it runs and the next one or two. The slow tests mostly wait on Flower's and Ray's timers
+    (SuperNodes poll every 3 s, a killed one is let back in after a minute) and take no shorter when they
+    start last, so they start first, and a quick test, not another slow one, waits behind each. Every worker
+    sorts the same collection the same way, as pytest-xdist requires; a serial run keeps pytest's order.
     """
     if not hasattr(config, "workerinput"):
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     quick = [item for item in items if not item.get_closest_marker("slow")]
     items[:] = [item for pair in itertools.zip_longest(slow, quick) for item in pair if item is not None]
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist load`` (pyproject.toml's addopts), but each of :data:`ONE_WORKER_MODULES` on one worker.
+
+    A module fixture is set up once per worker that runs one of the module's tests: spread over the workers,
+    a deployment's tests started a SuperLink and SuperNodes three times. pytest-xdist 3.8's own
+    ``--dist loadgroup`` does nothing under pytest 9.2 (it marks a group by rewriting ``item._nodeid``, which
+    pytest 9.2 no longer reads), so the scheduler is pytest-xdist's scope scheduler with one scope per listed
+    module and one per test elsewhere. It hands out the larger scopes first (the listed modules, all slow),
+    then the tests in the workers' order (:func:`pytest_collection_modifyitems`).
+    """
+    if config.getvalue("dist") != "load":
+        return None
+    missing = sorted(m for m in ONE_WORKER_MODULES if not (ROOT / m).is_file())
+    assert not missing, f"ONE_WORKER_MODULES names no such test module: {missing}"
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return OneWorkerModules(config, log)
 
 
 @pytest.fixture(scope="session")
