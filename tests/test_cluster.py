@@ -160,9 +160,10 @@ def _stop_cluster(cluster: RayCluster) -> list[int]:
     return _cluster_pids(cluster)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    """Two Ray nodes of 1 CPU each, started with ``ray start``; every process stopped at the end."""
+    """Two Ray nodes of 1 CPU each, started with ``ray start``, for the module's tests (each reads what
+    its own runs left: its ClientApp actors, the nodes its cells ran on); every process stopped at the end."""
     # Short: Ray's Unix sockets live under the temp dir, and socket paths are limited to 107 bytes.
     temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
     marker = temp.name
