@@ -132,29 +132,29 @@ def test_a_killed_supernode_drops_out_and_rejoins(deployment: Deployment) -> Non
 
 def test_a_restarted_server_resumes_to_the_uninterrupted_model(deployment: Deployment) -> None:
     straight, interrupted = deployment.root / "straight", deployment.root / "interrupted"
-    assert deployment.submit(_run_config(straight, rounds=4)).wait(timeout=600) == 0
+    assert deployment.submit(_run_config(straight, rounds=3)).wait(timeout=600) == 0
 
-    run = deployment.submit(_run_config(interrupted, rounds=4))
+    run = deployment.submit(_run_config(interrupted, rounds=3))
     _wait_for_round(interrupted / "rounds.jsonl", 2, run)
     deployment.kill("superlink")  # the SuperLink with its ServerApp, mid-run
     run.wait(timeout=60)
     deployment.start_superlink()
     deployment.wait_online(AGENTS, "the SuperNodes to reconnect")
-    assert deployment.submit(_run_config(interrupted, rounds=4)).wait(timeout=600) == 0
+    assert deployment.submit(_run_config(interrupted, rounds=3)).wait(timeout=600) == 0
 
     log = (deployment.root / "flwr-run.log").read_text()
     assert "DP-IADMM: resuming after round" in log
-    assert [r["round"] for r in read_jsonl(interrupted / "rounds.jsonl")] == [1, 2, 3, 4]
-    assert [r["round"] for r in read_metrics(interrupted)] == [1, 2, 3, 4]
+    assert [r["round"] for r in read_jsonl(interrupted / "rounds.jsonl")] == [1, 2, 3]
+    assert [r["round"] for r in read_metrics(interrupted)] == [1, 2, 3]
     final = {name: torch.load(folder / "checkpoint.pt", weights_only=True)
              for name, folder in (("straight", straight), ("interrupted", interrupted))}
-    assert final["straight"]["round"] == final["interrupted"]["round"] == 4
+    assert final["straight"]["round"] == final["interrupted"]["round"] == 3
     # Two runs of the same run config: different identities, so the nodes sent different messages.
     assert final["straight"]["run_identity"] != final["interrupted"]["run_identity"]
     assert not torch.equal(final["straight"]["z"]["weight"], final["interrupted"]["z"]["weight"])
     # The resumed run kept its identity and its nodes repeated the cut-short round: it ends where the
     # uninterrupted run with its nodes' draws ends.
-    config = RunConfig(num_agents=AGENTS, rounds=4, local_steps=2, epsilon=0.5, seed=1)
+    config = RunConfig(num_agents=AGENTS, rounds=3, local_steps=2, epsilon=0.5, seed=1)
     state = _replayed(deployment, interrupted, config)
     torch.testing.assert_close(final["interrupted"]["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
     torch.testing.assert_close(final["interrupted"]["lam"]["weight"], state.lam[0], rtol=1e-5, atol=1e-12)
