@@ -141,6 +141,7 @@ def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) ->
     assert done.returncode == 2 and "invalid choice: '005'" in done.stderr
 
 
+@pytest.mark.slow  # a grid of several cells through the CLI, and its report rebuilt
 def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path, binary_dir: Path) -> None:
     shown = _dpadmm("reproduce", "--paper", "001", "--help", cwd=tmp_path)
     assert shown.returncode == 0 and "--sigmas" in shown.stdout and "--fig1-eps" not in shown.stdout

@@ -50,6 +50,7 @@ def test_grid_cells_use_the_papers_calibration() -> None:
         GridConfig(algorithms=("sgd",))
 
 
+@pytest.mark.slow  # a grid of several cells, run again to resume it, and its report
 def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
     out = tmp_path / "grid"
     logged: list[str] = []

@@ -22,6 +22,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow  # a grid of several cells, run again to resume it, and its report
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("a9a",), epochs=4,
