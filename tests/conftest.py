@@ -58,7 +58,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     the quick ones compute, and each extra worker only adds its own start (importing and collecting the
     suite, about 9 s of CPU). On 2 cores: the whole suite on 4 workers, "not slow" on 2 (197 s; 215 s on 4).
     """
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quick = "not slow" in (config.option.markexpr or "")
     return min(cores if quick else 2 * cores, 8)
 
