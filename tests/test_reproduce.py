@@ -107,6 +107,7 @@ def test_run_report_resume(tmp_path: Path, mnist_dir: Path) -> None:
         run_grid(_grid(out, mnist_dir, rounds=6), GridOptions(progress=False), log=logged.append)
 
 
+@pytest.mark.slow  # a grid of four cells, run again to skip them, and its report
 def test_open_settings_get_cells_of_their_own(tmp_path: Path, mnist_dir: Path) -> None:
     """objt with both trust radii and iadmm with two E: a cell, a label and a line each; a cell recorded
     before those keys existed is still recognised as complete."""
