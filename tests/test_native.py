@@ -133,6 +133,19 @@ def test_gradient_is_the_torch_definition(runs: int | None, clip: float | None, 
     torch.testing.assert_close(delta, sensitivity(data, probs), rtol=1e-13, atol=0)
 
 
+@pytest.mark.parametrize("runs", [None, 1, 3])
+def test_the_kernels_layout_needs_no_padding(runs: int | None) -> None:
+    """z [(S,) P, J, K] goes to the kernels as [P, J, S K] with no padded columns (the rows' tails are
+    computed one value at a time), and one run's z without a copy: a FEMNIST step reads and writes its
+    38 MB of z and g once."""
+    z = torch.randn((3, 50, 62) if runs is None else (runs, 3, 50, 62), dtype=torch.float32)
+    zt, s, width = native._runs_side_by_side(z)
+    assert (s, width, tuple(zt.shape)) == ((runs or 1), (runs or 1) * 62, (3, 50, (runs or 1) * 62))
+    if (runs or 1) == 1:
+        assert zt.data_ptr() == z.data_ptr()
+    assert torch.equal(native._runs_apart(zt, z), z)
+
+
 def test_gradient_with_per_agent_scale_and_float32() -> None:
     data = _sparse_agents(seed=2)
     z = torch.randn(3, 50, 10, dtype=F64, generator=torch.Generator().manual_seed(1))

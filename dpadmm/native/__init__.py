@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC",
          "-fopenmp")
 ROW_BLOCK = 256  # rows per column block (their logits stay in cache; a row's number in its block is one byte)
-VECTOR_BYTES = 16  # a gradient row's width is a multiple of the kernels' smallest vector (vec2_t)
 NOISE_KINDS = {"uniform": 0, "laplace": 1, "gaussian": 2}
 
 _F64, _I64 = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int64)
@@ -277,26 +276,19 @@ def sampled_gradient(rows: Rows, y: torch.Tensor, x_l1: torch.Tensor, x_l2: torc
 
 
 def _runs_side_by_side(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """z [(S,) P, J, K] in the kernels' layout [P, J, W]: each feature's S K values side by side, padded to
-    whole vectors (W); with the number of runs S and W."""
+    """z [(S,) P, J, K] in the kernels' layout [P, J, S K]: each feature's S K values side by side; with the
+    number of runs S and the width S K. One run's z is that layout already (no copy)."""
     runs = z.shape[0] if z.dim() == 4 else 1
-    zs = z if z.dim() == 4 else z.unsqueeze(0)
-    _, agents, features, classes = zs.shape
-    lanes = VECTOR_BYTES // z.element_size()
-    width = -(-runs * classes // lanes) * lanes  # S K columns, padded to whole vectors
-    if width == classes:  # one run, no padding: z is the kernel's layout already
-        return z.reshape(agents, features, classes).contiguous(), runs, width
-    zt = torch.zeros((agents, features, width), dtype=z.dtype)
-    zt[:, :, : runs * classes] = zs.permute(1, 2, 0, 3).reshape(agents, features, runs * classes)
-    return zt, runs, width
+    agents, features, classes = z.shape[-3:]
+    if runs == 1:
+        return z.reshape(agents, features, classes).contiguous(), 1, classes
+    return z.permute(1, 2, 0, 3).reshape(agents, features, runs * classes).contiguous(), runs, runs * classes
 
 
 def _runs_apart(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """The kernels' [P, J, W] result back in z's shape [(S,) P, J, K]."""
+    """The kernels' [P, J, S K] result back in z's shape [(S,) P, J, K]."""
     runs = z.shape[0] if z.dim() == 4 else 1
-    agents, features, width = g.shape
-    classes = z.shape[-1]
-    if width == classes:
+    if runs == 1:
         return g.view(z.shape)
-    g = g[:, :, : runs * classes].reshape(agents, features, runs, classes).permute(2, 0, 1, 3).contiguous()
-    return g if z.dim() == 4 else g[0]
+    agents, features, classes = z.shape[-3:]
+    return g.reshape(agents, features, runs, classes).permute(2, 0, 1, 3).contiguous()

@@ -261,7 +261,7 @@ void FN(dp_blocks)(const real_t *x, int64_t P, int64_t I, int64_t J, int fill, i
 }
 
 typedef struct {
-    int64_t I, J, K, S, W, NV, NT;
+    int64_t I, J, K, S, W, NV, NT, NR;
     const int64_t *blk; const int32_t *col; const int64_t *ptr; const uint8_t *row; const real_t *val;
     const real_t *y, *x_l1, *x_l2, *zt, *scale;
     double clip, twice_reg; int l2;
@@ -319,14 +319,16 @@ INLINE void FN(store)(real_t *p, vec_t v) { memcpy(p, &v, sizeof v); }
 INLINE void FN(store2)(real_t *p, vec2_t v) { memcpy(p, &v, sizeof v); }
 
 /* One agent's g = scale X^T clip(H - Y) + 2 reg z, block of rows by block of rows, over rows of width
-   W = NV 64-byte vectors and NT 16-byte ones (constants in the specialisations, so that a column's z
-   and g stay in registers). In a block, each nonzero column's z_j is read once and added into the logits
-   of its rows (which stay in cache); then each row's residual; then each column's sum of x_ij r_i is
-   added to g_j once. A logit is the sum over j in increasing order, a block's part of g_j the sum over
-   i in increasing order, blocks in order: fixed by the data alone. */
+   W = NV 64-byte vectors, NT 16-byte ones and NR single values (NV and NT constants in the
+   specialisations, so that a column's z and g stay in registers; the tail's NR values, less than 16
+   bytes, are done one by one with a vector lane's operations, so no row is padded). In a block, each
+   nonzero column's z_j is read once and added into the logits of its rows (which stay in cache); then
+   each row's residual; then each column's sum of x_ij r_i is added to g_j once. A logit is the sum over
+   j in increasing order, a block's part of g_j the sum over i in increasing order, blocks in order:
+   fixed by the data alone. */
 INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT) {
     const int64_t I = job->I, J = job->J, L = sizeof(vec_t) / sizeof(real_t);
-    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), W = NV * L + NT * L2;
+    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), O = NV * L + NT * L2, NR = job->NR, W = O + NR;
     const int64_t nb = (I + ROW_BLOCK - 1) / ROW_BLOCK;
     const real_t *zt = job->zt + p * J * W;
     real_t *g = job->g + p * J * W;
@@ -336,6 +338,7 @@ INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const i
     real_t *logits = malloc(sizeof(real_t) * ROW_BLOCK * W);
     vec_t z[NV + 1];
     vec2_t z2[NT + 1];
+    real_t z1[sizeof(vec2_t) / sizeof(real_t)];
     for (int64_t b = 0; b < nb; b++) {
         const int64_t i0 = b * ROW_BLOCK, rows = i0 + ROW_BLOCK < I ? ROW_BLOCK : I - i0;
         const int64_t c0 = job->blk[p * nb + b], c1 = job->blk[p * nb + b + 1];
@@ -344,12 +347,14 @@ INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const i
             const real_t *zj = zt + (int64_t)job->col[c] * W;
             for (int64_t v = 0; v < NV; v++) z[v] = FN(load)(zj + v * L);
             for (int64_t v = 0; v < NT; v++) z2[v] = FN(load2)(zj + NV * L + v * L2);
+            for (int64_t v = 0; v < NR; v++) z1[v] = zj[O + v];
             for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
                 const real_t x = job->val[e];
                 real_t *li = logits + job->row[e] * W;
                 for (int64_t v = 0; v < NV; v++) FN(store)(li + v * L, FN(load)(li + v * L) + x * z[v]);
                 for (int64_t v = 0; v < NT; v++)
                     FN(store2)(li + NV * L + v * L2, FN(load2)(li + NV * L + v * L2) + x * z2[v]);
+                for (int64_t v = 0; v < NR; v++) li[O + v] = li[O + v] + x * z1[v];
             }
         }
         for (int64_t i = 0; i < rows; i++) /* the residuals, in place; x_i = 0 (padding) adds nothing */
@@ -358,15 +363,18 @@ INLINE void FN(agent)(const FN(job_t) *job, int64_t p, const int64_t NV, const i
         for (int64_t c = c0; c < c1; c++) { /* g_j += sum_i x_ij r_i */
             for (int64_t v = 0; v < NV; v++) z[v] = (vec_t){0};
             for (int64_t v = 0; v < NT; v++) z2[v] = (vec2_t){0};
+            for (int64_t v = 0; v < NR; v++) z1[v] = 0;
             for (int64_t e = job->ptr[c]; e < job->ptr[c + 1]; e++) {
                 const real_t x = job->val[e], *ri = logits + job->row[e] * W;
                 for (int64_t v = 0; v < NV; v++) z[v] += x * FN(load)(ri + v * L);
                 for (int64_t v = 0; v < NT; v++) z2[v] += x * FN(load2)(ri + NV * L + v * L2);
+                for (int64_t v = 0; v < NR; v++) z1[v] += x * ri[O + v];
             }
             real_t *gj = g + (int64_t)job->col[c] * W;
             for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + z[v]);
             for (int64_t v = 0; v < NT; v++)
                 FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + z2[v]);
+            for (int64_t v = 0; v < NR; v++) gj[O + v] = gj[O + v] + z1[v];
         }
     }
     free(logits);
@@ -380,37 +388,43 @@ static void FN(any_width)(void *job, int64_t p) {
 
 /* One agent's Poisson-sampled g = scale sum_s-sample clip(x_i (h_i - y_i)^T) + 2 reg z: for each row some
    run took, in increasing order, its logits (the sum over its nonzero columns in increasing order, in
-   registers: NV 64-byte and NT 16-byte vectors as in agent()), its residuals (zero for the runs that did
-   not take it), and its terms added into g. The rows no run took are never read. */
+   registers: NV 64-byte and NT 16-byte vectors and NR single values as in agent()), its residuals (zero
+   for the runs that did not take it), and its terms added into g. The rows no run took are never read. */
 INLINE void FN(sampled)(const FN(job_t) *job, int64_t p, const int64_t NV, const int64_t NT) {
     const int64_t I = job->I, J = job->J, S = job->S, W = job->W, L = sizeof(vec_t) / sizeof(real_t);
-    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t);
+    const int64_t L2 = sizeof(vec2_t) / sizeof(real_t), O = NV * L + NT * L2, NR = job->NR;
     const real_t *zt = job->zt + p * J * W;
     real_t *g = job->g + p * J * W;
     memset(g, 0, sizeof(real_t) * J * W);
     real_t *r = malloc(sizeof(real_t) * W);
     vec_t acc[NV + 1];
     vec2_t acc2[NT + 1];
+    real_t acc1[sizeof(vec2_t) / sizeof(real_t)];
     for (int64_t n = job->first[p]; n < job->first[p + 1]; n++) {
         const int64_t i = p * I + job->rows[n], e0 = job->rowptr[i], e1 = job->rowptr[i + 1];
         for (int64_t v = 0; v < NV; v++) acc[v] = (vec_t){0};
         for (int64_t v = 0; v < NT; v++) acc2[v] = (vec2_t){0};
+        for (int64_t v = 0; v < NR; v++) acc1[v] = 0;
         for (int64_t e = e0; e < e1; e++) { /* the logits x_i z */
             const real_t x = job->rval[e], *zj = zt + (int64_t)job->rcol[e] * W;
             for (int64_t v = 0; v < NV; v++) acc[v] += x * FN(load)(zj + v * L);
             for (int64_t v = 0; v < NT; v++) acc2[v] += x * FN(load2)(zj + NV * L + v * L2);
+            for (int64_t v = 0; v < NR; v++) acc1[v] += x * zj[O + v];
         }
         for (int64_t v = 0; v < NV; v++) FN(store)(r + v * L, acc[v]);
         for (int64_t v = 0; v < NT; v++) FN(store2)(r + NV * L + v * L2, acc2[v]);
+        for (int64_t v = 0; v < NR; v++) r[O + v] = acc1[v];
         FN(residual)(job, i, r, NULL, job->taken + i * S); /* no eq. (9b) with sampling */
         for (int64_t v = 0; v < NV; v++) acc[v] = FN(load)(r + v * L);
         for (int64_t v = 0; v < NT; v++) acc2[v] = FN(load2)(r + NV * L + v * L2);
+        for (int64_t v = 0; v < NR; v++) acc1[v] = r[O + v];
         for (int64_t e = e0; e < e1; e++) { /* g_j += x_ij r_i */
             const real_t x = job->rval[e];
             real_t *gj = g + (int64_t)job->rcol[e] * W;
             for (int64_t v = 0; v < NV; v++) FN(store)(gj + v * L, FN(load)(gj + v * L) + x * acc[v]);
             for (int64_t v = 0; v < NT; v++)
                 FN(store2)(gj + NV * L + v * L2, FN(load2)(gj + NV * L + v * L2) + x * acc2[v]);
+            for (int64_t v = 0; v < NR; v++) gj[O + v] = gj[O + v] + x * acc1[v];
         }
     }
     free(r);
@@ -434,8 +448,8 @@ void FN(dp_logistic_grad)(int64_t P, int64_t I, int64_t J, int64_t K, int64_t S,
                           const real_t *zt, double clip, int l2, const real_t *scale, double twice_reg,
                           real_t *g, double *worst, int threads) {
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
-    FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, blk, col, ptr, row, val, y, x_l1, x_l2, zt, scale,
-                     clip, twice_reg, l2, g, worst, NULL, NULL, NULL, NULL, NULL, NULL};
+    FN(job_t) job = {I, J, K, S, W, W / L, (W % L) / L2, W % L2, blk, col, ptr, row, val, y, x_l1, x_l2, zt,
+                     scale, clip, twice_reg, l2, g, worst, NULL, NULL, NULL, NULL, NULL, NULL};
     task_fn fn = FN(any_width);
     for (int64_t i = 0; i < (int64_t)(sizeof FN(by_width) / sizeof FN(by_width)[0]); i++)
         if (FN(by_width)[i].nv == job.NV && FN(by_width)[i].nt == job.NT) fn = FN(by_width)[i].fn;
@@ -449,7 +463,8 @@ void FN(dp_logistic_grad_sampled)(int64_t P, int64_t I, int64_t J, int64_t K, in
                                   double clip, int l2, const real_t *scale, double twice_reg, real_t *g,
                                   int threads) {
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
-    FN(job_t) job = {.I = I, .J = J, .K = K, .S = S, .W = W, .NV = W / L, .NT = (W % L) / L2, .y = y,
+    FN(job_t) job = {.I = I, .J = J, .K = K, .S = S, .W = W, .NV = W / L, .NT = (W % L) / L2, .NR = W % L2,
+                     .y = y,
                      .x_l1 = x_l1, .x_l2 = x_l2, .zt = zt, .scale = scale, .clip = clip,
                      .twice_reg = twice_reg, .l2 = l2, .g = g, .rowptr = rowptr, .rcol = rcol, .rval = rval,
                      .rows = rows, .first = first, .taken = taken};
