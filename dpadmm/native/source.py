@@ -180,12 +180,17 @@ static void noise_item(void *ctx, int64_t item) {
         }
     }
     const int64_t e0 = 2 * b0, m = 2 * (int64_t)n <= job->numel - e0 ? 2 * (int64_t)n : job->numel - e0;
+    /* Element 2i is v0[i], 2i + 1 is v1[i]: written pair by pair (a loop the compiler vectorises into
+       interleaving stores; choosing per element does not vectorise and cost a third of a draw). */
+    const int64_t pairs = m / 2;
     if (job->out_float) {
         float *out = (float *)job->out + p * job->numel + e0;
-        for (int64_t e = 0; e < m; e++) out[e] = (float)((e & 1) ? v1[e >> 1] : v0[e >> 1]);
+        for (int64_t i = 0; i < pairs; i++) { out[2 * i] = (float)v0[i]; out[2 * i + 1] = (float)v1[i]; }
+        if (m & 1) out[m - 1] = (float)v0[pairs];
     } else {
         double *out = (double *)job->out + p * job->numel + e0;
-        for (int64_t e = 0; e < m; e++) out[e] = (e & 1) ? v1[e >> 1] : v0[e >> 1];
+        for (int64_t i = 0; i < pairs; i++) { out[2 * i] = v0[i]; out[2 * i + 1] = v1[i]; }
+        if (m & 1) out[m - 1] = v0[pairs];
     }
 }
 
