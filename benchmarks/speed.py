@@ -67,6 +67,7 @@ from dpadmm.models.logistic import AgentData, gradient, probabilities, shared_bm
 from dpadmm.models.oracles import poisson_taken
 from dpadmm.privacy import noise, secure
 from dpadmm.privacy.randomness import Secret
+from dpadmm.runs.memory import keep_freed_memory
 from tests.conftest import stop_flwr_processes  # the same clean-up as the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,6 +295,7 @@ def _table(rows: list[Row], header: str) -> str:
 
 
 def main() -> int:
+    keep_freed_memory()  # as dpadmm train | reproduce run the engine
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (and repeats) per measurement")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

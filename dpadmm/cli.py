@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from dpadmm.families import DEFAULT, Family, family_of
 from dpadmm.iadmm.config import PRESETS, main_job, requested
+from dpadmm.runs.memory import keep_freed_memory
 
 _T = TypeVar("_T")
 
@@ -623,6 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     family = _family_in(argv)
     parser = build_parser(family, _paper_in(argv))
     args = parser.parse_args(argv)
+    if args.command in ("train", "reproduce"):  # processes that run engines: no page faults for their tensors
+        keep_freed_memory()
     if args.command == "reproduce":
         return _reproduce(args)
     if args.command == "deploy":

@@ -26,6 +26,7 @@ from dpadmm.runs.grid import (
     numbers,
     snapshot,
 )
+from dpadmm.runs.memory import WORKER_ENV
 
 QUIET = GridOptions(progress=False)
 
@@ -52,6 +53,10 @@ def _square_then_mark(x: int, marker: Path, workspace: Workspace) -> dict[str, i
     return result
 
 
+def _malloc_settings(workspace: Workspace) -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in WORKER_ENV}
+
+
 def _broken(workspace: Workspace) -> None:
     (workspace.path / "failed.json").write_text('{"reason": "no data"}\n')
     raise RuntimeError("no data for this cell")
@@ -70,15 +75,17 @@ def test_cells_run_in_scratch_folders_and_commit_in_order(tmp_path: Path) -> Non
     cells = _cells([1])
     cells.append(Cell(key="x=2", run=functools.partial(_square_after, 2, marker), folder="cells/2"))
     cells.append(Cell(key="x=3", run=functools.partial(_square_then_mark, 3, marker), folder="cells/3"))
+    cells.append(Cell(key="malloc", run=_malloc_settings))
     with GridRunner(tmp_path, GridOptions(workers=2, progress=False), log=logged.append) as runner:
         runner.run(cells, lambda cell, result: committed.append((cell.key, result)))
     runner.raise_failures()
-    assert committed == [(f"x={x}", {"x": x, "square": x * x}) for x in (1, 2, 3)]
+    assert committed[:3] == [(f"x={x}", {"x": x, "square": x * x}) for x in (1, 2, 3)]
+    assert committed[3] == ("malloc", WORKER_ENV)  # Ray started the workers with malloc keeping freed memory
     assert (tmp_path / "cells" / "2" / "note.txt").read_text() == "2\n"  # the scratch files came back
     assert not (tmp_path / ".grid").exists()  # nothing left waiting
     # x=3 arrived before x=2, waited for it, and was committed after it (x=1 may arrive at any point)
     arrivals = [line.split(":")[0] for line in logged if line.endswith("complete")]
-    assert sorted(arrivals) == ["x=1", "x=2", "x=3"]
+    assert sorted(arrivals) == ["malloc", "x=1", "x=2", "x=3"]
     assert arrivals.index("x=3") < arrivals.index("x=2")
 
     # done cells are skipped; a result received but not committed (interrupted) is committed without a run

@@ -19,7 +19,8 @@ cell's files (a checkpoint, its run folders) are sent back to the driver, which 
 driver with the folder's other files each time it changes, so a cell whose worker is lost (a node that
 dies, a killed process) runs again from its last checkpoint (up to ``retries`` times) and loses at most
 that interval. A cell that raises is reported with its error and the grid goes on; the failures are
-raised together at the end (:class:`CellsFailed`).
+raised together at the end (:class:`CellsFailed`). Ray starts the cells' workers with malloc set to keep
+freed memory (:data:`dpadmm.runs.memory.WORKER_ENV`), as ``dpadmm reproduce`` sets its own process.
 
 Results are committed in the grid's order whatever order the cells finish in: a result that arrives
 before those of earlier cells waits in ``out/.grid/`` (so that an interrupted call keeps it), and the
@@ -41,6 +42,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dpadmm.runs.memory import WORKER_ENV
 
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
 SCRATCH = "dpadmm-cell-"  # a running cell's folder, in the temp dir of its machine: dpadmm-cell-<pid>-...
@@ -381,7 +384,8 @@ class GridRunner:
             files = self._files(cell)
             self.log(f"{cell.key}: " + ("resuming" if files else "queued")
                      + (f" (attempt {attempt + 1}: its worker was lost)" if attempt else ""))
-            generator = task.options(num_cpus=threads, num_gpus=cell.gpus).remote(
+            generator = task.options(num_cpus=threads, num_gpus=cell.gpus,
+                                     runtime_env={"env_vars": WORKER_ENV}).remote(
                 cell, files, threads, self.options.checkpoint_seconds)
             running[generator] = (cell, attempt)
             self._running[cell.key] = ""
