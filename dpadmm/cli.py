@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dpadmm.families import DEFAULT, Family, family_of
+from dpadmm.files import write_atomic
 from dpadmm.iadmm.config import PRESETS, main_job, requested
 from dpadmm.runs.memory import keep_freed_memory
 
@@ -510,9 +511,7 @@ def _append_connection(home: Path, name: str, block: str) -> Path:
         raise ValueError(f"adding [superlink.{name}] would make {path} invalid TOML ({err}); "
                          "check its [superlink] table") from err
     home.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new_text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, new_text)
     return path
 
 

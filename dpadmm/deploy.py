@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -36,6 +35,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dpadmm.files import write_atomic
 
 INSECURE_WARNING = (
     "INSECURE deployment: no TLS and no SuperNode authentication. The global model, every "
@@ -55,15 +56,6 @@ class Certificates:
     ca_cert: Path
     server_cert: Path
     server_key: Path
-
-
-def _write(path: Path, data: bytes, private: bool = False) -> None:
-    """Write ``data`` atomically; private keys are created readable by the owner only."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
 
 
 def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
@@ -122,10 +114,10 @@ def make_certificates(out: str | Path, hosts: Sequence[str], days: int = CERT_DA
         .sign(ca_key, hashes.SHA384())
     )
     pem = serialization.Encoding.PEM
-    _write(paths.server_key, server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()), private=True)
-    _write(paths.server_cert, server_cert.public_bytes(pem))
-    _write(paths.ca_cert, ca_cert.public_bytes(pem))
+    write_atomic(paths.server_key, server_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                            serialization.NoEncryption()), private=True)
+    write_atomic(paths.server_cert, server_cert.public_bytes(pem))
+    write_atomic(paths.ca_cert, ca_cert.public_bytes(pem))
     return paths
 
 
@@ -155,11 +147,11 @@ def make_node_keys(out: str | Path, names: Sequence[str]) -> list[Path]:
     for name in names:
         path = out / name
         key = ec.generate_private_key(ec.SECP384R1())
-        _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                       serialization.NoEncryption()), private=True)
-        _write(path.with_name(name + ".pub"),
-               key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                             serialization.PublicFormat.OpenSSH) + b"\n")
+        write_atomic(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                             serialization.NoEncryption()), private=True)
+        write_atomic(path.with_name(name + ".pub"),
+                     key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                   serialization.PublicFormat.OpenSSH) + b"\n")
         paths.append(path)
     return paths
 

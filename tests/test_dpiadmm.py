@@ -36,7 +36,7 @@ def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
                                  for k, v in getattr(strategy, name).items()})
     strategy.round, strategy.taken, strategy.roster.nodes = 2, [2, 1, 2], {11: 0, 12: 1, 13: 2}
     strategy.save()
-    assert not path.with_name("checkpoint.pt.tmp").exists()  # written to a temporary file, then renamed
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # written to a temporary file, renamed
 
     # Waiting times may change on a restart; nothing else may.
     resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), model,

@@ -140,7 +140,7 @@ def test_a_snapshot_keeps_complete_log_lines_and_a_mirror_is_exact(tmp_path: Pat
     (source / "seed-0").mkdir(parents=True)
     (source / "seed-0" / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n{"rou')  # mid-write
     (source / "checkpoint.pt").write_bytes(b"\x00\x01")
-    (source / "checkpoint.pt.tmp").write_bytes(b"half")  # an atomic write under way is not a file yet
+    (source / "checkpoint.pt.4242.tmp").write_bytes(b"half")  # an atomic write under way is not a file yet
     files = snapshot(source)
     assert files == {"checkpoint.pt": b"\x00\x01", "seed-0/metrics.jsonl": b'{"round": 1}\n{"round": 2}\n'}
     target = tmp_path / "b"

@@ -33,6 +33,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from dpadmm.files import replacing
+
 __all__ = [
     "DataError",
     "Where",
@@ -184,12 +186,10 @@ def load_npz(path: str | os.PathLike, names: Sequence[str], layout: str, source:
 
 
 def write_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write a compressed ``.npz`` atomically: written beside it under this process's id, then renamed into
-    place, so an interrupted write never leaves a partial file that a reader would take for a damaged one,
-    and processes writing the same file at once each rename a whole file of their own."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
+    """Write a compressed ``.npz`` whole or not at all (:func:`dpadmm.files.replacing`): an interrupted write
+    never leaves a partial file that a reader would take for a damaged one."""
+    with replacing(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez would add ".npz" to a name
+        np.savez_compressed(fh, **arrays)
 
 
 def require_keys(found: Collection[str], needed: Sequence[str], source: str | os.PathLike, layout: str,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ import torch
 from dpadmm.data import Dataset
 from dpadmm.data.download import cache_dir
 from dpadmm.data.libsvm import load_binary, normalise_rows
+from dpadmm.files import write_atomic
 from dpadmm.models import binary
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,7 @@ def sparse_graph(features: torch.Tensor, alpha: float, cache: bool = True) -> tu
     edges = np.stack([keep[rows], keep[cols]], axis=1).astype(np.int64)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"alpha": alpha, "converged": converged, "edges": edges.tolist()}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"alpha": alpha, "converged": converged, "edges": edges.tolist()}))
     return edges, converged
 
 

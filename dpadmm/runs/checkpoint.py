@@ -7,21 +7,21 @@ leaves the previous checkpoint intact and a reader never sees half a file.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dpadmm.files import replacing
+
 
 def save(path: str | Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (tensors are moved to the CPU first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in payload.items()}, tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        torch.save({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in payload.items()}, tmp)
 
 
 def load(path: str | Path | None, expected: Mapping[str, Any],

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpadmm.files import write_atomic
 from dpadmm.runs.memory import WORKER_ENV
 
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
@@ -167,9 +168,7 @@ def mirror(files: Files, folder: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.read_bytes() == data:
             continue
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     for path in sorted(folder.rglob("*"), reverse=True):
         name = path.relative_to(folder).as_posix()
         if path.is_file() and name not in files:
@@ -519,10 +518,7 @@ class _Commits:
     def arrive(self, cell: Cell, result: Any) -> None:
         spool = self.runner._spool(cell)
         spool.parent.mkdir(parents=True, exist_ok=True)
-        tmp = spool.with_name(spool.name + ".tmp")
-        tmp.write_text(json.dumps({"key": cell.key, "identity": cell.identity, "result": result}),
-                       encoding="utf-8")
-        os.replace(tmp, spool)
+        write_atomic(spool, json.dumps({"key": cell.key, "identity": cell.identity, "result": result}))
         self.arrived[cell.key] = result
         self.flush()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from dpadmm.data import Dataset
+from dpadmm.files import write_atomic
 from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logits, training_loss
 from dpadmm.models.modules import Params, logits_of
 from dpadmm.privacy.ledger import Ledger
@@ -112,9 +112,7 @@ class RunWriter:
         if self._resume_round is not None:
             if path.exists():
                 kept = [r for r in read_jsonl(path) if r["round"] <= self._resume_round]
-            tmp = path.with_name(name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            os.replace(tmp, path)
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         else:
             path.unlink(missing_ok=True)
         return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115

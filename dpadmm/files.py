@@ -1,0 +1,42 @@
+"""Files written whole or not at all, for every layer (it imports nothing of the package).
+
+Checkpoints, run logs, a grid's spooled results, caches, certificates and keys are read by other
+processes (a resumed run, a grid's driver, a SuperNode) and may be cut short by a crash or a killed
+worker. Each is written to a temporary file beside its place and renamed over it (``os.replace``,
+atomic within one file system): a reader sees the old file or the new one, never a part. The
+temporary name carries the writing process's id, so processes that write the same file at once (Ray
+workers filling one cache) each rename a whole file of their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def replacing(path: str | Path, *, private: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; it replaces ``path`` when the block ends,
+    and is removed when the block raises (``path`` is left as it was). ``private``: the file is created
+    readable and writable by its owner only (0600), before anything is written to it."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        if private:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` through :func:`replacing`."""
+    with replacing(path, private=private) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
