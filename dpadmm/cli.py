@@ -619,12 +619,13 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     family = _family_in(argv)
     parser = build_parser(family, _paper_in(argv))
     args = parser.parse_args(argv)
-    if args.command in ("train", "reproduce"):  # processes that run engines: no page faults for their tensors
-        keep_freed_memory()
+    if argv_given is None and args.command in ("train", "reproduce"):
+        keep_freed_memory()  # the dpadmm command's own process runs engines; a caller's is left as it is
     if args.command == "reproduce":
         return _reproduce(args)
     if args.command == "deploy":
