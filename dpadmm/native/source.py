@@ -474,8 +474,7 @@ void FN(dp_logistic_grad_sampled)(int64_t P, int64_t I, int64_t J, int64_t K, in
                                   int threads) {
     const int64_t L = sizeof(vec_t) / sizeof(real_t), L2 = sizeof(vec2_t) / sizeof(real_t);
     FN(job_t) job = {.I = I, .J = J, .K = K, .S = S, .W = W, .NV = W / L, .NT = (W % L) / L2, .NR = W % L2,
-                     .y = y,
-                     .x_l1 = x_l1, .x_l2 = x_l2, .zt = zt, .scale = scale, .clip = clip,
+                     .y = y, .x_l1 = x_l1, .x_l2 = x_l2, .zt = zt, .scale = scale, .clip = clip,
                      .twice_reg = twice_reg, .l2 = l2, .g = g, .rowptr = rowptr, .rcol = rcol, .rval = rval,
                      .rows = rows, .first = first, .taken = taken};
     task_fn fn = FN(sampled_any_width);

@@ -13,9 +13,10 @@ arena for all threads (``M_ARENA_MAX`` = 1: a grid runs its cell in a thread of 
 arena of another thread would still give its heaps back). A freed tensor's memory is then reused
 by the next one, at the price of a process that keeps its peak memory until it ends. Processes
 started by Ray get the same settings from :data:`WORKER_ENV` (glibc reads them at the process's
-start). Only the processes that run engines ask for it: ``dpadmm train`` and ``dpadmm reproduce``
-(and their Ray workers); a Flower app or a library user's process keeps its malloc as it is unless it
-calls :func:`keep_freed_memory` itself. Off glibc (macOS, musl) nothing changes.
+start). Only the processes that run engines ask for it: the ``dpadmm`` command's own process for
+``train`` and ``reproduce``, and a grid's Ray workers; a Flower app, or a program that calls
+``dpadmm.cli.main(argv)`` or an engine, keeps its malloc as it is unless it calls
+:func:`keep_freed_memory` itself. Off glibc (macOS, musl) nothing changes.
 """
 
 from __future__ import annotations
