@@ -1,4 +1,5 @@
-"""`dpadmm train | privacy`: the installed console script, its output files and its errors, per family."""
+"""`dpadmm train | privacy | reproduce | audit`: the console script, its output files and its errors, per
+family (its own process in one test, its ``main`` in this process in the others)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,44 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+Run = Callable[..., subprocess.CompletedProcess]
 
-def _dpadmm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+
+def _script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The installed console script in a process of its own."""
     script = Path(sys.executable).with_name("dpadmm")
     return subprocess.run([str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture
+def dpadmm(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
+    """``dpadmm ARGS`` run from ``cwd`` by the console script's ``main`` in this process: its exit status
+    (argparse's exits included) and what it printed, as :func:`_script` returns them. A process of its own
+    costs each command 2-3 s of CPU to import torch, Flower and dp-accounting again; what only the script's
+    own process does (its progress bar on a pipe, the malloc settings of ``dpadmm train``) is checked
+    through :func:`_script` in test_train_writes_metrics_and_reports and tests/test_memory.py."""
+    from dpadmm.cli import main
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            status = main(list(args))
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        printed = capsys.readouterr()
+        return subprocess.CompletedProcess(["dpadmm", *args], status, printed.out, printed.err)
+
+    return run
+
+
 def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "1", "--rounds", "3",
+    done = _script("train", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "1", "--rounds", "3",
                    "--local-steps", "2", "--num-agents", "5", "--eval-every", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "runs" / "objpm-eps1-E2-seed0"
@@ -27,59 +54,59 @@ def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
     assert "round" in done.stderr  # the progress bar
 
 
-def test_epsilon_inf_means_non_private(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--preset", "papers", "--algorithm", "objp", "--epsilon", "inf", "--rounds", "2",
-                   "--out", "r", "--no-progress", cwd=tmp_path)
+def test_epsilon_inf_means_non_private(tmp_path: Path, dpadmm: Run) -> None:
+    done = dpadmm("train", "--preset", "papers", "--algorithm", "objp", "--epsilon", "inf", "--rounds", "2",
+                  "--out", "r", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["noise-magnitude"] == 0 for r in lines)
 
 
-def test_train_deals_the_agents_a_heterogeneous_partition(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--rounds", "2", "--num-agents", "10", "--partition", "shards:1",
-                   "--partition-seed", "4", "--out", "r", "--no-progress", cwd=tmp_path)
+def test_train_deals_the_agents_a_heterogeneous_partition(tmp_path: Path, dpadmm: Run) -> None:
+    done = dpadmm("train", "--rounds", "2", "--num-agents", "10", "--partition", "shards:1",
+                  "--partition-seed", "4", "--out", "r", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["partition"] == "shards:1" and config["partition-seed"] == 4
-    bad = _dpadmm("train", "--partition", "dirichlet", cwd=tmp_path)
+    bad = dpadmm("train", "--partition", "dirichlet", cwd=tmp_path)
     assert bad.returncode == 2 and "partition='dirichlet' is not allowed; give contiguous" in bad.stderr
 
 
-def test_bad_input_is_named(tmp_path: Path) -> None:
-    done = _dpadmm("train", "--algorithm", "sgd", cwd=tmp_path)
+def test_bad_input_is_named(tmp_path: Path, dpadmm: Run) -> None:
+    done = dpadmm("train", "--algorithm", "sgd", cwd=tmp_path)
     assert done.returncode == 2 and "algorithm='sgd' is not allowed" in done.stderr
-    done = _dpadmm("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere"), cwd=tmp_path)
+    done = dpadmm("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert done.returncode == 2 and "nowhere" in done.stderr
 
 
-def test_privacy_prints_the_ledger_without_training(tmp_path: Path) -> None:
-    done = _dpadmm("privacy", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "0.05",
-                   "--local-steps", "10",
-                   "--rounds", "20000", "--json", cwd=tmp_path)
+def test_privacy_prints_the_ledger_without_training(tmp_path: Path, dpadmm: Run) -> None:
+    done = dpadmm("privacy", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "0.05",
+                  "--local-steps", "10",
+                  "--rounds", "20000", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     ledger = json.loads(done.stdout)
     assert {"per_step", "per_round", "whole_run"} <= ledger.keys()
     assert ledger["whole_run"]["delta"] == 1e-5 and 339 < ledger["whole_run"]["epsilon_pld"] < 340
     assert not list(tmp_path.iterdir())  # nothing trained, nothing written
-    text = _dpadmm("privacy", "--preset", "papers", "--algorithm", "objp", "--sensitivity", "data-dependent",
-                   cwd=tmp_path)
+    text = dpadmm("privacy", "--preset", "papers", "--algorithm", "objp", "--sensitivity", "data-dependent",
+                  cwd=tmp_path)
     assert "per run" in text.stdout and "NOT COVERED" in text.stdout
-    bad = _dpadmm("privacy", "--target-epsilon", "1e-9", cwd=tmp_path)
+    bad = dpadmm("privacy", "--target-epsilon", "1e-9", cwd=tmp_path)
     assert bad.returncode == 2 and "smallest achievable value" in bad.stderr
 
 
-def test_reproduce_errors_are_named(tmp_path: Path) -> None:
-    done = _dpadmm("reproduce", "--datasets", "femnist", cwd=tmp_path)
+def test_reproduce_errors_are_named(tmp_path: Path, dpadmm: Run) -> None:
+    done = dpadmm("reproduce", "--datasets", "femnist", cwd=tmp_path)
     assert done.returncode == 2 and "--femnist-dir" in done.stderr
-    done = _dpadmm("reproduce", "--eps", "0.1,abc", cwd=tmp_path)
+    done = dpadmm("reproduce", "--eps", "0.1,abc", cwd=tmp_path)
     assert done.returncode == 2 and "eps='0.1,abc'" in done.stderr
-    done = _dpadmm("reproduce", "--report-only", "--out", "empty", cwd=tmp_path)
+    done = dpadmm("reproduce", "--report-only", "--out", "empty", cwd=tmp_path)
     assert done.returncode == 2 and "no reproduce runs" in done.stderr
 
 
-def test_a_file_given_as_data_dir_is_named(tmp_path: Path) -> None:
+def test_a_file_given_as_data_dir_is_named(tmp_path: Path, dpadmm: Run) -> None:
     (tmp_path / "a-file").write_text("")
-    done = _dpadmm("train", "--dataset", "mnist", "--data-dir", "a-file", "--no-progress", cwd=tmp_path)
+    done = dpadmm("train", "--dataset", "mnist", "--data-dir", "a-file", "--no-progress", cwd=tmp_path)
     assert done.returncode == 2 and "a-file is not a folder" in done.stderr
 
 
@@ -106,115 +133,118 @@ def test_help_imports_nothing_heavy_and_privacy_no_torch() -> None:
     assert "torch" not in _imported_by(ledger) and "dp_accounting" in _imported_by(ledger)
 
 
-def test_train_and_privacy_run_the_family_that_algorithm_picks(tmp_path: Path, binary_dir: Path) -> None:
+def test_train_and_privacy_run_the_family_that_algorithm_picks(tmp_path: Path, binary_dir: Path,
+                                                               dpadmm: Run) -> None:
     """--algorithm dp-admm / dp-accadmm takes paper 002's keys; the files are the same kind."""
-    done = _dpadmm("train", "--algorithm", "dp-accadmm", "--restart", "goldstein", "--dataset", "ijcnn1",
-                   "--data-dir", str(binary_dir / "ijcnn1"), "--rounds", "6", "--eval-every", "3",
-                   "--target-epsilon", "0.1", "--out", "r", "--no-progress", cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "dp-accadmm", "--restart", "goldstein", "--dataset", "ijcnn1",
+                  "--data-dir", str(binary_dir / "ijcnn1"), "--rounds", "6", "--eval-every", "3",
+                  "--target-epsilon", "0.1", "--out", "r", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [3, 6] and 0.5 < lines[-1]["test-accuracy"] <= 1
     assert json.loads((tmp_path / "r" / "privacy.json").read_text())["calibration"] == "Theorem 1 (002)"
     assert "dp-accadmm (eps=0.1 for the run, ijcnn1, T=6)" in done.stdout
-    done = _dpadmm("privacy", "--algorithm", "dp-admm", "--dataset", "a9a", "--target-epsilon", "0.1",
-                   "--rounds", "100", cwd=tmp_path)
+    done = dpadmm("privacy", "--algorithm", "dp-admm", "--dataset", "a9a", "--target-epsilon", "0.1",
+                  "--rounds", "100", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "sigma = 0.0114565 on the mean gradient" in done.stdout and "n = 32561" in done.stdout
-    help_text = _dpadmm("train", "--algorithm", "dp-admm", "--help", cwd=tmp_path).stdout
+    help_text = dpadmm("train", "--algorithm", "dp-admm", "--help", cwd=tmp_path).stdout
     assert "--target-epsilon" in help_text and "--local-steps" not in help_text
-    done = _dpadmm("train", "--algorithm", "dp-admm", "--local-steps", "3", cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "dp-admm", "--local-steps", "3", cwd=tmp_path)
     assert done.returncode == 2 and "unrecognized arguments: --local-steps" in done.stderr
-    done = _dpadmm("train", "--algorithm", "admm", cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "admm", cwd=tmp_path)
     allowed = "choose one of iadmm, objp, objpm, objt, outp, dp-admm, dp-accadmm"
     assert done.returncode == 2 and allowed in done.stderr
 
 
-def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path) -> None:
-    shown = _dpadmm("reproduce", "--paper", "002", "--help", cwd=tmp_path)
+def test_reproduce_002_has_its_own_flags_and_names_its_errors(tmp_path: Path, dpadmm: Run) -> None:
+    shown = dpadmm("reproduce", "--paper", "002", "--help", cwd=tmp_path)
     assert shown.returncode == 0 and "--fig1-eps" in shown.stdout and "--femnist-dir" not in shown.stdout
-    assert "--femnist-dir" in _dpadmm("reproduce", "--help", cwd=tmp_path).stdout  # 003 stays the default
-    done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--rounds", "10,x", cwd=tmp_path)
+    assert "--femnist-dir" in dpadmm("reproduce", "--help", cwd=tmp_path).stdout  # 003 stays the default
+    done = dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--rounds", "10,x", cwd=tmp_path)
     assert done.returncode == 2 and "rounds='10,x'" in done.stderr
-    done = _dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--datasets", "mnist", cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "002", "--data-dir", ".", "--datasets", "mnist", cwd=tmp_path)
     assert done.returncode == 2 and "datasets='mnist' is not allowed" in done.stderr
-    done = _dpadmm("reproduce", "--paper", "005", cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "005", cwd=tmp_path)
     assert done.returncode == 2 and "invalid choice: '005'" in done.stderr
 
 
 @pytest.mark.slow  # a grid of several cells through the CLI, and its report rebuilt
-def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path, binary_dir: Path) -> None:
-    shown = _dpadmm("reproduce", "--paper", "001", "--help", cwd=tmp_path)
+def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path, binary_dir: Path,
+                                                                 dpadmm: Run) -> None:
+    shown = dpadmm("reproduce", "--paper", "001", "--help", cwd=tmp_path)
     assert shown.returncode == 0 and "--sigmas" in shown.stdout and "--fig1-eps" not in shown.stdout
     data = ("--data-dir", str(binary_dir))
-    done = _dpadmm("reproduce", "--paper", "001", *data, "--sigmas", "1,x", cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "001", *data, "--sigmas", "1,x", cwd=tmp_path)
     assert done.returncode == 2 and "sigmas='1,x' is not allowed; give comma-separated numbers" in done.stderr
     small = (*data, "--datasets", "a9a", "--epochs", "2", "--sigmas", "1", "--seeds", "1", "--rates", "1",
              "--rhos", "2", "--out", "r", "--no-progress")
-    done = _dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "a9a/ADMM/paper-noise/sigma=1/rho=2: complete" in done.stdout and "report:" in done.stdout
     # the estimated wall time comes first, before any run
     estimated = done.stdout.index("reproduce: estimated wall time about ")
     assert estimated < done.stdout.index("a9a/problem: running") and "--no-estimate" in shown.stdout
     assert "--workers" in shown.stdout and "--ray-address" in shown.stdout
-    done = _dpadmm("reproduce", "--paper", "001", *small, "--workers", "0", cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "001", *small, "--workers", "0", cwd=tmp_path)
     assert done.returncode == 2 and "workers=0 is not allowed" in done.stderr
     (tmp_path / "r" / "summary.md").unlink()
-    done = _dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
+    done = dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
     assert done.returncode == 0 and "## The paper's claims" in (tmp_path / "r" / "summary.md").read_text()
 
 
-def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path) -> None:
+def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path, dpadmm: Run) -> None:
     data = binary_dir / "a9a"
-    done = _dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir", str(data),
-                   "--parties", "66,57", "--epsilon", "inf", "--rounds", "20", "--out", "r", "--no-progress",
-                   cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir", str(data),
+                  "--parties", "66,57", "--epsilon", "inf", "--rounds", "20", "--out", "r", "--no-progress",
+                  cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "admm-sharing (non-private, a9a, parties 66,57, T=20)" in done.stdout
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 20 and lines[-1]["test-error"] < 0.2
-    ledger = _dpadmm("privacy", "--algorithm", "admm-sharing", "--epsilon", "0.5", "--rounds", "20", "--json",
-                     cwd=tmp_path)
+    ledger = dpadmm("privacy", "--algorithm", "admm-sharing", "--epsilon", "0.5", "--rounds", "20", "--json",
+                    cwd=tmp_path)
     assert ledger.returncode == 0, ledger.stderr
     assert json.loads(ledger.stdout)["calibration"] == "Theorem 3 (001)"
-    bad = _dpadmm("train", "--algorithm", "admm-sharing", "--parties", "60,60", "--data-dir", str(data),
-                  cwd=tmp_path)
+    bad = dpadmm("train", "--algorithm", "admm-sharing", "--parties", "60,60", "--data-dir", str(data),
+                 cwd=tmp_path)
     assert bad.returncode == 2 and "cover 120 columns but the data set has 123" in bad.stderr
 
 
-def test_decentralised_ldp_admm_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path) -> None:
-    done = _dpadmm("train", "--algorithm", "ldp-admm", "--data-dir", str(binary_dir / "adult"), "--rounds",
-                   "20", "--out", "r", "--no-progress", cwd=tmp_path)
+def test_decentralised_ldp_admm_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path,
+                                                              dpadmm: Run) -> None:
+    done = dpadmm("train", "--algorithm", "ldp-admm", "--data-dir", str(binary_dir / "adult"), "--rounds",
+                  "20", "--out", "r", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "ldp-admm (random weights, Laplace" in done.stdout and "ex-post loss" in done.stdout
     assert "-LDP, pure, a priori" in done.stdout and "NOT COVERED" not in done.stdout
-    shown = _dpadmm("privacy", "--algorithm", "ldp-admm", "--sensitivity", "0.01", cwd=tmp_path)
+    shown = dpadmm("privacy", "--algorithm", "ldp-admm", "--sensitivity", "0.01", cwd=tmp_path)
     assert shown.returncode == 0 and "4.45868-LDP" in shown.stdout and "NOT COVERED" in shown.stdout
-    done = _dpadmm("train", "--algorithm", "ldp-dgd", cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "ldp-dgd", cwd=tmp_path)
     assert done.returncode == 2 and "needs graph='complete'" in done.stderr
 
 
-def test_privacy_answers_for_any_count_of_releases(tmp_path: Path) -> None:
+def test_privacy_answers_for_any_count_of_releases(tmp_path: Path, dpadmm: Run) -> None:
     """Ten million Laplace releases (10 steps a round, a million rounds): a statement in seconds, with the
     bound named, where the PLD accountant alone ran for minutes."""
     started = time.monotonic()
-    done = _dpadmm("privacy", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "0.05",
-                   "--local-steps", "10", "--rounds", "1000000", cwd=tmp_path)
+    done = dpadmm("privacy", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "0.05",
+                  "--local-steps", "10", "--rounds", "1000000", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 60
     assert "per run        (10000000 releases): eps = 1.363e+04 (RDP; the PLD accountant is too slow" \
         in done.stdout
 
 
-def test_a_refused_train_leaves_no_run_folder(tmp_path: Path, binary_dir: Path) -> None:
+def test_a_refused_train_leaves_no_run_folder(tmp_path: Path, binary_dir: Path, dpadmm: Run) -> None:
     """Widths that miss columns, and a data file that cannot be read, are refused on one line before the
     run's folder is made: nothing is left that looks like a run (config.json, privacy.json, metrics.jsonl)."""
     import gzip
     import shutil
 
-    done = _dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir",
-                   str(binary_dir / "a9a"), "--parties", "60,57", "--epsilon", "1", "--no-progress",
-                   cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "admm-sharing", "--dataset", "a9a", "--data-dir",
+                  str(binary_dir / "a9a"), "--parties", "60,57", "--epsilon", "1", "--no-progress",
+                  cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.splitlines() == ["dpadmm: error: parties='60,57' cover 117 "
                                                                  "columns but the data set has 123; give "
                                                                  "widths that sum to 123"]
@@ -224,8 +254,8 @@ def test_a_refused_train_leaves_no_run_folder(tmp_path: Path, binary_dir: Path) 
     lines = gzip.decompress((binary_dir / "a9a" / "a9a.gz").read_bytes()).decode().splitlines(keepends=True)
     lines[16] = lines[16].rstrip("\n") + " 130:1\n"
     (corrupted / "a9a.gz").write_bytes(gzip.compress("".join(lines).encode()))
-    done = _dpadmm("train", "--algorithm", "dp-admm", "--dataset", "a9a", "--data-dir", str(corrupted),
-                   "--rounds", "2", "--no-progress", cwd=tmp_path)
+    done = dpadmm("train", "--algorithm", "dp-admm", "--dataset", "a9a", "--data-dir", str(corrupted),
+                  "--rounds", "2", "--no-progress", cwd=tmp_path)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "line 17" in done.stderr and "130" in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a9a"]  # no runs/ folder
@@ -265,11 +295,11 @@ def test_privacy_states_no_impossible_guarantee_in_any_family(capsys: pytest.Cap
         assert named in refused.err, refused.err
 
 
-def test_privacy_answers_fast_where_the_pld_of_one_release_took_minutes(tmp_path: Path) -> None:
+def test_privacy_answers_fast_where_the_pld_of_one_release_took_minutes(tmp_path: Path, dpadmm: Run) -> None:
     """The main job with eps-bar 50 set directly: 150 s before (a sampled release's PLD of multiplier 0.02,
     built for every scope)."""
     started = time.monotonic()
-    done = _dpadmm("privacy", "--target-epsilon", "0", "--epsilon", "50", cwd=tmp_path)
+    done = dpadmm("privacy", "--target-epsilon", "0", "--epsilon", "50", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 60
     assert "(100 releases): eps = 1.358e+05 (RDP; the PLD accountant is too slow" in done.stdout
