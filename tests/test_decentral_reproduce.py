@@ -14,6 +14,7 @@ from dpadmm.runs.grid import GridOptions, numbers
 QUIET = GridOptions(progress=False)
 
 
+@pytest.mark.slow  # a grid of several cells, run again to resume it, and its report
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir / "adult"), figures=("2", "C", "D-1"),
                 seeds=2, rounds=12)

@@ -19,6 +19,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow  # a grid of several cells, run again to resume it, and its report
 def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path) -> None:
     grid = Grid(out=str(tmp_path / "r"), data_dir=str(binary_dir), datasets=("ijcnn1",), eps=(0.05, 0.5),
                 rounds=(5, 10), seeds=2, optimum_rounds=300)
