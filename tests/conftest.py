@@ -56,7 +56,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
     The slow tests mostly wait on Flower's and Ray's timers, so more workers than cores keep the cores busy;
     the quick ones compute, and each extra worker only adds its own start (importing and collecting the
-    suite, about 9 s of CPU). On 2 cores: the whole suite on 4 workers, "not slow" on 2 (197 s; 215 s on 4).
+    suite, about 9 s of CPU). On 2 cores: the whole suite on 4 workers, "not slow" on 2 (149 s; 169 s on 3).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quick = "not slow" in (config.option.markexpr or "")
