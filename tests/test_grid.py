@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from dpadmm.files import write_atomic
 from dpadmm.iadmm.reproduce import GridConfig, run_grid
 from dpadmm.runs.grid import (
+    ATTEMPT_SECONDS,
     SCRATCH,
     Cell,
     CellsFailed,
@@ -27,6 +31,8 @@ from dpadmm.runs.grid import (
     snapshot,
 )
 from dpadmm.runs.memory import WORKER_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
 
 QUIET = GridOptions(progress=False)
 
@@ -182,3 +188,82 @@ def test_a_cell_whose_ray_worker_is_killed_resumes_from_its_checkpoint_to_the_sa
     # the killed worker's scratch folder was removed by the next cell to start on this machine
     assert not list(Path(tempfile.gettempdir()).glob(f"{SCRATCH}{pids['mnist-objt-eps0.5']}-*"))
     assert numbers(tmp_path / "ray") == numbers(tmp_path / "sequential")
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _count(steps: int, stalled: Path, workspace: Workspace) -> dict[str, Any]:
+    """Count to ``steps``, a step every 0.1 s, each one checkpointed. An attempt that resumed from a
+    checkpoint watches the stalled process (its pid in ``stalled``, the time it went on in
+    ``stalled.continued``) and says how many seconds after it went on it had ended (None: not within a
+    minute)."""
+    checkpoint = workspace.path / "count.txt"
+    start = int(checkpoint.read_text()) if checkpoint.exists() else 0
+    continued = stalled.with_suffix(".continued")
+    pid, went_on = (int(stalled.read_text()), float(continued.read_text())) if start else (0, 0.0)
+    ended = None
+    step = start
+    while step < steps or (start and ended is None and time.time() - went_on < 60):
+        time.sleep(0.1)
+        if step < steps:
+            step += 1
+            write_atomic(checkpoint, f"{step}")
+        if start and ended is None and _ended(pid):
+            ended = round(time.time() - went_on, 1)
+    return {"count": step, "resumed from": start, "stalled attempt ended after": ended}
+
+
+def _grid_with_a_stalled_worker(out: str) -> None:
+    """Run one counting cell on 2 local Ray workers and stall its worker (SIGSTOP) at its first
+    checkpoint until the driver has counted it lost and run the cell again; prints the log and, last,
+    the cell's result as JSON. Run in a fresh interpreter: Ray reads the keepalive settings that make a
+    stalled worker count as lost within seconds (not minutes) when it first starts in a process."""
+    os.environ.update({"RAY_grpc_client_keepalive_time_ms": "2000",  # Ray's names, lower case
+                       "RAY_grpc_client_keepalive_timeout_ms": "2000"})
+    stalled = Path(out) / "stalled.txt"
+    cell = Cell(key="count", run=functools.partial(_count, 100, stalled), folder="count",
+                checkpoint="count.txt")
+    pids: list[int] = []
+
+    def watch(line: str) -> None:
+        print(line, flush=True)
+        started = re.search(r"^count: started on \S+ pid (\d+)", line)
+        if started:
+            pids.append(int(started.group(1)))
+        if line.startswith("count: checkpoint") and not stalled.exists():
+            stalled.write_text(f"{pids[0]}")
+            os.kill(pids[0], signal.SIGSTOP)
+        if line.startswith("count: resuming (attempt 2"):
+            os.kill(pids[0], signal.SIGCONT)
+            stalled.with_suffix(".continued").write_text(f"{time.time()}")
+
+    results: list[Any] = []
+    with GridRunner(out, GridOptions(workers=2, progress=False), log=watch) as runner:
+        runner.run([cell], lambda _, result: results.append(result))
+    print(json.dumps(results[0]))
+
+
+@pytest.mark.slow  # starts Ray
+def test_a_stalled_worker_counted_lost_ends_its_attempt_when_it_goes_on(tmp_path: Path) -> None:
+    """A worker that Ray counts lost while it is alive (stalled here; a node cut off does the same) runs
+    again elsewhere from its checkpoint; when the stalled process goes on, its cell learns that its
+    attempt was superseded and ends the process, rather than count on to the end beside the new one."""
+    code = f"import tests.test_grid as t; t._grid_with_a_stalled_worker({str(tmp_path)!r})"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    logged = done.stdout.splitlines()
+    assert any(line.startswith("count: its worker was lost") for line in logged), logged
+    result = json.loads(logged[-1])
+    assert result["count"] == 100 and result["resumed from"] > 0, result
+    # it ended at its next question to the driver (one every ATTEMPT_SECONDS; 9 s here on a free machine)
+    assert result["stalled attempt ended after"] is not None, result
+    assert result["stalled attempt ended after"] <= 2 * ATTEMPT_SECONDS + 10, result
+    stalled = int((tmp_path / "stalled.txt").read_text())
+    assert not list(Path(tempfile.gettempdir()).glob(f"{SCRATCH}{stalled}-*"))  # it removed its folder

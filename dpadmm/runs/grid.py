@@ -18,10 +18,13 @@ cell's files (a checkpoint, its run folders) are sent back to the driver, which 
 ``Cell.checkpoint``, written by the engine at most every ``checkpoint_seconds``) goes back to the
 driver with the folder's other files each time it changes, so a cell whose worker is lost (a node that
 dies, a killed process) runs again from its last checkpoint (up to ``retries`` times) and loses at most
-that interval. A cell that raises is reported with its error and the grid goes on; the failures are
-raised together at the end (:class:`CellsFailed`). A local Ray instance starts its workers with malloc set
-to keep freed memory (:data:`dpadmm.runs.memory.WORKER_ENV`), as ``dpadmm reproduce`` sets its own
-process; on an existing cluster that is the environment its nodes were started in (``ray start``).
+that interval. A worker counted lost may still be alive (a process that stalled, a node cut off for a
+while): once it goes on, its cell learns from the driver that another attempt has taken over and ends
+its process, rather than compute hours of a cell nobody waits for. A cell that raises is reported with
+its error and the grid goes on; the failures are raised together at the end (:class:`CellsFailed`). A
+local Ray instance starts its workers with malloc set to keep freed memory
+(:data:`dpadmm.runs.memory.WORKER_ENV`), as ``dpadmm reproduce`` sets its own process; on an existing
+cluster that is the environment its nodes were started in (``ray start``).
 
 Results are committed in the grid's order whatever order the cells finish in: a result that arrives
 before those of earlier cells waits in ``out/.grid/`` (so that an interrupted call keeps it), and the
@@ -39,10 +42,11 @@ import queue
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dpadmm.files import write_atomic
 from dpadmm.runs.memory import WORKER_ENV
@@ -50,6 +54,8 @@ from dpadmm.runs.memory import WORKER_ENV
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
 SCRATCH = "dpadmm-cell-"  # a running cell's folder, in the temp dir of its machine: dpadmm-cell-<pid>-...
 POLL_SECONDS = 1.0  # how often a running cell's folder is looked at (checkpoint, rounds done)
+ATTEMPT_SECONDS = 10.0  # how often a cell on Ray asks the driver whether its attempt is still the current one
+SUPERSEDED = 3  # the exit status of a worker whose attempt was superseded (see execute)
 
 Files = dict[str, bytes]  # a folder's files: path relative to the folder -> content
 
@@ -179,14 +185,19 @@ def mirror(files: Files, folder: Path) -> None:
 
 
 def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
-            poll: float = POLL_SECONDS) -> Iterator[tuple[str, Any]]:
+            poll: float = POLL_SECONDS,
+            current: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
     """Run ``cell`` in a scratch folder that starts with ``files``; yields ``("started", where)`` (the host,
     with the Ray node's address on Ray), ``("progress", text)`` while it runs, ``("files", files)`` each
     time its checkpoint changes, and last ``("done", (results, files))`` or, when the cell raised,
     ``("failed", (error, files))``.
 
     The same generator runs a cell in this process and, as a Ray task, on a worker: the cell runs in a
-    thread of its own while this generator watches its folder."""
+    thread of its own while this generator watches its folder. On Ray, ``current`` says whether the driver
+    still waits for this attempt (:class:`_Current`); a no ends the process (status
+    :data:`SUPERSEDED`, its scratch folder removed first): a thread cannot be stopped from outside, and a
+    worker that Ray counted lost while it stalled would otherwise compute the cell to its end beside the
+    attempt that replaced it."""
     import tempfile
 
     import torch
@@ -213,6 +224,8 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
         shown = ""
         while worker.is_alive():
             worker.join(poll)
+            if current is not None and not current():
+                _end_superseded(path)
             if cell.progress is not None:
                 text = cell.progress(path)
                 if text != shown:
@@ -227,6 +240,50 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
             yield "done", (value, snapshot(path))
         else:  # its files too (a failed run's folder says what failed and when), and the error as text
             yield "failed", (f"{type(value).__name__}: {value}".strip(), snapshot(path))
+
+
+def _end_superseded(scratch: Path) -> NoReturn:
+    import shutil
+
+    shutil.rmtree(scratch, ignore_errors=True)  # its checkpoint may be hundreds of megabytes
+    os._exit(SUPERSEDED)
+
+
+class _Attempts:
+    """The attempt of each cell that the driver waits for: a Ray actor on the driver's node, which the
+    cells' workers ask (:class:`_Current`)."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+
+    def start(self, key: str, attempt: int) -> None:
+        self.attempts[key] = attempt
+
+    def current(self, key: str) -> int:
+        return self.attempts.get(key, 0)
+
+
+class _Current:
+    """Whether ``attempt`` of cell ``key`` is still the one the driver waits for, asked of the actor
+    ``attempts`` every :data:`ATTEMPT_SECONDS` without blocking: a task that blocks in ``ray.get`` lends
+    its CPU to Ray, which may start another cell on it meanwhile. A call reads the answer that has come, if
+    any, and sends the next question when it is time; until a no comes it says yes (an error counts as
+    yes: only the driver's answer ends an attempt)."""
+
+    def __init__(self, attempts: Any, key: str, attempt: int) -> None:
+        self.attempts, self.key, self.attempt = attempts, key, attempt
+        self.asked: Any = None  # the answer to come (a concurrent.futures.Future)
+        self.last = 0.0  # when the last question went (time.monotonic)
+
+    def __call__(self) -> bool:
+        if self.asked is not None and self.asked.done():
+            asked, self.asked = self.asked, None
+            if asked.exception() is None and asked.result() != self.attempt:
+                return False
+        if self.asked is None and time.monotonic() - self.last >= ATTEMPT_SECONDS:
+            self.last = time.monotonic()
+            self.asked = self.attempts.current.remote(self.key).future()
+        return True
 
 
 def remove_orphans() -> list[Path]:
@@ -374,18 +431,23 @@ class GridRunner:
     def _run_on_ray(self, cells: Sequence[Cell], state: _Commits) -> None:
         import ray
         from ray.exceptions import RayError, RayTaskError
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         threads = self.options.threads
         # not retried by Ray: a lost worker's cell is resubmitted below, from its last checkpoint
         task = ray.remote(max_retries=0)(execute)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        attempts = ray.remote(num_cpus=0, scheduling_strategy=here)(_Attempts).remote()
         running: dict[Any, tuple[Cell, int]] = {}
 
         def submit(cell: Cell, attempt: int) -> None:
             files = self._files(cell)
             self.log(f"{cell.key}: " + ("resuming" if files else "queued")
                      + (f" (attempt {attempt + 1}: its worker was lost)" if attempt else ""))
+            ray.get(attempts.start.remote(cell.key, attempt))  # before a worker can ask
             generator = task.options(num_cpus=threads, num_gpus=cell.gpus).remote(
-                cell, files, threads, self.options.checkpoint_seconds)
+                cell, files, threads, self.options.checkpoint_seconds, POLL_SECONDS,
+                _Current(attempts, cell.key, attempt))
             running[generator] = (cell, attempt)
             self._running[cell.key] = ""
 
