@@ -224,7 +224,7 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
         shown = ""
         while worker.is_alive():
             worker.join(poll)
-            if current is not None and not current():
+            if current is not None and worker.is_alive() and not current():
                 _end_superseded(path)
             if cell.progress is not None:
                 text = cell.progress(path)
@@ -250,7 +250,7 @@ def _end_superseded(scratch: Path) -> NoReturn:
 
 
 class _Attempts:
-    """The attempt of each cell that the driver waits for: a Ray actor on the driver's node, which the
+    """The latest attempt the driver started of each cell: a Ray actor on the driver's node, which the
     cells' workers ask (:class:`_Current`)."""
 
     def __init__(self) -> None:
@@ -259,30 +259,36 @@ class _Attempts:
     def start(self, key: str, attempt: int) -> None:
         self.attempts[key] = attempt
 
-    def current(self, key: str) -> int:
-        return self.attempts.get(key, 0)
+    def latest(self, key: str) -> int | None:
+        return self.attempts.get(key)
 
 
 class _Current:
-    """Whether ``attempt`` of cell ``key`` is still the one the driver waits for, asked of the actor
-    ``attempts`` every :data:`ATTEMPT_SECONDS` without blocking: a task that blocks in ``ray.get`` lends
-    its CPU to Ray, which may start another cell on it meanwhile. A call reads the answer that has come, if
-    any, and sends the next question when it is time; until a no comes it says yes (an error counts as
-    yes: only the driver's answer ends an attempt)."""
+    """Whether attempt ``attempt`` of cell ``key`` is still the one the driver waits for, that is whether
+    the driver has started no later one: asked of the actor ``attempts`` every :data:`ATTEMPT_SECONDS`,
+    without blocking (a task that blocks in ``ray.get`` lends its CPU to Ray, which may start another cell
+    on it meanwhile). A call reads the answer that has come, if any, and sends the next question when it
+    is time, the first one :data:`ATTEMPT_SECONDS` after the first call (a short cell never asks). It says
+    yes until the actor names a later attempt: an answer not yet come, an error, or an attempt not yet
+    recorded never end one."""
 
     def __init__(self, attempts: Any, key: str, attempt: int) -> None:
         self.attempts, self.key, self.attempt = attempts, key, attempt
         self.asked: Any = None  # the answer to come (a concurrent.futures.Future)
-        self.last = 0.0  # when the last question went (time.monotonic)
+        self.last: float | None = None  # when the last question went, or the first call (time.monotonic)
 
     def __call__(self) -> bool:
         if self.asked is not None and self.asked.done():
             asked, self.asked = self.asked, None
-            if asked.exception() is None and asked.result() != self.attempt:
+            latest = asked.result() if asked.exception() is None else None
+            if latest is not None and latest > self.attempt:
                 return False
-        if self.asked is None and time.monotonic() - self.last >= ATTEMPT_SECONDS:
-            self.last = time.monotonic()
-            self.asked = self.attempts.current.remote(self.key).future()
+        now = time.monotonic()
+        if self.last is None:
+            self.last = now
+        if self.asked is None and now - self.last >= ATTEMPT_SECONDS:
+            self.last = now
+            self.asked = self.attempts.latest.remote(self.key).future()
         return True
 
 
@@ -444,7 +450,7 @@ class GridRunner:
             files = self._files(cell)
             self.log(f"{cell.key}: " + ("resuming" if files else "queued")
                      + (f" (attempt {attempt + 1}: its worker was lost)" if attempt else ""))
-            ray.get(attempts.start.remote(cell.key, attempt))  # before a worker can ask
+            attempts.start.remote(cell.key, attempt)  # not awaited: only a later attempt ends one
             generator = task.options(num_cpus=threads, num_gpus=cell.gpus).remote(
                 cell, files, threads, self.options.checkpoint_seconds, POLL_SECONDS,
                 _Current(attempts, cell.key, attempt))
