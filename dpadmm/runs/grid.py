@@ -243,9 +243,20 @@ def execute(cell: Cell, files: Files, threads: int, checkpoint_seconds: float,
 
 
 def _end_superseded(scratch: Path) -> NoReturn:
+    """Remove the cell's scratch folder (its checkpoint may be hundreds of megabytes) and end the process.
+
+    The cell's thread still runs and writes into the folder: a file it makes while ``rmtree`` walks the
+    folder would leave it behind ("Directory not empty", seen under load). So the folder is first renamed
+    away, atomically: the thread's later writes name a folder that no longer exists and fail, and the
+    renamed one, which keeps the owner's pid in its name for :func:`remove_orphans`, is removed whole."""
     import shutil
 
-    shutil.rmtree(scratch, ignore_errors=True)  # its checkpoint may be hundreds of megabytes
+    gone = scratch.with_name(f"{scratch.name}-superseded")
+    try:
+        scratch.rename(gone)
+    except OSError:
+        gone = scratch
+    shutil.rmtree(gone, ignore_errors=True)
     os._exit(SUPERSEDED)
 
 
