@@ -457,16 +457,23 @@ class Deployment:
         """Start SuperNode i again until the SuperLink accepts it, as systemd's Restart=on-failure would.
 
         The SuperLink refuses a node id it still believes online: a killed SuperNode's
-        successor is refused (exit code 305) until two missed heartbeats (up to a minute).
+        successor is refused (exit code 305) until two missed heartbeats (up to a minute). A try ends
+        when the SuperNode says its node id, which it logs once the SuperLink has activated it, or when
+        it exits: under load a refused SuperNode may take longer than any fixed wait to exit.
         """
+        log = self.root / f"supernode-{i}.log"
+
         def keep_trying() -> None:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
+                seen = log.stat().st_size
                 process = self.start_supernode(i)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=20)
-                if process.poll() is None:
-                    return  # accepted: it is running
+                while process.poll() is None:
+                    with log.open("rb") as text:
+                        text.seek(seen)
+                        if b"SuperNode ID:" in text.read() or time.monotonic() > deadline:
+                            return  # accepted: it is running (past the deadline, stop_all ends it)
+                    time.sleep(0.5)
                 self.processes.pop(f"supernode-{i}", None)
                 time.sleep(5)
 
