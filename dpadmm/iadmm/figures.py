@@ -51,6 +51,16 @@ def _panels(rows: list[dict[str, Any]]) -> tuple[list[str], list[float]]:
     return datasets, eps
 
 
+def without_private(rows: list[dict[str, Any]]) -> set[tuple[str, float]]:
+    """The panels (data set, eps-bar) of a per-round figure that no private cell fills: a grid's eps-bar
+    values make a column for every data set, and a data set run at fewer of them (003's FEMNIST at
+    eps-bar 0.05 only, beside MNIST at 0.05 and 5) would otherwise show a panel of the non-private line
+    alone, as if its private runs had been left out. Those panels say so instead, and draw nothing."""
+    datasets, eps_values = _panels(rows)
+    run = {(r["dataset"], r["eps"]) for r in rows}
+    return {(d, e) for d in datasets for e in eps_values if (d, e) not in run}
+
+
 def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *, band: bool,
                log: bool, private_only: bool) -> None:
     plt = pyplot()
@@ -58,11 +68,17 @@ def _per_round(rows: list[dict[str, Any]], key: str, path: Path, ylabel: str, *,
     if not eps_values:
         eps_values = [math.inf]
     curves = _curves(rows, key)
+    empty = without_private(rows)
     fig, axes = plt.subplots(len(datasets), len(eps_values), squeeze=False, sharex="row",
                              figsize=(3.2 * len(eps_values) + 0.8, 2.8 * len(datasets) + 0.6))
     for i, dataset in enumerate(datasets):
         for j, eps in enumerate(eps_values):
             ax = axes[i][j]
+            if (dataset, eps) in empty:
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"{dataset.upper()}: no private run\nat eps-bar = {eps:g} in this grid",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey")
+                continue
             for (d, label, e), (rounds, values) in sorted(curves.items(), key=lambda kv: kv[0][1]):
                 non_private = not math.isfinite(e)
                 if d != dataset or (private_only and non_private):
