@@ -273,16 +273,17 @@ def _superseded_while_writing(scratch: str) -> None:
     grid._end_superseded(folder)
 
 
-def test_a_superseded_attempt_removes_its_folder_while_its_cell_still_writes_into_it() -> None:
+def test_a_superseded_attempt_removes_its_folder_while_its_cell_still_writes_into_it(tmp_path: Path) -> None:
     """The folder goes whole though the cell's thread makes files in it to the last moment: removed
     in place, a file made during the walk would leave it behind."""
-    for _ in range(3):
-        scratch = tempfile.mkdtemp(prefix=f"{SCRATCH}test-")
-        code = f"import tests.test_grid as t; t._superseded_while_writing({scratch!r})"
+    for k in range(3):
+        scratch = tmp_path / f"scratch-{k}"
+        scratch.mkdir()
+        code = f"import tests.test_grid as t; t._superseded_while_writing({str(scratch)!r})"
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == SUPERSEDED, done.stdout + done.stderr
-        assert not list(Path(scratch).parent.glob(f"{Path(scratch).name}*"))
+        assert not list(tmp_path.glob(f"{scratch.name}*"))
 
 
 @pytest.mark.slow  # starts Ray
