@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from dpadmm.decentral import secret
+from dpadmm.privacy import secure
 
 
 def _shares(values: np.ndarray, codec: secret.FixedPoint, rng: np.random.Generator) -> np.ndarray:
@@ -98,6 +99,21 @@ def test_bad_shares_are_refused() -> None:
         secret.reconstruct(np.array([[codec.modulus]], dtype=np.int64), codec.modulus)
     with pytest.raises(ValueError, match="one row per agent"):
         secret.secure_sum(np.zeros((4, 2)), codec, rng)
+
+
+def test_a_deployment_draws_its_shares_from_a_chacha20_stream() -> None:
+    """The deployed form: shares from a ChaCha20 stream under a fresh OS key, the same sum; a stream, not a
+    numpy generator, is what the advice names; anything else is refused with both."""
+    codec = secret.FixedPoint(agents=4)
+    values = np.random.default_rng(1).normal(scale=10.0, size=(4, 5))
+    total = secret.secure_sum(values, codec, secure.Stream(secure.new_key()))
+    np.testing.assert_allclose(total, values.sum(axis=0), atol=4 / codec.scale)
+    encoded = np.full(64_000, codec.encode(1.5)[()], dtype=np.int64)
+    for row in secret.split(encoded, 0, 3, codec.modulus, secure.Stream(secure.new_key())):
+        counts = np.bincount((row // (codec.modulus // 64 + 1)).astype(np.int64), minlength=64)
+        assert stats.chisquare(counts).pvalue > 1e-3
+    with pytest.raises(ValueError, match="numpy.random.Generator .* or a dpadmm.privacy.secure.Stream"):
+        secret.split(encoded, 0, 3, codec.modulus, 7)  # type: ignore[arg-type]
 
 
 def test_every_share_is_uniform_on_z_p() -> None:

@@ -28,9 +28,13 @@ fixed point, round(v * scale) (default scale 2^20, a resolution of about 1e-6), 
 for signed values). Each agent's value must stay within :attr:`FixedPoint.bound` so that the signed sum
 of N of them decodes.
 
-Randomness. The uniform shares come from a :class:`numpy.random.Generator` the caller passes: seeded in
-simulation (reproducible runs), ``numpy.random.default_rng()`` (seeded from OS entropy) in deployment.
-A seeded generator is not secret: a deployment must never derive it from a seed others know.
+Randomness. The uniform shares come from what the caller passes: in simulation a seeded
+:class:`numpy.random.Generator` (reproducible runs); in deployment a
+:class:`~dpadmm.privacy.secure.Stream`, ChaCha20 under a fresh key from the OS CSPRNG
+(``secure.Stream(secure.new_key())``), whose values are exactly uniform below p
+(:func:`~dpadmm.privacy.secure.uniform_below`). Not ``numpy.random.default_rng()``: PCG64 is no
+cryptographic generator (its state follows from enough of its outputs, and agents see many shares), and a
+generator seeded from a value others know is no secret at all.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from dpadmm.privacy import secure
 
 DEFAULT_SCALE = 2**20
 DEFAULT_MODULUS = 2**61 - 1  # a Mersenne prime
@@ -120,20 +126,25 @@ def _check(field: np.ndarray, modulus: int) -> np.ndarray:
     return field
 
 
-def split(encoded: np.ndarray, owner: int, agents: int, modulus: int, rng: np.random.Generator
-          ) -> np.ndarray:
+def split(encoded: np.ndarray, owner: int, agents: int, modulus: int,
+          rng: np.random.Generator | secure.Stream) -> np.ndarray:
     """The N additive shares of one agent's encoded vector, [N, *shape]: share j goes to agent j. The N - 1
-    shares sent are uniform on Z_p (drawn from ``rng``, whatever the vector); the one the owner keeps is
-    the residual encoded - sum of the others (mod p)."""
+    shares sent are uniform on Z_p (drawn from ``rng``, whatever the vector: a seeded generator in
+    simulation, a ChaCha20 stream in deployment); the one the owner keeps is the residual encoded - sum of
+    the others (mod p)."""
     encoded = _check(encoded, modulus)
     if agents < 3:
         raise ValueError(f"agents={agents!r} is not allowed; Theorem 2.1 needs N >= 3")
     if not 0 <= owner < agents:
         raise ValueError(f"owner={owner!r} is not allowed; give an agent in 0..{agents - 1}")
-    if not isinstance(rng, np.random.Generator):
+    shape = (agents, *encoded.shape)
+    if isinstance(rng, secure.Stream):
+        shares = secure.uniform_below(rng, math.prod(shape), modulus).reshape(shape)
+    elif isinstance(rng, np.random.Generator):
+        shares = rng.integers(0, modulus, size=shape, dtype=np.int64)
+    else:
         raise ValueError(f"rng of type {type(rng).__name__} is not allowed; give a numpy.random.Generator "
-                         "(seeded in simulation, numpy.random.default_rng() in deployment)")
-    shares = rng.integers(0, modulus, size=(agents, *encoded.shape), dtype=np.int64)
+                         "(seeded, in simulation) or a dpadmm.privacy.secure.Stream (in deployment)")
     return residual(shares, encoded, owner, modulus)
 
 
@@ -171,7 +182,7 @@ def reconstruct(partials: np.ndarray, modulus: int) -> np.ndarray:
     return total
 
 
-def secure_sum(values: np.ndarray, codec: FixedPoint, rng: np.random.Generator) -> np.ndarray:
+def secure_sum(values: np.ndarray, codec: FixedPoint, rng: np.random.Generator | secure.Stream) -> np.ndarray:
     """The sum over agents of ``values`` [N, *shape] (row i agent i's vector) by the whole protocol: encode,
     split, exchange, broadcast the partial sums, reconstruct, decode. Exact in Z_p; the decoded sum is
     within N / (2 scale) of the real one (each value rounded to 1/scale)."""
