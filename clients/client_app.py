@@ -41,9 +41,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from clients.decentral import device_request as decentral_request
 from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from clients.dpiadmm import answer_query, train_reply
+from clients.dpiadmm import device_request as iadmm_request
 from clients.linadmm import gradient_reply
+from clients.randomness import data_digest, node_admission
 from clients.sharing import round_reply, scores_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES, Dataset
 from dpadmm.data.libsvm import load_binary
@@ -54,25 +57,21 @@ from dpadmm.decentral import engine as decentral_engine
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents, agent_view, read_agent_file
 from dpadmm.families import from_run_config
-from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import DTYPES, agent_data, load_for, resolve_device
 from dpadmm.linadmm import engine as linadmm_engine
+from dpadmm.linadmm import privacy as linadmm_privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import rows as problem_rows
 from dpadmm.models.logistic import AgentData
 from dpadmm.models.modules import build_model
+from dpadmm.privacy.device import DeviceRefused, RunRequest
 from dpadmm.sharing import engine as sharing_engine
+from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import REFUSED_KEY
 
 app = ClientApp()
-
-
-@lru_cache(maxsize=8)
-def calibrated(config: RunConfig) -> RunConfig:
-    """The run config with eps-bar calibrated to target-epsilon, computed by the agent itself."""
-    return privacy.calibrate(config)
 
 
 @lru_cache(maxsize=256)
@@ -140,10 +139,27 @@ def query(msg: Message, context: Context) -> Message:
     why instead (:func:`refusal`), and the server ends the run before round 1 (``Roster.admit``), before it
     writes anything and before any node releases anything."""
     try:
-        read_node(context)
-    except Refused as error:
+        config, held = read_node(context)
+        node_admission(context.node_config, int(context.node_config["partition-id"]),
+                       device_request_for(config, held, context.node_config))
+    except (Refused, DeviceRefused) as error:
         return refusal(msg, str(error))
     return answer_query(msg, int(context.node_config["partition-id"]))
+
+
+def device_request_for(config: Any, held: Any, node_config: Mapping[str, Any]) -> RunRequest:
+    """The run as this node's device sees it (:mod:`dpadmm.privacy.device`), from the family's configuration
+    and what the node holds for it (:func:`read_node`)."""
+    if isinstance(config, LinAdmmConfig):
+        features, labels = held
+        return linadmm_privacy.device_request(config, data_digest(features, labels), int(features.shape[-2]))
+    if isinstance(config, DecentralConfig):
+        return decentral_request(config, held, int(node_config["partition-id"]))
+    if isinstance(config, SharingConfig):
+        parties, _ = held
+        return sharing_privacy.device_request(config, data_digest(parties.blocks),
+                                              int(parties.blocks.shape[1]))
+    return iadmm_request(config, held)
 
 
 @lru_cache(maxsize=8)
@@ -245,10 +261,9 @@ def read_node(context: Context, msg: Message | None = None) -> tuple[Any, Any]:
     """(the family's configuration, what this node holds for it), read as its rounds read them: DP-ADMM's
     (features, labels), a 004 agent's view, a sharing party's (block, ids' digest), DP-IADMM's data. Anything
     refused: :class:`Refused`. ``msg`` is a train message: it gives DP-IADMM's class count (a logistic
-    model's is the server's w's, :func:`num_classes_for`), and DP-IADMM's configuration comes calibrated.
-    Without one (the query) the class count is the data set's, as the server's model has, and nothing is
-    calibrated: the server calibrated the same run config before it asked, and a deployed node, which
-    starts a process per message, would pay for the accountant once more."""
+    model's is the server's w's, :func:`num_classes_for`); without one (the query) the class count is the
+    data set's, as the server's model has. DP-IADMM's configuration is returned as the run config gives it:
+    ``train_reply`` calibrates it (on a deployed node, once per run)."""
     with refusing():
         chosen = from_run_config(context.run_config)
         partition_id = int(context.node_config["partition-id"])
@@ -260,8 +275,8 @@ def read_node(context: Context, msg: Message | None = None) -> tuple[Any, Any]:
             return chosen, sharing_party(chosen, context.node_config)
         if msg is None:
             return chosen, agent_data_for(chosen, context.node_config, NUM_CLASSES[chosen.dataset])
-        data = agent_data_for(chosen, context.node_config, num_classes_for(chosen, msg.content["arrays"]))
-        return calibrated(chosen), data
+        classes = num_classes_for(chosen, msg.content["arrays"])
+        return chosen, agent_data_for(chosen, context.node_config, classes)
 
 
 @app.evaluate()
@@ -290,13 +305,19 @@ def train(msg: Message, context: Context) -> Message:
     except Refused as error:
         return refusal(msg, str(error))
     partition_id = int(context.node_config["partition-id"])
-    if isinstance(config, LinAdmmConfig):
-        features, labels = held
-        return gradient_reply(msg, config, features, labels, partition_id)
-    if isinstance(config, DecentralConfig):
-        reply = sum_reply if config.exchange == "secret" else iterate_reply
-        return reply(msg, context, config, held, partition_id)
-    if isinstance(config, SharingConfig):
-        parties, digest = held
-        return round_reply(msg, context, config, parties, partition_id, digest)
-    return train_reply(msg, config, held, partition_id, model_for(config), context.node_config)
+    try:
+        if isinstance(config, LinAdmmConfig):
+            # central DP: the exact sums leave the device only if its operator trusts the server
+            request = device_request_for(config, held, context.node_config)
+            node_admission(context.node_config, partition_id, request)
+            features, labels = held
+            return gradient_reply(msg, config, features, labels, partition_id)
+        if isinstance(config, DecentralConfig):
+            reply = sum_reply if config.exchange == "secret" else iterate_reply
+            return reply(msg, context, config, held, partition_id)
+        if isinstance(config, SharingConfig):
+            parties, digest = held
+            return round_reply(msg, context, config, parties, partition_id, digest)
+        return train_reply(msg, config, held, partition_id, model_for(config), context.node_config)
+    except DeviceRefused as error:
+        return refusal(msg, str(error))

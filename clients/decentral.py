@@ -27,19 +27,23 @@ keeps its own x^{k-1} too; its neighbour sum is S^{k-1} - x_i^{k-1}, as in the e
 
 from __future__ import annotations
 
+from logging import ERROR
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.logger import log
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat
 
-from clients.randomness import node_randomness
-from dpadmm.decentral import engine
+from clients.randomness import data_digest, node_randomness
+from dpadmm.decentral import engine, privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
+from dpadmm.privacy.device import RunRequest
 from dpadmm.privacy.randomness import request_digest
 from dpadmm.wire import EXCHANGED_KEY, KIND_KEY, NEIGHBOURS_KEY
 
@@ -75,6 +79,13 @@ def request_of(config: DecentralConfig, k: int, *parts: torch.Tensor | list[int]
     return request_digest(*pieces)
 
 
+def device_request(config: DecentralConfig, view: Agents, agent: int) -> RunRequest:
+    """The run as agent ``agent``'s device sees it (:func:`dpadmm.decentral.privacy.device_request`), bound
+    to its own samples."""
+    return privacy.device_request(config, data_digest(view.features[0, agent], view.labels[0, agent]),
+                                  int(view.features.shape[-1]))
+
+
 def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view: Agents, agent: int
                   ) -> Message:
     """Answer iteration k: finish k - 1 (the dual), release x^k, with the kind of randomness the node uses
@@ -94,8 +105,9 @@ def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view:
     dual = _dual(context, k, view, agent)
     if k > 1:
         dual = engine.dual(config, view, dual, x)  # iteration k - 1's, now that its iterates are known
-    randomness, kind = node_randomness(context.node_config, settings, agent, k,
-                                       request_of(config, k, ids, rows, dual[0, agent]))
+    randomness, kind, _ = node_randomness(context.node_config, settings, agent, k,
+                                          request_of(config, k, ids, rows, dual[0, agent]),
+                                          device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual), [config.seed], k, randomness)
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
@@ -133,15 +145,19 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     dual = _dual(context, k, view, agent)
     if k > 1:
         dual = engine.dual(config, view, dual, x, sums)  # iteration k - 1's
-    randomness, kind = node_randomness(context.node_config, fit.config, agent, k,
-                                       request_of(config, k, total, x[0, agent], dual[0, agent]))
+    randomness, kind, _ = node_randomness(context.node_config, fit.config, agent, k,
+                                          request_of(config, k, total, x[0, agent], dual[0, agent]),
+                                          device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k,
                                  randomness)
     mine = released[0, agent].cpu().numpy()
     largest = float(np.abs(mine).max())
     if largest > config.secagg_range:
-        raise ValueError(f"agent {agent}'s iterate of iteration {k} has a coordinate of size {largest:.4g}, "
-                         f"outside secagg-range={config.secagg_range:g}, which SecAgg+ would clip; raise it")
+        # no number computed from the data in a text the server sees (the node's own log has it)
+        log(ERROR, "dpadmm node: agent %d's iterate of iteration %d has a coordinate of size %.4g", agent, k,
+            largest)
+        raise ValueError(f"agent {agent}'s iterate of iteration {k} has a coordinate outside "
+                         f"secagg-range={config.secagg_range:g}, which SecAgg+ would clip; raise it")
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
     context.state.array_records[OWN] = ArrayRecord({"x": Array(mine)})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})

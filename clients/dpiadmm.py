@@ -11,7 +11,7 @@ and answers its messages with these helpers::
 
     @app.train()
     def train(msg, context):
-        config = RunConfig.from_mapping(context.run_config)
+        config = RunConfig.from_mapping(context.run_config)  # calibrated by train_reply itself
         data = AgentData.from_blocks([x], [y], num_classes=K, total=I, agents=[partition_id])
         return train_reply(msg, config, data, partition_id, module=MyNet())
 
@@ -29,17 +29,20 @@ are fixed, and two different inputs under the same noise would reveal their diff
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
-from clients.randomness import node_randomness
+from clients.randomness import data_digest, node_randomness
 from dpadmm import wire
+from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models.logistic import AgentData
+from dpadmm.privacy.device import RunRequest
 from dpadmm.privacy.randomness import Secret, request_digest
 
 
@@ -95,15 +98,24 @@ def request_of(msg: Message, config: RunConfig) -> str:
     return request_digest(*parts)
 
 
+def device_request(config: RunConfig, data: AgentData) -> RunRequest:
+    """The run as this agent's device sees it (:func:`dpadmm.iadmm.privacy.device_request`), bound to its
+    data."""
+    return privacy.device_request(config, data_digest(data.x, data.y, data.counts), data.total)
+
+
 def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: int,
                 module: nn.Module | None = None, node_config: Mapping[str, object] | None = None) -> Message:
     """Answer a train message: refuse another agent's state, run round t, reply z_p^{t+1}.
 
-    ``config`` must be the run's (calibrated, if it sets ``target-epsilon``: see
-    ``dpadmm.iadmm.privacy.calibrate``); ``data`` is this agent's, with ``agents=[partition_id]``
-    (the agent's id in its draws) and ``total`` the federation's sample count I. ``node_config`` is the
-    node's (``context.node_config``): its ``randomness`` and ``state-dir`` settings, if any
-    (:mod:`clients.randomness`). The reply's metrics say which kind of randomness the agent used.
+    ``config`` is the run's, as the run config gives it: the agent calibrates eps-bar to its
+    ``target-epsilon`` itself (on a deployed node once per run, by the device's ledger; a client cannot skip
+    it). ``data`` is this agent's, with ``agents=[partition_id]`` (the agent's id in its draws) and ``total``
+    the federation's sample count I. ``node_config`` is the node's (``context.node_config``): its
+    ``randomness`` and ``state-dir`` settings, if any (:mod:`clients.randomness`). On a deployed node the
+    device admits the run first (:mod:`dpadmm.privacy.device`: its policy and lifetime budget); a refusal
+    raises :class:`~dpadmm.privacy.device.DeviceRefused`. The reply says which kind of randomness the agent
+    used and which mechanism it ran (``wire.MECHANISM_KEY``), which the server checks against its statement.
     """
     sent_for = int(msg.content["config"]["partition-id"])
     if sent_for != partition_id:
@@ -113,9 +125,14 @@ def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: 
         raise ValueError(f"data.agents={data.agents.tolist()} but partition_id={partition_id}: the data's "
                          "agent id keys the noise streams and must be this agent's partition id")
     t = int(msg.content["config"]["server-round"])
-    randomness, kind = node_randomness(node_config or {}, msg.content["config"], partition_id, t,
-                                       request_of(msg, config))
-    out = local_update(config, data, msg.content["arrays"], t, module, randomness)
+    randomness, kind, charge = node_randomness(node_config or {}, msg.content["config"], partition_id, t,
+                                               request_of(msg, config), device_request(config, data))
+    if charge is not None and "epsilon" in charge.settings:  # calibrated once, when the device admitted it
+        run = dataclasses.replace(config, epsilon=charge.settings["epsilon"])
+    else:
+        run = privacy.calibrate(config)
+    out = local_update(run, data, msg.content["arrays"], t, module, randomness)
     metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
-    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics,
-                                       "config": ConfigRecord({wire.KIND_KEY: kind})}), reply_to=msg)
+    stated = ConfigRecord({wire.KIND_KEY: kind, wire.MECHANISM_KEY: privacy.mechanism_of(run)})
+    return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics, "config": stated}),
+                   reply_to=msg)

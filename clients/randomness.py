@@ -15,9 +15,14 @@ Each reply reports the kind its agent used in its config record, under ``randomn
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 from collections.abc import Mapping
 
+import torch
+
+from dpadmm.privacy import device
+from dpadmm.privacy.device import Charge, Device, RunRequest
 from dpadmm.privacy.randomness import (
     DEPLOYMENT,
     FORCED_SIMULATION,
@@ -30,6 +35,7 @@ from dpadmm.privacy.randomness import (
 from dpadmm.wire import IDENTITY_KEY
 
 REPORTED = (SIMULATION, DEPLOYMENT, FORCED_SIMULATION)
+log = logging.getLogger("dpadmm.node")
 _ACTOR_MODULE = "flwr.simulation.ray_transport.ray_actor"
 
 
@@ -61,17 +67,48 @@ def node_kind(node_config: Mapping[str, object]) -> str:
     return SIMULATION if simulated else DEPLOYMENT
 
 
+def data_digest(*tensors: torch.Tensor) -> str:
+    """The digest of a node's data (its tensors' dtypes, shapes and bytes): what binds a charge of the
+    device's budget to the data it was spent on (:mod:`dpadmm.privacy.device`)."""
+    parts: list[bytes | str] = []
+    for tensor in tensors:
+        data = tensor.detach().cpu().contiguous().numpy().tobytes()
+        parts += [str(tensor.dtype), repr(list(tensor.shape)), data]
+    return device.digest(*parts)
+
+
+def node_admission(node_config: Mapping[str, object], agent: int, request: RunRequest) -> None:
+    """Before any release (the partition query): on a deployed node, refuse a run the device's policy rules
+    out (:meth:`~dpadmm.privacy.device.Device.preview`, :class:`~dpadmm.privacy.device.DeviceRefused`).
+    Simulation kinds check nothing: they protect nothing."""
+    if node_kind(node_config) == DEPLOYMENT:
+        Device(state_dir(node_config), agent).preview(request)
+
+
 def node_randomness(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int,
-                    round_: int, digest: str) -> tuple[Secret | None, str]:
-    """(this agent's randomness for the request, the kind to report): None for the simulation kinds, else
-    the agent's :class:`~dpadmm.privacy.randomness.Secret` for the run the server names in ``settings``,
-    after recording the request (``digest``) as answered for this round (a different request for the same
-    round is refused: :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
+                    round_: int, digest: str, request: RunRequest
+                    ) -> tuple[Secret | None, str, Charge | None]:
+    """(this agent's randomness for the request, the kind to report, the device's charge for the run): None
+    and None for the simulation kinds; on a deployed node the agent's
+    :class:`~dpadmm.privacy.randomness.Secret` for the run the server names in ``settings`` and the run's
+    :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (``request``: its policy and
+    lifetime budget, charged and fsynced at the run's first release; :class:`~dpadmm.privacy.device.Device`)
+    and recorded the request (``digest``) as answered for this round (a different request for the same round
+    is refused: :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
     kind = node_kind(node_config)
     if kind != DEPLOYMENT:
-        return None, kind
+        return None, kind, None
     identity = str(settings.get(IDENTITY_KEY, ""))
-    keeper = NodeSecret(state_dir(node_config), agent)
-    randomness = keeper.randomness(identity)  # refuses a request without a run identity
+    directory = state_dir(node_config)
+    budget = Device(directory, agent)
+    charge = budget.admit(identity, request)  # refuses a request without a run identity, before any secret
+    budget.check_round(charge, round_)
+    keeper = NodeSecret(directory, agent)
+    randomness = keeper.randomness(identity)
     keeper.answer(identity, round_, digest)
-    return randomness, kind
+    if round_ == charge.rounds:  # the node's own statement of the run, in its own log
+        log.info("dpadmm node: agent %d answers the last round (%d) of run %s: the run costs this device "
+                 "(eps = %.6g, delta = %.3g) by its own accountant (%s, %s); `dpadmm node status` shows its "
+                 "total", agent, round_, identity, charge.epsilon, charge.delta, charge.algorithm,
+                 charge.mechanism)
+    return randomness, kind, charge

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.randomness import node_kind, node_randomness
+from clients.randomness import data_digest, node_kind, node_randomness
 from dpadmm.privacy.randomness import DEPLOYMENT, request_digest
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
@@ -91,8 +91,9 @@ def round_reply(msg: Message, context: Context, config: SharingConfig, parties: 
     else:
         own = _cached(context, int(settings["own-round"]), like)
     n = int(like.shape[0])
-    randomness, kind = node_randomness(context.node_config, settings, partition_id, t,
-                                       request_of(config, t, pulled, y, own))
+    request = privacy.device_request(config, data_digest(parties.blocks), n)
+    randomness, kind, _ = node_randomness(context.node_config, settings, partition_id, t,
+                                          request_of(config, t, pulled, y, own), request)
     x, message = engine.party_step(parties, pulled.unsqueeze(0), own.view(1, 1, -1), y.unsqueeze(0), config,
                                    config.penalty(n), [config.seed], t, privacy.noise_std(config, n),
                                    randomness)

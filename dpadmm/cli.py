@@ -124,6 +124,7 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
                        help="print one JSON object per audited release kind (claim, bound, trials, seconds)")
     _add_reproduce(commands, paper)
     _add_deploy(commands)
+    _add_node(commands)
     _add_data(commands)
     return parser
 
@@ -450,6 +451,60 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
     agents.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
 
 
+def _add_node(commands: argparse._SubParsersAction) -> None:
+    node = commands.add_parser(
+        "node", help="a deployed device's own privacy: its policy and what it has spent",
+        description="A deployed node keeps its secret, its policy (policy.toml) and its privacy budget "
+                    "(agent-<id>.budget.jsonl) in its state folder: --state-dir, else $DPADMM_NODE_STATE, "
+                    "else ~/.dpadmm/node. No run config reaches them.")
+    steps = node.add_subparsers(dest="step", required=True)
+    serve = steps.add_parser(
+        "serve", help="answer a SuperNode's messages with the installed dpadmm (its isolated runtime)",
+        description="Ask the SuperNode (started with --isolation process) for its ClientApp tasks and answer "
+                    "each with the dpadmm installed here, in this one long-lived process; a run whose app is "
+                    "not this installation is refused. `dpadmm deploy supernode` starts it beside the "
+                    "SuperNode.")
+    serve.add_argument("--runtime-api-address", default="127.0.0.1:9094",
+                       help="the SuperNode's runtime API, HOST:PORT (its --port; default: 127.0.0.1:9094)")
+    for name, text in (("status", "print the policy and, per agent and run, what the device has spent"),
+                       ("policy", "print the policy in force, or --write the defaults to edit")):
+        step = steps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        step.add_argument("--state-dir", help="the node's state folder (default: $DPADMM_NODE_STATE, else "
+                                              "~/.dpadmm/node)")
+        if name == "policy":
+            step.add_argument("--write", action="store_true",
+                              help="write the default policy to <state-dir>/policy.toml (an existing one "
+                                   "is refused)")
+
+
+def _node(args: argparse.Namespace) -> int:
+    from dpadmm.privacy import device
+
+    if args.step == "serve":
+        from clients import runtime
+
+        runtime.configure_logging()
+        runtime.serve(runtime.Options(address=args.runtime_api_address))
+        return 0
+    directory = Path(args.state_dir) if args.state_dir else device.node_state_dir()
+    try:
+        if args.step == "status":
+            print(device.status(directory))
+        elif args.write:
+            path = directory / device.POLICY_FILE
+            if path.exists():
+                raise ValueError(f"{path} exists; edit it, or remove it first")
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(path, device.Policy().to_toml())
+            print(path)
+        else:
+            print(device.read_policy(directory).to_toml(), end="")
+    except (ValueError, OSError) as err:  # DeviceRefused is a ValueError: a damaged file, said as such
+        print(f"dpadmm: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _split(value: str) -> list[str]:
     return [item.strip() for item in value.split(",")]
 
@@ -467,6 +522,44 @@ def _warned(build: Callable[[], _T]) -> _T:
     for warning in caught:
         print(f"dpadmm: warning: {warning.message}", file=sys.stderr)
     return result
+
+
+def _supernode(command: list[str], port: int) -> int:
+    """Run ``command`` (flower-supernode with ``--isolation process``) and the device's runtime beside it, in
+    this process (:func:`clients.runtime.serve`), until either ends: one process for a supervisor to keep
+    (a systemd unit's ``ExecStart``). Ends with the SuperNode's exit code; SIGTERM ends both."""
+    import signal
+    import subprocess
+    import threading
+
+    sibling = Path(sys.executable).with_name(command[0])
+    program = str(sibling) if os.access(sibling, os.X_OK) else shutil.which(command[0])
+    if program is None:
+        raise FileNotFoundError(f"{command[0]} not found next to {sys.executable} or on PATH; install flwr "
+                                "(pip install 'flwr>=1.41,<1.42') or activate its environment")
+    from clients import runtime
+
+    runtime.configure_logging()
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    node = subprocess.Popen([program, *command[1:]])  # its log lines go where this process's go
+
+    def watch() -> None:
+        node.wait()
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        runtime.serve(runtime.Options(address=f"127.0.0.1:{port}"), stop)
+    finally:
+        if node.poll() is None:
+            node.terminate()
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+    return int(node.wait())
 
 
 def _exec(command: list[str]) -> None:
@@ -579,10 +672,12 @@ def _deploy(args: argparse.Namespace) -> int:
             command = _warned(lambda: deploy.supernode_command(
                 args.superlink, args.node_config, ca_cert=args.ca_cert, private_key=args.key, port=args.port,
                 insecure=args.insecure))
+            runtime = deploy.runtime_command(args.port)
             if args.print:
                 print(shlex.join(command))
+                print(shlex.join(runtime))
             else:
-                _exec(command)
+                return _supernode(command, args.port)
         elif args.step == "connection":
             block = _warned(lambda: deploy.connection_toml(args.name, args.address, args.ca_cert,
                                                            insecure=args.insecure))
@@ -632,6 +727,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _deploy(args)
     if args.command == "data":
         return _data(args)
+    if args.command == "node":
+        return _node(args)
     try:
         family_of(args.algorithm or DEFAULT.config().algorithm)  # an unknown one: the error names all
         config = _config_from(args, family)

@@ -230,13 +230,16 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
     ``superlink`` is ``host:port`` of the SuperLink, ``node_config`` the agent's node config
     (``partition-id=3 data-path='/data/agent.npz' num-samples-total=60000``), ``ca_cert``
     the CA that signed the SuperLink's certificate, ``private_key`` the node's registered
-    key. ``port`` is the node's local runtime API (distinct per SuperNode on one machine).
+    key. ``port`` is the node's local runtime API (distinct per SuperNode on one machine), served on the
+    device's loopback only. With ``--isolation process`` the SuperNode starts no ClientApp of its own: the
+    device's runtime (:func:`runtime_command`) answers its messages with the installed dpadmm, never with
+    the code of the run's FAB (:mod:`clients.runtime`).
     """
     _check_port(port)
     if not superlink:
         raise ValueError("superlink is empty: give the SuperLink's host:port, e.g. 192.168.1.10:9093")
     command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
-               "--port", str(port)]
+               "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
     if insecure:
         warnings.warn(INSECURE_WARNING, stacklevel=2)
         return [*command, "--insecure"]
@@ -248,6 +251,13 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
         if not Path(str(path)).is_file():
             raise FileNotFoundError(f"{path} does not exist")
     return [*command, "--root-certificates", str(ca_cert), "--auth-supernode-private-key", str(private_key)]
+
+
+def runtime_command(port: int = 9094) -> list[str]:
+    """The device's runtime (``dpadmm node serve``) for the SuperNode whose runtime API is on ``port``: it
+    answers that SuperNode's messages with the installed dpadmm (:mod:`clients.runtime`)."""
+    _check_port(port)
+    return ["dpadmm", "node", "serve", "--runtime-api-address", f"127.0.0.1:{port}"]
 
 
 def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecure: bool = False) -> str:

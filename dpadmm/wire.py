@@ -17,6 +17,9 @@ T = TypeVar("T")
 
 IDENTITY_KEY = "run-identity"  # server -> node, in every train config record: the run's identity
 KIND_KEY = "randomness"  # node -> server, in the reply's config record: the kind of randomness it used
+# node -> server, in a DP-IADMM reply's config record: the mechanism the node ran, as it calibrated it
+# (dpadmm.iadmm.privacy.mechanism_of); the server's statement covers a reply only if it is the announced one
+MECHANISM_KEY = "mechanism"
 # node -> server, in the reply's config record instead of an answer (to the partition query before round 1,
 # or to a round's message): why this node cannot take part at all (its configuration or its data is
 # refused), a fault that would repeat every round, so the server ends the run

@@ -130,6 +130,8 @@ class DPIADMM(Strategy):
         # checkpoint, so that a resumed run asks its nodes for the same draws and a new run for new ones.
         self.run_identity = new_run_identity()
         self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
+        # the mechanism this run's statement covers: a reply that states another is rejected
+        self.mechanism = privacy.mechanism_of(config)
         self._resume()
 
     # ----- Strategy API -----
@@ -347,6 +349,10 @@ class DPIADMM(Strategy):
                     return f"{key} has shape {tuple(value.shape)}, expected {self.shapes[name]}"
                 if not np.isfinite(value).all():
                     return f"{key} has non-finite entries"
+        ran = reply.content["config"].get(wire.MECHANISM_KEY) if "config" in reply.content else None
+        if ran != self.mechanism:
+            return (f"its node ran {'no stated mechanism' if ran is None else repr(ran)}, not this run's "
+                    f"{self.mechanism!r}: the run's privacy statement would not cover it")
         tensors = {role: {name: torch.from_numpy(v.copy()) for name, v in arrays[role].items()}
                    for role in roles}
         return tensors["z"], tensors.get("z-last", tensors["z"])

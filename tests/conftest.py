@@ -22,7 +22,7 @@ import threading
 import time
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 from dpadmm.families import DEFAULT, family_of
+from dpadmm.privacy.device import POLICY_FILE, Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -365,6 +366,12 @@ clientapp = "{client_module}:app"
     return app
 
 
+# A test deployment's devices accept runs of the papers' settings (more than the defaults' (8, 1e-5) per run)
+# and many runs on one state folder; a module may add its own (allow-non-private, ...)
+TEST_POLICY: dict[str, Any] = {"max_run_epsilon": 1e3, "max_run_delta": 1e-2, "lifetime_epsilon": 1e6,
+                               "lifetime_delta": 1.0}
+
+
 class Deployment:
     """The processes of one loopback deployment, all with FLWR_HOME=<root>/flwr-home: a SuperLink with TLS and
     SuperNode authentication on, and up to ``nodes`` SuperNodes, every one started with the documented
@@ -372,7 +379,7 @@ class Deployment:
 
     connection = "dpadmm-test"
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, policy: Mapping[str, Any] | None = None) -> None:
         self.root = root
         self.home = root / "flwr-home"
         bin_dir = str(Path(sys.executable).parent)
@@ -384,6 +391,10 @@ class Deployment:
                         DPADMM_SERVER_STATE=str(root / "server-state"),
                         PATH=f"{bin_dir}:{os.environ['PATH']}")
         self.port, *self.node_ports = free_ports(nodes + 1)
+        # The devices' policy, their operator's (dpadmm.privacy.device): these tests run many runs, of the
+        # papers' settings too, on one state folder; the policy's defaults are tested in test_device.py
+        (root / "node-state").mkdir(parents=True, exist_ok=True)
+        (root / "node-state" / POLICY_FILE).write_text(Policy(**{**TEST_POLICY, **(policy or {})}).to_toml())
         self.node_configs: dict[int, str] = {}  # SuperNode i's node config, kept for its restarts
         self.processes: dict[str, subprocess.Popen] = {}
 

@@ -9,10 +9,11 @@ reject every spoiled reply with its reason and never aggregate it.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients import client_app
+from dpadmm.wire import MECHANISM_KEY
 
 # (partition, round) -> fault; with seed 0, P = 5 and fraction-train 0.8 each of these
 # partitions is sampled in that round.
@@ -24,6 +25,7 @@ FAULTS = {
     (3, 3): "other-id",
     (1, 4): "late",
     (2, 4): "malformed",
+    (3, 5): "mechanism",  # a client that ran another mechanism than the server states (no calibration)
 }
 
 app = ClientApp()
@@ -60,4 +62,8 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({"arrays": spoiled})
     if fault != "malformed":
         content["metrics"] = MetricRecord(metrics)
+    stated = dict(reply.content["config"])
+    if fault == "mechanism":
+        stated[MECHANISM_KEY] = "laplace, noise multiplier 1.0, sampling 1.0, 2 per round"
+    content["config"] = ConfigRecord(stated)
     return Message(content=content, reply_to=msg)

@@ -340,3 +340,20 @@ def test_audit_refuses_what_it_cannot_audit(capsys: pytest.CaptureFixture[str]) 
     assert "no privacy claim to audit" in capsys.readouterr().err
     assert main(["audit", "--algorithm", "dp-admm", "--target-epsilon", "inf"]) == 2
     assert "no privacy claim to audit" in capsys.readouterr().err
+
+
+def test_node_policy_and_status_are_the_devices_own(tmp_path: Path, dpadmm: Run) -> None:
+    """`dpadmm node policy --write` writes the defaults once; `status` says what is spent, and refuses a
+    damaged budget with the reason (exit 2, one line)."""
+    state = tmp_path / "state"
+    written = dpadmm("node", "policy", "--state-dir", str(state), "--write", cwd=tmp_path)
+    assert written.returncode == 0 and written.stdout.strip() == str(state / "policy.toml")
+    assert "max-run-epsilon = 8.0" in (state / "policy.toml").read_text()
+    again = dpadmm("node", "policy", "--state-dir", str(state), "--write", cwd=tmp_path)
+    assert again.returncode == 2 and "policy.toml exists; edit it, or remove it first" in again.stderr
+    shown = dpadmm("node", "status", "--state-dir", str(state), cwd=tmp_path)
+    assert shown.returncode == 0 and "no agent has answered on this device: nothing spent" in shown.stdout
+    (state / "agent-0.budget.jsonl").write_text("not json\n")
+    damaged = dpadmm("node", "status", "--state-dir", str(state), cwd=tmp_path)
+    assert damaged.returncode == 2 and damaged.stderr.startswith("dpadmm: error: the budget file")
+    assert "is damaged at line 1" in damaged.stderr and len(damaged.stderr.splitlines()) == 1

@@ -295,8 +295,11 @@ def test_cli_prints_commands(certs: deploy.Certificates, tmp_path: Path,
     assert main(["deploy", "supernode", "--superlink", "10.0.0.1:9093", "--node-config", NODE_CONFIG,
                  "--ca-cert", str(certs.ca_cert), "--key", str(key), "--print"]) == 0
     out, err = capsys.readouterr()
-    assert shlex.split(out) == deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=certs.ca_cert,
-                                                        private_key=key)
+    node, runtime = out.splitlines()  # the SuperNode, and the device's runtime that answers its messages
+    assert shlex.split(node) == deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=certs.ca_cert,
+                                                         private_key=key)
+    assert "--isolation process --host 127.0.0.1 --port 9094" in node
+    assert shlex.split(runtime) == ["dpadmm", "node", "serve", "--runtime-api-address", "127.0.0.1:9094"]
     assert err == ""
     assert main(["deploy", "connection", "--name", "lab", "--address", "a:1", "--ca-cert", str(certs.ca_cert),
                  "--flwr-home", str(tmp_path / "home"), "--print"]) == 0

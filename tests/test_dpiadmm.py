@@ -66,7 +66,10 @@ def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: di
                "shape": "z has shape (783, 10), expected (784, 10)",
                "dtype": "z has dtype float32, expected float64",
                "other-id": "claims partition 4, but its node holds partition 3",
-               "late": "computed for round 3, not this round 4", "malformed": "malformed"}
+               "late": "computed for round 3, not this round 4", "malformed": "malformed",
+               "mechanism": "its node ran 'laplace, noise multiplier 1.0, sampling 1.0, 2 per round', not "
+                            "this run's 'laplace, noise multiplier 2.0, sampling 1.0, 2 per round': the "
+                            "run's privacy statement would not cover it"}
     for report in rounds:
         t = report["round"]
         assert report["sampled"] == schedules.participants(config, t)

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from dpadmm.decentral.config import DecentralConfig
+from dpadmm.privacy.device import RunCost, RunRequest, config_digest
 from dpadmm.privacy.randomness import NO_RUN
 from dpadmm.privacy.secure import laplace_epsilon_cost
 
@@ -466,6 +467,19 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     return Statement(algorithm=config.algorithm, epsilon=paper + grid,
                      releases=config.rounds, coordinates=d, bound=config.bound, proven_bound=proven,
                      covered=config.covered, noise=noise, note=note, grid=grid)
+
+
+def device_request(config: DecentralConfig, data: str, d: int) -> RunRequest:
+    """One agent's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the pure epsilon of
+    :func:`statement` for d coordinates, against the other agents; covered when B_inf is at least the proven
+    2/b_i. ``data``: the digest of the agent's samples."""
+
+    def cost() -> RunCost:
+        return RunCost(statement(config, d).epsilon, 0.0, "laplace")
+
+    return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
+                      config=config_digest(config.to_mapping()),
+                      data=data, private=config.private, covered=config.covered, cost=cost)
 
 
 def stated(config: DecentralConfig) -> Statement:

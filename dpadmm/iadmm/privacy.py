@@ -18,6 +18,7 @@ import sys
 
 from dpadmm.iadmm import schedules
 from dpadmm.iadmm.config import RunConfig
+from dpadmm.privacy.device import RunCost, RunRequest, config_digest
 from dpadmm.privacy.ledger import (
     Ledger,
     Release,
@@ -120,6 +121,9 @@ def calibrate(config: RunConfig) -> RunConfig:
     """
     if not config.target_epsilon:
         return config
+    known = _CALIBRATED.get(config)
+    if known is not None:
+        return known
     release, per_round = release_of(config)
     multiplier = calibrate_multiplier(release.mechanism, per_round * config.rounds, config.target_epsilon,
                                       config.delta, release.sampling)
@@ -127,7 +131,45 @@ def calibrate(config: RunConfig) -> RunConfig:
         epsilon = outp_multiplier(1.0, config.outp_delta, config.neighbouring) / multiplier
     else:
         epsilon = 1.0 / multiplier
-    return dataclasses.replace(config, epsilon=epsilon)
+    result = dataclasses.replace(config, epsilon=epsilon)
+    # the result depends on every key but epsilon, so calibrating it again gives itself
+    _CALIBRATED[config] = _CALIBRATED[result] = result
+    return result
+
+
+# calibrate's results in this process (a second of the accountant each): the server, its strategy and a
+# long-lived node calibrate the same configuration more than once
+_CALIBRATED: dict[RunConfig, RunConfig] = {}
+
+
+def device_request(config: RunConfig, data: str, total: int) -> RunRequest:
+    """One DP-IADMM run as the device's ledger event (:mod:`dpadmm.privacy.device`): its cost is the whole
+    run's (epsilon, delta) by the PLD accountant, computed on the node from the run config the server sent
+    (calibrated there, when it sets ``target-epsilon``) and ``total`` (I); the calibrated eps-bar is kept as
+    the run's setting, so that the node calibrates once per run. ``data``: the digest of the agent's data.
+    Covered: the clipped sensitivity and OutP's; the papers' eq. (9b) is computed from the data."""
+
+    def cost() -> RunCost:
+        run = calibrate(config)
+        whole = ledger(run, total_samples=total).whole_run
+        return RunCost(whole.epsilon_pld, whole.delta, release_of(run)[0].mechanism, {"epsilon": run.epsilon})
+
+    covered = config.algorithm == "outp" or config.sensitivity == "clipped"
+    return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
+                      config=config_digest(config.to_mapping()),
+                      data=data, private=config.private, covered=covered, cost=cost)
+
+
+def mechanism_of(config: RunConfig) -> str:
+    """What one agent releases under ``config``, in the words a reply states it and a server checks it: the
+    noise, its multiplier (noise scale / sensitivity, as calibrated), the sampling rate and the releases per
+    round; "none" for a non-private configuration. Two agents that state the same string ran the same
+    mechanism, so the server's whole-run statement covers both."""
+    if not config.private:
+        return "none"
+    release, per_round = release_of(calibrate(config))
+    return (f"{release.mechanism}, noise multiplier {release.noise_multiplier!r}, sampling "
+            f"{release.sampling!r}, {per_round} per round")
 
 
 def spent(config: RunConfig, rounds: int) -> float:

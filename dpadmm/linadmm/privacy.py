@@ -25,6 +25,7 @@ import math
 import sys
 
 from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.privacy.device import RunCost, RunRequest, config_digest
 from dpadmm.privacy.ledger import Ledger, Release, clipped_sensitivity, composed_epsilon
 from dpadmm.privacy.ledger import ledger as account
 from dpadmm.privacy.secure import MIN_GAUSSIAN_MULTIPLIER
@@ -130,6 +131,20 @@ def ledger(config: LinAdmmConfig, num_samples: int) -> Ledger:
         neighbouring=config.neighbouring, note=note,
         holder="for the whole training set (every client's rows)",
     )
+
+
+def device_request(config: LinAdmmConfig, data: str, num_samples: int) -> RunRequest:
+    """One client's run as the device's ledger event (:mod:`dpadmm.privacy.device`): central DP, the client
+    sends exact clipped gradient sums and the server adds the noise, so the device must trust the server;
+    the cost is the server's whole-run ledger for the client's ``num_samples`` rows."""
+
+    def cost() -> RunCost:
+        whole = ledger(config, num_samples).whole_run
+        return RunCost(whole.epsilon_pld, whole.delta, "gaussian (added by the server)")
+
+    return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
+                      config=config_digest(config.to_mapping()),
+                      data=data, private=config.private, covered=True, cost=cost, central=True)
 
 
 def stated(config: LinAdmmConfig) -> Ledger:

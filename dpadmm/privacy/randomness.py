@@ -43,13 +43,13 @@ import numpy as np
 import torch
 
 from dpadmm.privacy import secure
+from dpadmm.privacy.device import answered_records, node_state_dir
 from dpadmm.privacy.ledger import NO_RUN
 
 SIMULATION, DEPLOYMENT = "simulation", "deployment"
 KINDS = (SIMULATION, DEPLOYMENT)
 FORCE_ENV = "DPADMM_RANDOMNESS"  # a node's environment may force a kind: "simulation" or "deployment"
 FORCE_KEY = "randomness"  # ... as may its node config (the node's own setting, never the run config's)
-STATE_ENV = "DPADMM_NODE_STATE"  # the node's state folder (default ~/.dpadmm/node)
 STATE_KEY = "state-dir"  # ... or its node config's
 SERVER_STATE_ENV = "DPADMM_SERVER_STATE"  # a server that draws (002's) keeps its secret there
 
@@ -181,9 +181,8 @@ def request_digest(*parts: bytes | str | int | float) -> str:
 def state_dir(node_config: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Path:
     """The node's own state folder: node config ``state-dir``, else $DPADMM_NODE_STATE, else
     ~/.dpadmm/node."""
-    environ = os.environ if environ is None else environ
-    chosen = node_config.get(STATE_KEY) or environ.get(STATE_ENV)
-    return Path(str(chosen)) if chosen else Path.home() / ".dpadmm" / "node"
+    chosen = node_config.get(STATE_KEY)
+    return Path(str(chosen)) if chosen else node_state_dir(environ)
 
 
 def server_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -255,14 +254,4 @@ class NodeSecret:
             os.fsync(f.fileno())
 
     def _records(self) -> list[dict]:
-        if not self.record_path.exists():
-            return []
-        out = []
-        for line in self.record_path.read_text().splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut short by a crash mid-write: nothing was sent
-                    continue
-        return out
-
+        return answered_records(self.record_path)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import sys
 
+from dpadmm.privacy.device import RunCost, RunRequest, config_digest
 from dpadmm.privacy.ledger import Ledger, Release, advanced_composition, composed_epsilon
 from dpadmm.privacy.ledger import ledger as account
 from dpadmm.sharing.config import SharingConfig
@@ -112,6 +113,20 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
         noise_scale=f"sigma = {sigma:.6g} per message entry", covered=covered,
         neighbouring="replace party's block", note=note, holder="for each party's own features",
     )
+
+
+def device_request(config: SharingConfig, data: str, num_samples: int) -> RunRequest:
+    """One party's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the whole run's
+    (epsilon, delta) of :func:`ledger` for the party's N samples; covered with the noise on the message
+    (``noise='message'``). ``data``: the digest of the party's block."""
+
+    def cost() -> RunCost:
+        whole = ledger(config, num_samples).whole_run
+        return RunCost(whole.epsilon_pld, whole.delta, "gaussian")
+
+    return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
+                      config=config_digest(config.to_mapping()),
+                      data=data, private=config.private, covered=config.noise == "message", cost=cost)
 
 
 def stated(config: SharingConfig) -> Ledger:

@@ -1,0 +1,173 @@
+"""The device's own ClientApp runtime: a long-lived process that answers its SuperNode's messages with the
+dpadmm installed on the device, never with code the run's submitter ships.
+
+Flower 1.41 runs a deployed SuperNode's ClientApp from the run's FAB: with the default ``--isolation
+subprocess`` the SuperNode starts ``flwr-clientapp`` for every message, which installs the FAB and puts it
+first on ``sys.path``, so the code that reads the device's data and secret is whatever ``flwr run`` sent,
+with the node user's rights. Flower's one guard, ``flower-supernode --trusted-entities``, checks signatures
+that its SuperLink obtains from Flower Hub for Hub apps; a device that wants to run its own installation
+has no use for it. ``--isolation process`` instead leaves the tasks to a runtime the operator starts: it
+asks the SuperNode's runtime API for a task (``AcquireTask``), pulls the message, the context, the run and
+the FAB, and pushes the reply and the context back. This module is that runtime. It reads the FAB's
+identity only, refuses a run whose FAB names another app or version than the installed one, and answers
+with :data:`clients.client_app.app`, imported once from the installation.
+
+One process for the device's life also means that nothing is repeated per message (Flower's
+``flwr-clientapp`` costs an interpreter, ``import flwr`` and ``import torch`` for each): the data set is
+read once (the ClientApp's caches), the accountant runs once per run (the device's budget keeps the
+calibration, :mod:`dpadmm.privacy.device`).
+
+What leaves the device: the ClientApp's replies (releases and refusals that name only what the server sent
+and the operator set). Any other failure is answered with one fixed text, :data:`FAILED`; its details go
+to this process's own log, since an exception's text may hold a number computed from the data.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flwr.app import Message
+from flwr.app.error import Error
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest  # pylint: disable=E0611
+from flwr.supercore.constant import TaskType
+from flwr.supercore.heartbeat import HeartbeatSender
+from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+APP_ID = "dpadmm/dpadmm"  # the FAB's id: [tool.flwr.app] publisher / [project] name
+FAILED = "the node could not answer this message; its operator's log has the reason"
+log = logging.getLogger("dpadmm.node")
+
+
+def installed_version() -> str:
+    """The version of the dpadmm installed on this device."""
+    return importlib.metadata.version("dpadmm")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Where the SuperNode's runtime API listens, and how often to ask it for a task."""
+
+    address: str = "127.0.0.1:9094"
+    insecure: bool = True  # the runtime API on the device's own loopback
+    root_certificates: bytes | None = None
+    poll: float = 0.25  # seconds between two questions when no task is pending (Flower's SuperExec: 1)
+
+
+def _client(options: Options, *interceptors: object, tries: int | None = None) -> RuntimeHttpClient:
+    """A client of the SuperNode's runtime API; ``tries`` bounds each call's attempts (None: Flower's
+    retries, which wait for a SuperNode that is restarting)."""
+    invoker = make_simple_http_retry_invoker()
+    if tries is not None:
+        invoker.max_tries = tries
+    return RuntimeHttpClient.from_server_address(
+        server_address=options.address, insecure=options.insecure,
+        root_certificates=options.root_certificates, interceptors=list(interceptors), retry_invoker=invoker)
+
+
+def fab_refusal(fab_id: str, fab_version: str) -> str | None:
+    """Why the device refuses a run whose FAB is ``fab_id`` at ``fab_version``, or None: it answers only runs
+    of the app and version installed on it (it runs the installation's code whatever the FAB holds)."""
+    version = installed_version()
+    if fab_id != APP_ID or fab_version != version:
+        return (f"this device runs only {APP_ID} {version}, installed by its operator; the run's app is "
+                f"{fab_id} {fab_version}, which it refuses to answer")
+    return None
+
+
+def answer(message: Message, context: object, fab_id: str, fab_version: str,
+           app: Callable[..., Message] | None = None) -> tuple[Message, str, str]:
+    """(the reply, its sub-status, its details) of one task: the installed ClientApp's reply, a refusal of
+    another app's run, or :data:`FAILED` where the ClientApp raised (details logged here only)."""
+    refused = fab_refusal(fab_id, fab_version)
+    if refused is not None:
+        log.error("dpadmm node: %s", refused)
+        return (Message(Error(code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION, reason=refused), reply_to=message),
+                SubStatus.FAILED, refused)
+    if app is None:
+        from clients.client_app import app as installed
+
+        app = installed
+    try:
+        return app(message=message, context=context), SubStatus.COMPLETED, ""
+    except Exception:  # noqa: BLE001 (any failure: the server learns only that it failed)
+        log.error("dpadmm node: the ClientApp failed on a %s message of run %s:\n%s",
+                  message.metadata.message_type, message.metadata.run_id, traceback.format_exc())
+        return (Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=FAILED), reply_to=message),
+                SubStatus.FAILED, FAILED)
+
+
+def run_task(options: Options, token: str) -> None:
+    """Pull one task's input from the SuperNode, answer it (:func:`answer`), push the reply and context."""
+    client = _client(options, RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                     RuntimeTokenHttpInterceptor(token))
+
+    def beat() -> bool:  # Flower's own stops its process when the task is gone; this one outlives tasks
+        try:
+            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except Exception:  # noqa: BLE001 (a missed heartbeat: retried by the sender)
+            return False
+        return True
+
+    heartbeat = HeartbeatSender(beat)
+    heartbeat.start()
+    context = None
+    status, details = SubStatus.FAILED, FAILED
+    try:
+        message, context, run, _ = pull_task_input(client)  # the FAB's bytes are never installed or read
+        reply, status, details = answer(message, context, run.fab_id, run.fab_version)
+        push_message(client, reply, context)
+    except Exception:  # noqa: BLE001 (a lost SuperNode, a malformed task: logged, the next task goes on)
+        log.error("dpadmm node: a task failed:\n%s", traceback.format_exc())
+    finally:
+        heartbeat.stop()
+        push_task_output(client=client, context=context, sub_status=status, details=details)
+        client.close()
+
+
+def serve(options: Options, stop: threading.Event | None = None) -> None:
+    """Ask the SuperNode for ClientApp tasks and answer each with the installed app, until ``stop`` is set
+    (without one: until SIGTERM or SIGINT, which must then reach the main thread)."""
+    if stop is None:
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    # one attempt per question: the loop asks again, and sees ``stop`` between two questions (a SuperNode
+    # that exits, refused by its SuperLink, ends the runtime beside it at once)
+    client = _client(options, RuntimeVersionHttpInterceptor(component_name="SuperExec"), tries=1)
+    log.info("dpadmm node: answering the SuperNode at %s with %s %s", options.address, APP_ID,
+             installed_version())
+    try:
+        while not stop.is_set():
+            try:
+                acquired = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+            except Exception:  # noqa: BLE001 (the SuperNode is starting or restarting: ask again)
+                stop.wait(1.0)
+                continue
+            if acquired.HasField("task") and acquired.token:
+                run_task(options, acquired.token)
+            else:
+                stop.wait(options.poll)
+    finally:
+        client.close()
+
+
+def configure_logging() -> None:
+    """Log to stderr with times (a SuperNode's log is the operator's), and import the installed ClientApp
+    now, before the first task: torch, flwr and the app once for the process's life."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per question to the SuperNode
+    started = time.perf_counter()
+    import clients.client_app  # noqa: F401
+
+    log.info("dpadmm node: the installed ClientApp is loaded (%.1f s)", time.perf_counter() - started)

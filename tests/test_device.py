@@ -1,0 +1,206 @@
+"""The device's own privacy (dpadmm.privacy.device): its policy and its budget across runs, attacked as a
+malicious server would, through the real ClientApp code on a deployed node's state folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from clients.dpiadmm import train_reply
+from dpadmm import wire
+from dpadmm.cli import main
+from dpadmm.decentral import privacy as decentral_privacy
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.iadmm import privacy as iadmm_privacy
+from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.linadmm import privacy as linadmm_privacy
+from dpadmm.linadmm.config import LinAdmmConfig
+from dpadmm.models.logistic import AgentData
+from dpadmm.privacy.device import (
+    BUDGET_SUFFIX,
+    Device,
+    DeviceRefused,
+    Policy,
+    RunCost,
+    RunRequest,
+    read_policy,
+    status,
+)
+from dpadmm.privacy.randomness import NodeSecret, new_run_identity
+from dpadmm.sharing import privacy as sharing_privacy
+from dpadmm.sharing.config import SharingConfig
+
+MAIN = main_job()  # (8, 1e-5) for the whole run, calibrated on the node
+
+
+def _request(config: RunConfig = MAIN, data: str = "data-d", total: int = 5000) -> RunRequest:
+    return iadmm_privacy.device_request(config, data, total)
+
+
+def _policy(directory: Path, **values: object) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "policy.toml").write_text(Policy(**values).to_toml())  # type: ignore[arg-type]
+
+
+def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path: Path) -> None:
+    assert read_policy(tmp_path) == Policy()
+    assert (Policy().max_run_epsilon, Policy().max_run_delta) == (8.0, 1e-5)
+    assert not (Policy().allow_non_private or Policy().allow_not_covered or Policy().allow_central_dp)
+    _policy(tmp_path, lifetime_epsilon=20.0, algorithms=("objpm",))
+    assert read_policy(tmp_path) == Policy(lifetime_epsilon=20.0, algorithms=("objpm",))
+    (tmp_path / "policy.toml").write_text("max-run-epsilom = 3\n")
+    with pytest.raises(DeviceRefused, match="unknown policy key 'max-run-epsilom'; known keys: max-run-eps"):
+        read_policy(tmp_path)
+    (tmp_path / "policy.toml").write_text("max-run-epsilon = -1\n")
+    with pytest.raises(DeviceRefused, match=r"max-run-epsilon=-1.0 is not allowed; it must be a number >= 0"):
+        read_policy(tmp_path)
+
+
+@pytest.mark.parametrize(("request_", "reason"), [
+    (_request(dataclasses.replace(MAIN, algorithm="iadmm", target_epsilon=0.0)), "releases without noise"),
+    (_request(dataclasses.replace(MAIN, target_epsilon=0.0, epsilon=float("inf"))), "releases without noise"),
+    (_request(dataclasses.replace(MAIN, target_epsilon=0.0, mechanism="laplace", epsilon=1e6)),
+     r"costs \(eps = .*\) for the whole run on this device; its operator allows at most \(eps = 8"),
+    (_request(dataclasses.replace(MAIN, target_epsilon=0.0, epsilon=1e6)), "has no guarantee the device's"),
+    (_request(RunConfig(sensitivity="data-dependent", epsilon=0.05)), "covered by no guarantee"),
+    (sharing_privacy.device_request(SharingConfig(epsilon=float("inf")), "d", 100), "releases without noise"),
+    (decentral_privacy.device_request(DecentralConfig(noise="none"), "d", 8), "releases without noise"),
+    (decentral_privacy.device_request(DecentralConfig(sensitivity=0.001, samples=100), "d", 8),
+     "covered by no guarantee"),
+    (linadmm_privacy.device_request(LinAdmmConfig(), "d", 100), "trusts the server to add the noise"),
+])
+def test_what_a_server_sets_cannot_make_a_device_release_without_its_guarantee(
+        tmp_path: Path, request_: RunRequest, reason: str) -> None:
+    device = Device(tmp_path, 0)
+    with pytest.raises(DeviceRefused, match=reason):
+        device.preview(request_)
+    with pytest.raises(DeviceRefused, match=reason):
+        device.admit(new_run_identity(), request_)
+    assert not device.path.exists()  # refused before anything was charged
+
+
+def test_the_operator_may_allow_central_dp_and_a_non_private_run_ends_the_budget(tmp_path: Path) -> None:
+    _policy(tmp_path, allow_central_dp=True, allow_non_private=True)
+    device = Device(tmp_path, 0)
+    central = LinAdmmConfig(target_epsilon=1.0, delta=1e-5)
+    device.admit("central", linadmm_privacy.device_request(central, "d", 3000))
+    device.admit("plain", _request(dataclasses.replace(MAIN, algorithm="iadmm", target_epsilon=0.0)))
+    with pytest.raises(DeviceRefused, match="lifetime budget would be crossed: it has spent \\(eps = inf"):
+        device.admit("after", _request())
+
+
+def test_new_run_identities_cannot_average_the_noise_away(tmp_path: Path) -> None:
+    """The 400-identity attack: each identity is a new run, charged in full; the ninth main job is refused."""
+    device = Device(tmp_path, 0)
+    for _ in range(8):
+        charge = device.admit(new_run_identity(), _request())
+        assert charge.epsilon == pytest.approx(8.0, rel=1e-3)
+    with pytest.raises(DeviceRefused, match=r"lifetime budget would be crossed: it has spent \(eps = 63.9"):
+        device.admit(new_run_identity(), _request())
+    assert len(Device(tmp_path, 0).charges()) == 8  # read again, as after a restart
+
+
+def test_one_identity_is_one_run_on_one_data_set_for_its_rounds(tmp_path: Path) -> None:
+    device = Device(tmp_path, 0)
+    run = new_run_identity()
+    first = device.admit(run, _request())
+    again = device.admit(run, _request())  # an exact repeat costs nothing more
+    assert again == first and len(device.charges()) == 1
+    assert first.settings["epsilon"] == pytest.approx(iadmm_privacy.calibrate(MAIN).epsilon)
+    with pytest.raises(DeviceRefused, match="admitted with another configuration"):
+        device.admit(run, _request(dataclasses.replace(MAIN, clip_norm=2.0)))
+    with pytest.raises(DeviceRefused, match="admitted on other data; this device's data changed"):
+        device.admit(run, _request(data="data-d-prime"))
+    Device.check_round(first, MAIN.rounds)
+    for round_ in (0, MAIN.rounds + 1, 1_000_000):
+        with pytest.raises(DeviceRefused, match=f"round {round_} is not allowed; .* rounds 1..{MAIN.rounds}"):
+            Device.check_round(first, round_)
+
+
+def test_a_missing_or_damaged_budget_fails_closed(tmp_path: Path) -> None:
+    device = Device(tmp_path, 0)
+    device.admit("a", _request())
+    NodeSecret(tmp_path, 0).secret()
+    text = device.path.read_text()
+    device.path.write_text(text + '{"run": "b", "epsi')  # a write cut short by a crash: not a charge
+    assert list(device.charges()) == ["a"]
+    device.path.write_text('{"run": "b", "epsi\n' + text)
+    with pytest.raises(DeviceRefused, match="is damaged at line 1"):
+        device.admit("c", _request())
+    device.path.unlink()
+    with pytest.raises(DeviceRefused, match="is missing but agent 0 has answered before"):
+        device.admit("c", _request())
+    with pytest.raises(DeviceRefused, match="is missing"):
+        status(tmp_path)
+
+
+def _agent(scale: float) -> AgentData:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 784, generator=generator) * scale
+    y = torch.arange(20) % 10
+    return AgentData.from_blocks([x], [y], num_classes=10, total=200, agents=[3], dtype=torch.float32)
+
+
+def _train_message(run: str, round_: int) -> Message:
+    zeros = {role: {"weight": torch.zeros(784, 10)} for role in wire.DOWN}
+    content = RecordDict({"arrays": ArrayRecord(wire.pack(zeros)),
+                          "config": ConfigRecord({"partition-id": 3, "server-round": round_,
+                                                  wire.IDENTITY_KEY: run})})
+    return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+@pytest.mark.usefixtures("server_process")
+def test_a_deployed_agent_charges_its_device_and_refuses_alike_for_neighbouring_data(tmp_path: Path) -> None:
+    """train_reply on a deployed node: the main job is charged once per run (calibrated once), round 11 of a
+    10-round run is refused, and a refusal's text is the same for D and D' (one sample scaled)."""
+    node = {"randomness": "deployment", "state-dir": str(tmp_path / "state")}
+    config = dataclasses.replace(MAIN, num_agents=10)
+    run = new_run_identity()
+    for round_ in (1, 2):
+        reply = train_reply(_train_message(run, round_), config, _agent(1.0), 3, node_config=node)
+        assert reply.content["config"][wire.KIND_KEY] == "deployment"
+    charges = Device(tmp_path / "state", 3).charges()
+    assert list(charges) == [run] and charges[run].epsilon == pytest.approx(8.0, rel=1e-3)
+    with pytest.raises(DeviceRefused, match="round 11 is not allowed"):
+        train_reply(_train_message(run, 11), config, _agent(1.0), 3, node_config=node)
+    greedy = dataclasses.replace(config, target_epsilon=0.0, mechanism="laplace", epsilon=1e8)
+    texts = []
+    for scale in (1.0, 1.5):
+        with pytest.raises(DeviceRefused) as refused:
+            train_reply(_train_message(new_run_identity(), 1), greedy, _agent(scale), 3,
+                        node_config=node)
+        texts.append(str(refused.value).replace(str(refused.value).split(" ")[0], ""))
+    assert texts[0] == texts[1] and "0.00" not in texts[0]
+    budget = (tmp_path / "state" / f"agent-3{BUDGET_SUFFIX}").read_text().splitlines()
+    assert len(budget) == 1 and json.loads(budget[0])["rounds"] == 10
+
+
+def test_admission_and_status_read_a_long_history_in_under_a_second(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """10^5 past releases: 10^4 runs of 10 rounds each."""
+    _policy(tmp_path, lifetime_epsilon=1e9, lifetime_delta=1.0)
+    device = Device(tmp_path, 0)
+    device.admit("first", _request())
+    record = json.loads(device.path.read_text())
+    runs = [f"run-{i}" for i in range(10_000)]
+    device.path.write_text("".join(json.dumps({**record, "run": run}) + "\n" for run in runs))
+    (tmp_path / "agent-0.answered.jsonl").write_text("".join(
+        json.dumps({"run": run, "round": t, "request": "0" * 64}) + "\n"
+        for run in runs for t in range(1, 11)))
+    request = RunRequest("objpm", 10, "c", "d", True, True, lambda: RunCost(1.0, 0.0, "laplace"))
+    started = time.perf_counter()
+    device.admit("one-more", request)
+    admitted = time.perf_counter() - started
+    assert main(["node", "status", "--state-dir", str(tmp_path)]) == 0
+    shown = time.perf_counter() - started - admitted
+    assert admitted < 1.0 and shown < 1.0, (admitted, shown)  # about 0.1 and 0.3 s on 2 cores
+    out = capsys.readouterr().out
+    assert f"agent 0: spent (eps = {10_000 * record['epsilon'] + 1:.6g}, delta = 0.1)" in out
+    assert "over 10001 run(s)" in out
+    assert "run run-9999: objpm, gaussian, (eps = 7.99" in out and "for 10 rounds, 10 answered" in out
