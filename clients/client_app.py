@@ -141,7 +141,7 @@ def query(msg: Message, context: Context) -> Message:
     try:
         config, held = read_node(context)
         node_admission(context.node_config, int(context.node_config["partition-id"]),
-                       device_request_for(config, held, context.node_config))
+                       lambda: device_request_for(config, held, context.node_config))
     except (Refused, DeviceRefused) as error:
         return refusal(msg, str(error))
     return answer_query(msg, int(context.node_config["partition-id"]))
@@ -308,8 +308,8 @@ def train(msg: Message, context: Context) -> Message:
     try:
         if isinstance(config, LinAdmmConfig):
             # central DP: the exact sums leave the device only if its operator trusts the server
-            request = device_request_for(config, held, context.node_config)
-            node_admission(context.node_config, partition_id, request)
+            node_admission(context.node_config, partition_id,
+                           lambda: device_request_for(config, held, context.node_config))
             features, labels = held
             return gradient_reply(msg, config, features, labels, partition_id)
         if isinstance(config, DecentralConfig):

@@ -45,7 +45,7 @@ from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
 from dpadmm.privacy.device import RunRequest
 from dpadmm.privacy.randomness import request_digest
-from dpadmm.wire import EXCHANGED_KEY, KIND_KEY, NEIGHBOURS_KEY
+from dpadmm.wire import EXCHANGED_KEY, KIND_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 
 DUAL, DUAL_ROUND = "decentral-dual", "decentral-dual-round"  # the agent's records in context.state
 OWN = "decentral-own"  # with exchange=secret: its own last iterate, beside the dual
@@ -107,14 +107,14 @@ def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view:
         dual = engine.dual(config, view, dual, x)  # iteration k - 1's, now that its iterates are known
     randomness, kind, _ = node_randomness(context.node_config, settings, agent, k,
                                           request_of(config, k, ids, rows, dual[0, agent]),
-                                          device_request(config, view, agent))
+                                          lambda: device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual), [config.seed], k, randomness)
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
     reply = ArrayRecord({EXCHANGED_KEY: Array(released[0, agent].cpu().numpy())})
     metrics = MetricRecord({"partition-id": agent, "server-round": k})
-    return Message(content=RecordDict({"arrays": reply, "metrics": metrics,
-                                       "config": ConfigRecord({KIND_KEY: kind})}), reply_to=msg)
+    stated = ConfigRecord({KIND_KEY: kind, MECHANISM_KEY: privacy.mechanism_of(config, d)})
+    return Message(content=RecordDict({"arrays": reply, "metrics": metrics, "config": stated}), reply_to=msg)
 
 
 def _own(context: Context, config: DecentralConfig, k: int, view: Agents, agent: int) -> torch.Tensor:
@@ -147,7 +147,7 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
         dual = engine.dual(config, view, dual, x, sums)  # iteration k - 1's
     randomness, kind, _ = node_randomness(context.node_config, fit.config, agent, k,
                                           request_of(config, k, total, x[0, agent], dual[0, agent]),
-                                          device_request(config, view, agent))
+                                          lambda: device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k,
                                  randomness)
     mine = released[0, agent].cpu().numpy()
@@ -162,7 +162,8 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     context.state.array_records[OWN] = ArrayRecord({"x": Array(mine)})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})
     reply = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters([mine]),
-                   num_examples=1, metrics={"partition-id": agent, "server-round": k, KIND_KEY: kind})
+                   num_examples=1, metrics={"partition-id": agent, "server-round": k, KIND_KEY: kind,
+                                            MECHANISM_KEY: privacy.mechanism_of(config, int(mine.shape[-1]))})
     return Message(content=recorddict_compat.fitres_to_recorddict(reply, keep_input=True), reply_to=msg)
 
 

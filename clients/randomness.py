@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -77,31 +77,32 @@ def data_digest(*tensors: torch.Tensor) -> str:
     return device.digest(*parts)
 
 
-def node_admission(node_config: Mapping[str, object], agent: int, request: RunRequest) -> None:
+def node_admission(node_config: Mapping[str, object], agent: int, request: Callable[[], RunRequest]) -> None:
     """Before any release (the partition query): on a deployed node, refuse a run the device's policy rules
     out (:meth:`~dpadmm.privacy.device.Device.preview`, :class:`~dpadmm.privacy.device.DeviceRefused`).
-    Simulation kinds check nothing: they protect nothing."""
+    Simulation kinds check nothing (they protect nothing), so ``request`` is built only on a deployed node."""
     if node_kind(node_config) == DEPLOYMENT:
-        Device(state_dir(node_config), agent).preview(request)
+        Device(state_dir(node_config), agent).preview(request())
 
 
 def node_randomness(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int,
-                    round_: int, digest: str, request: RunRequest
+                    round_: int, digest: str, request: Callable[[], RunRequest]
                     ) -> tuple[Secret | None, str, Charge | None]:
     """(this agent's randomness for the request, the kind to report, the device's charge for the run): None
     and None for the simulation kinds; on a deployed node the agent's
     :class:`~dpadmm.privacy.randomness.Secret` for the run the server names in ``settings`` and the run's
-    :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (``request``: its policy and
-    lifetime budget, charged and fsynced at the run's first release; :class:`~dpadmm.privacy.device.Device`)
-    and recorded the request (``digest``) as answered for this round (a different request for the same round
-    is refused: :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
+    :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (``request()``, built only on
+    a deployed node: its policy and lifetime budget, charged and fsynced at the run's first release;
+    :class:`~dpadmm.privacy.device.Device`) and recorded the request (``digest``) as answered for this
+    round (a different request for the same round is refused:
+    :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
     kind = node_kind(node_config)
     if kind != DEPLOYMENT:
         return None, kind, None
     identity = str(settings.get(IDENTITY_KEY, ""))
     directory = state_dir(node_config)
     budget = Device(directory, agent)
-    charge = budget.admit(identity, request)  # refuses a request without a run identity, before any secret
+    charge = budget.admit(identity, request())  # refuses a request without a run identity, before any secret
     budget.check_round(charge, round_)
     keeper = NodeSecret(directory, agent)
     randomness = keeper.randomness(identity)

@@ -39,6 +39,7 @@ from dpadmm.wire import (
     DUAL_KEY,
     IDS_DIGEST_KEY,
     KIND_KEY,
+    MECHANISM_KEY,
     MESSAGE_KEY,
     OWN_KEY,
     PULLED_KEY,
@@ -91,9 +92,9 @@ def round_reply(msg: Message, context: Context, config: SharingConfig, parties: 
     else:
         own = _cached(context, int(settings["own-round"]), like)
     n = int(like.shape[0])
-    request = privacy.device_request(config, data_digest(parties.blocks), n)
-    randomness, kind, _ = node_randomness(context.node_config, settings, partition_id, t,
-                                          request_of(config, t, pulled, y, own), request)
+    randomness, kind, _ = node_randomness(
+        context.node_config, settings, partition_id, t, request_of(config, t, pulled, y, own),
+        lambda: privacy.device_request(config, data_digest(parties.blocks), n))
     x, message = engine.party_step(parties, pulled.unsqueeze(0), own.view(1, 1, -1), y.unsqueeze(0), config,
                                    config.penalty(n), [config.seed], t, privacy.noise_std(config, n),
                                    randomness)
@@ -102,9 +103,9 @@ def round_reply(msg: Message, context: Context, config: SharingConfig, parties: 
     context.state.config_records[ROUND] = ConfigRecord({"round": t})
     metrics = MetricRecord({"partition-id": partition_id, "server-round": t})
     reply = ArrayRecord({MESSAGE_KEY: Array(message[0, 0].cpu().numpy())})
-    return Message(content=RecordDict({"arrays": reply, "metrics": metrics,
-                                       "config": ConfigRecord({IDS_DIGEST_KEY: digest, KIND_KEY: kind})}),
-                   reply_to=msg)
+    stated = ConfigRecord({IDS_DIGEST_KEY: digest, KIND_KEY: kind,
+                           MECHANISM_KEY: privacy.mechanism_of(config, n)})
+    return Message(content=RecordDict({"arrays": reply, "metrics": metrics, "config": stated}), reply_to=msg)
 
 
 def scores_reply(msg: Message, context: Context, parties: engine.Parties, partition_id: int) -> Message:

@@ -57,12 +57,12 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from dpadmm.decentral import engine
+from dpadmm.decentral import engine, privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
 from dpadmm.privacy.randomness import new_run_identity
-from dpadmm.wire import EXCHANGED_KEY, IDENTITY_KEY, KIND_KEY, NEIGHBOURS_KEY
-from strategies.nodes import Roster, reported_kind
+from dpadmm.wire import EXCHANGED_KEY, IDENTITY_KEY, KIND_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
+from strategies.nodes import Roster, mechanism_fault, reported_kind
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -86,6 +86,8 @@ class GraphRouter(Strategy):
         self.elapsed = 0.0  # of iterations 1..k, as the engine's ``elapsed``
         self.run_identity = new_run_identity()  # what the deployed agents bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
+        # the mechanism this run's statement covers: an iterate that states another is rejected
+        self.mechanism = privacy.mechanism_of(config, int(self.state.x.shape[-1]))
 
     # ----- Strategy API -----
 
@@ -138,7 +140,8 @@ class GraphRouter(Strategy):
         if isinstance(got, str):
             return got
         agent, value = got
-        return vector_fault(value, d, "agent", agent) or (agent, value)
+        return (vector_fault(value, d, "agent", agent) or mechanism_fault(reply, self.mechanism)
+                or (agent, value))
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
@@ -211,6 +214,7 @@ class SecureSum(LegacyStrategy):
         self.elapsed = 0.0
         self.run_identity = new_run_identity()  # as GraphRouter's: sent with S^{k-1} to every agent
         self.kinds: dict[int, str] = {}  # the randomness each agent reported in its fit metrics
+        self.mechanism = privacy.mechanism_of(config, int(agents.features.shape[-1]))
 
     def __repr__(self) -> str:
         return f"SecureSum(N={self.n}, K={self.config.rounds})"
@@ -241,6 +245,10 @@ class SecureSum(LegacyStrategy):
             agent = result.metrics.get("partition-id")
             if agent is not None:
                 self.kinds[int(agent)] = str(result.metrics.get(KIND_KEY, "unreported"))
+            ran = result.metrics.get(MECHANISM_KEY)
+            if ran != self.mechanism:  # one agent's iterate cannot be left out of the sum: the run stops
+                raise RuntimeError(f"iteration {server_round}: agent {agent} ran {ran!r}, not this run's "
+                                   f"{self.mechanism!r}: the run's privacy statement would not cover the sum")
         average = parameters_to_ndarrays(results[0][1].parameters)[0]
         self.total = torch.from_numpy(np.asarray(average, dtype=np.float64) * self.n)
         self.summed = server_round

@@ -34,7 +34,7 @@ from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
 from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.runs import checkpoint
-from strategies.nodes import Roster, claimed_partition, refused, reported_kind
+from strategies.nodes import Roster, claimed_partition, mechanism_fault, refused, reported_kind
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -349,10 +349,9 @@ class DPIADMM(Strategy):
                     return f"{key} has shape {tuple(value.shape)}, expected {self.shapes[name]}"
                 if not np.isfinite(value).all():
                     return f"{key} has non-finite entries"
-        ran = reply.content["config"].get(wire.MECHANISM_KEY) if "config" in reply.content else None
-        if ran != self.mechanism:
-            return (f"its node ran {'no stated mechanism' if ran is None else repr(ran)}, not this run's "
-                    f"{self.mechanism!r}: the run's privacy statement would not cover it")
+        fault = mechanism_fault(reply, self.mechanism)
+        if fault is not None:
+            return fault
         tensors = {role: {name: torch.from_numpy(v.copy()) for name, v in arrays[role].items()}
                    for role in roles}
         return tensors["z"], tensors.get("z-last", tensors["z"])

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
 from dpadmm.privacy.randomness import DEPLOYMENT, FORCED_SIMULATION, SIMULATION, forced_kind
-from dpadmm.wire import KIND_KEY, REFUSED_KEY
+from dpadmm.wire import KIND_KEY, MECHANISM_KEY, REFUSED_KEY
 
 
 class RunRefused(RuntimeError):
@@ -167,6 +167,19 @@ def reported_kind(reply: Message) -> str:
         return str(reply.content["config"][KIND_KEY])
     except (KeyError, TypeError):
         return "unreported"
+
+
+def mechanism_fault(reply: Message, announced: str) -> str | None:
+    """Why a reply's stated mechanism (``wire.MECHANISM_KEY``, what its node ran as it calibrated it) is not
+    the ``announced`` one, or None: the run's privacy statement covers only the announced mechanism."""
+    try:
+        ran: str | None = str(reply.content["config"][MECHANISM_KEY])
+    except (KeyError, TypeError):
+        ran = None
+    if ran == announced:
+        return None
+    return (f"its node ran {'no stated mechanism' if ran is None else repr(ran)}, not this run's "
+            f"{announced!r}: the run's privacy statement would not cover it")
 
 
 def server_kind(grid: Grid | None, environ: Mapping[str, str] | None = None) -> str:

@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from dpadmm.models.binary import majority_share
 from dpadmm.privacy.randomness import new_run_identity
-from dpadmm.sharing import engine, updates
+from dpadmm.sharing import engine, privacy, updates
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import (
     DUAL_KEY,
@@ -52,7 +52,7 @@ from dpadmm.wire import (
     PULLED_KEY,
     SCORES_KEY,
 )
-from strategies.nodes import Roster, refused, reported_kind
+from strategies.nodes import Roster, mechanism_fault, refused, reported_kind
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -84,6 +84,8 @@ class ADMMSharing(Strategy):
         self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``
         self.run_identity = new_run_identity()  # what deployed parties bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each party last reported (clients.randomness)
+        # the mechanism this run's statement covers: a message that states another is rejected
+        self.mechanism = privacy.mechanism_of(config, n)
 
     # ----- Strategy API -----
 
@@ -164,7 +166,10 @@ class ADMMSharing(Strategy):
             except (KeyError, TypeError) as err:
                 return f"malformed reply: no digest of party {party}'s sample ids ({err!r})"
             self._check_aligned(party, digest)
-        return vector_fault(value, length, "party", party) or (party, value)
+            fault = vector_fault(value, length, "party", party) or mechanism_fault(reply, self.mechanism)
+        else:  # test scores: no release of the training features, no mechanism
+            fault = vector_fault(value, length, "party", party)
+        return fault or (party, value)
 
     def _check_aligned(self, party: int, digest: str) -> None:
         """A ValueError, which stops the run, unless ``party``'s ids are the labels' ids in their order."""

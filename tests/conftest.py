@@ -22,10 +22,11 @@ import threading
 import time
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -367,9 +368,8 @@ clientapp = "{client_module}:app"
 
 
 # A test deployment's devices accept runs of the papers' settings (more than the defaults' (8, 1e-5) per run)
-# and many runs on one state folder; a module may add its own (allow-non-private, ...)
-TEST_POLICY: dict[str, Any] = {"max_run_epsilon": 1e3, "max_run_delta": 1e-2, "lifetime_epsilon": 1e6,
-                               "lifetime_delta": 1.0}
+# and many runs on one state folder; the defaults are attacked in test_runtime.py and test_device.py
+TEST_POLICY = Policy(max_run_epsilon=1e3, max_run_delta=1e-2, lifetime_epsilon=1e6, lifetime_delta=1.0)
 
 
 class Deployment:
@@ -379,7 +379,7 @@ class Deployment:
 
     connection = "dpadmm-test"
 
-    def __init__(self, root: Path, nodes: int, policy: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: Path, nodes: int, policy: Policy | None = None) -> None:
         self.root = root
         self.home = root / "flwr-home"
         bin_dir = str(Path(sys.executable).parent)
@@ -391,11 +391,11 @@ class Deployment:
                         DPADMM_SERVER_STATE=str(root / "server-state"),
                         PATH=f"{bin_dir}:{os.environ['PATH']}")
         self.port, *self.node_ports = free_ports(nodes + 1)
-        # The devices' policy, their operator's (dpadmm.privacy.device): these tests run many runs, of the
-        # papers' settings too, on one state folder; the policy's defaults are tested in test_device.py
+        # The devices' policy, their operator's (dpadmm.privacy.device): by default TEST_POLICY
         (root / "node-state").mkdir(parents=True, exist_ok=True)
-        (root / "node-state" / POLICY_FILE).write_text(Policy(**{**TEST_POLICY, **(policy or {})}).to_toml())
+        (root / "node-state" / POLICY_FILE).write_text((policy or TEST_POLICY).to_toml())
         self.node_configs: dict[int, str] = {}  # SuperNode i's node config, kept for its restarts
+        self.total = 0  # I, the agents' sample count (mnist_agents)
         self.processes: dict[str, subprocess.Popen] = {}
 
     def dpadmm(self, *args: str) -> subprocess.CompletedProcess:
@@ -491,6 +491,35 @@ class Deployment:
         thread = threading.Thread(target=keep_trying, daemon=True)
         thread.start()
         return thread
+
+    @contextlib.contextmanager
+    def running(self, node_configs: Sequence[str]) -> Iterator[Deployment]:
+        """The SuperLink, and SuperNode i with ``node_configs[i]`` and the key node-<i>, registered; yields
+        once all are online, and stops every process at the end."""
+        try:
+            self.start_superlink()
+            for i, node_config in enumerate(node_configs):
+                self.register(f"node-{i}")
+                self.start_supernode(i, node_config)
+            self.wait_online(len(node_configs), f"{len(node_configs)} SuperNodes online")
+            yield self
+        finally:
+            assert self.stop_all() == []
+
+    def mnist_agents(self, agents: int) -> list[str]:
+        """``agent-<i>.npz`` in the deployment's folder for each of ``agents`` blocks of the MNIST sample
+        (uint8 pixels and labels, as a device holds them); sets :attr:`total` (I) and returns the agents'
+        node configs."""
+        from dpadmm.iadmm.config import RunConfig
+        from dpadmm.iadmm.federation import load_for
+
+        dataset = load_for(RunConfig(num_agents=agents))
+        self.total = dataset.num_train
+        for i, block in enumerate(dataset.partition(agents)):
+            pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
+            np.savez(self.root / f"agent-{i}.npz", x=pixels, y=dataset.y_train[block].numpy())
+        return [f"partition-id={i} data-path='{self.root / f'agent-{i}.npz'}' num-samples-total={self.total}"
+                for i in range(agents)]
 
     def online(self) -> int:
         listing = self.flwr("supernode", "list", self.connection)

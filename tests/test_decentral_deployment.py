@@ -42,17 +42,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> It
     files = d.root / "files"
     d.dpadmm("deploy", "agents", "--data-dir", str(binary_dir / "adult"), "--agents", str(AGENTS), "--seed",
              str(SEED), "--out", str(files))
-    names = [f"node-{i}" for i in range(AGENTS)]
-    d.prepare(names)
-    try:
-        d.start_superlink()
-        for i, name in enumerate(names):
-            d.register(name)
-            d.start_supernode(i, f"partition-id={i} data-path='{files / f'agent-{i}.npz'}'")
-        d.wait_online(AGENTS, "every agent's SuperNode online")
+    d.prepare([f"node-{i}" for i in range(AGENTS)])
+    with d.running([f"partition-id={i} data-path='{files / f'agent-{i}.npz'}'" for i in range(AGENTS)]):
         yield d
-    finally:
-        assert d.stop_all() == []
 
 
 def _config(out: Path) -> DecentralConfig:

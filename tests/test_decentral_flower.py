@@ -22,7 +22,7 @@ from dpadmm.decentral.problem import Agents, agent_view
 from dpadmm.decentral.problem import build as build_problem
 from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_key
 from dpadmm.runs.results import read_metrics
-from dpadmm.wire import EXCHANGED_KEY, NEIGHBOURS_KEY
+from dpadmm.wire import EXCHANGED_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
 from tests.conftest import flwr_run, run_config_of
 
@@ -137,9 +137,15 @@ def test_the_secure_sum_stops_when_an_iterate_is_missing(binary_dir: Path) -> No
     view = agent_view(config, load_adult(config.data_dir), 0)
     server = SecureSum(config, view)
     ok = Status(code=Code.OK, message="")
-    results = [(None, FitRes(ok, ndarrays_to_parameters([np.ones(14)]), 1, {})) for _ in range(4)]
+    stated = {MECHANISM_KEY: server.mechanism}
+    results = [(None, FitRes(ok, ndarrays_to_parameters([np.ones(14)]), 1, stated)) for _ in range(4)]
     with pytest.raises(RuntimeError, match="iteration 3: 4 of the 5 agents' iterates were summed"):
         server.aggregate_fit(3, results, [])  # type: ignore[arg-type]
+    other = FitRes(ok, ndarrays_to_parameters([np.ones(14)]), 1, {"partition-id": 4, MECHANISM_KEY: "none"})
+    with pytest.raises(RuntimeError, match="iteration 3: agent 4 ran 'none', not this run's 'laplace, "
+                                           "a-priori epsilon .*': the run's privacy statement would not "
+                                           "cover the sum"):
+        server.aggregate_fit(3, [*results, (None, other)], [])  # type: ignore[arg-type]
     server.aggregate_fit(3, [*results, results[0]], [])  # type: ignore[arg-type]
     assert torch.equal(server.total, torch.full((14,), 5.0, dtype=torch.float64))
     assert server.evaluate(3, ndarrays_to_parameters([])) is None  # no evaluate_fn: nothing for the history

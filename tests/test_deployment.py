@@ -10,11 +10,11 @@ folder. The tests read those secrets, as only a node's owner could, to recompute
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -46,22 +46,11 @@ def _node_config(d: Deployment, i: int) -> str:
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Certificates, keys, one SuperLink and three registered SuperNodes, each with its own npz file."""
     d = Deployment(tmp_path_factory.mktemp("deployment"), nodes=AGENTS + 1)
-    dataset = load_for(RunConfig(num_agents=AGENTS))
-    d.total = dataset.num_train
-    for i, block in enumerate(dataset.partition(AGENTS)):
-        pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
-        np.savez(d.root / f"agent-{i}.npz", x=pixels, y=dataset.y_train[block].numpy())
-    np.savez(d.root / f"agent-{AGENTS}.npz", x=pixels, y=dataset.y_train[block].numpy())
+    d.mnist_agents(AGENTS)
+    shutil.copy(d.root / f"agent-{AGENTS - 1}.npz", d.root / f"agent-{AGENTS}.npz")
     d.prepare([f"node-{i}" for i in range(AGENTS)] + ["rogue"])
-    try:
-        d.start_superlink()
-        for i in range(AGENTS):
-            d.register(f"node-{i}")
-            d.start_supernode(i, _node_config(d, i))
-        d.wait_online(AGENTS, "three SuperNodes online")
+    with d.running([_node_config(d, i) for i in range(AGENTS)]):
         yield d
-    finally:
-        assert d.stop_all() == []
 
 
 def test_an_unregistered_supernode_is_refused(deployment: Deployment) -> None:

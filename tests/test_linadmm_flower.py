@@ -16,6 +16,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models import binary
+from dpadmm.privacy.device import POLICY_FILE, Policy
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import flwr_run, toml_value
@@ -79,7 +80,13 @@ def test_a_server_forced_to_deployment_randomness_adds_noise_from_its_own_secret
                            data_dir=str(binary_dir / "ijcnn1"))
     keys = {k: v for k, v in config.to_mapping().items() if k != "algorithm"}
     run_config = "algorithm='dp-admm' " + " ".join(f"linadmm.{k}={toml_value(v)}" for k, v in keys.items())
-    env = dict(flwr_env, DPADMM_RANDOMNESS="deployment", DPADMM_SERVER_STATE=str(state))
+    # the clients, forced to the deployment kind too, are devices whose operator allows central DP (at the
+    # paper's delta = 1e-3)
+    nodes = tmp_path / "node-state"
+    nodes.mkdir()
+    (nodes / POLICY_FILE).write_text(Policy(allow_central_dp=True, max_run_delta=1e-3).to_toml())
+    env = dict(flwr_env, DPADMM_RANDOMNESS="deployment", DPADMM_SERVER_STATE=str(state),
+               DPADMM_NODE_STATE=str(nodes))
     output = flwr_run(env, run_config, supernodes=2)
     assert "dpadmm round 3/3: test accuracy" in output and "randomness: deployment randomness" in output
     flower = read_metrics(out)

@@ -11,14 +11,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import runtime
-from dpadmm.iadmm.config import RunConfig
-from dpadmm.iadmm.federation import load_for
-from dpadmm.privacy.device import Device
+from dpadmm.privacy.device import Device, Policy
 from tests.conftest import Deployment, last_run_status, shipped_app
 
 AGENTS = 2
@@ -54,31 +51,15 @@ def test_a_failure_reaches_the_server_as_one_fixed_text(caplog: pytest.LogCaptur
     assert texts == [runtime.FAILED, runtime.FAILED]
 
 
-def _node_config(d: Deployment, i: int) -> str:
-    return f"partition-id={i} data-path='{d.root / f'agent-{i}.npz'}' num-samples-total={d.total}"
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Two authenticated SuperNodes with their own npz files, whose operator set a lifetime budget of two
     main jobs (eps = 16); everything else is the policy's defaults."""
-    d = Deployment(tmp_path_factory.mktemp("runtime"), nodes=AGENTS, policy={})
-    (d.root / "node-state" / "policy.toml").write_text("lifetime-epsilon = 16.0\n")
-    dataset = load_for(RunConfig(num_agents=AGENTS))
-    d.total = dataset.num_train
-    for i, block in enumerate(dataset.partition(AGENTS)):
-        pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
-        np.savez(d.root / f"agent-{i}.npz", x=pixels, y=dataset.y_train[block].numpy())
+    d = Deployment(tmp_path_factory.mktemp("runtime"), nodes=AGENTS, policy=Policy(lifetime_epsilon=16.0))
+    configs = d.mnist_agents(AGENTS)
     d.prepare([f"node-{i}" for i in range(AGENTS)])
-    try:
-        d.start_superlink()
-        for i in range(AGENTS):
-            d.register(f"node-{i}")
-            d.start_supernode(i, _node_config(d, i))
-        d.wait_online(AGENTS, "two SuperNodes online")
+    with d.running(configs):
         yield d
-    finally:
-        assert d.stop_all() == []
 
 
 ROUNDS = 2

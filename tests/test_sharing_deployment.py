@@ -49,17 +49,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> It
         np.savez(files / "party-1-short.npz", ids=own["ids"], x=own["x"][:, :-1],  # one column short
                  test_ids=own["test_ids"], x_test=own["x_test"][:, :-1])
     d.prepare(["node-0", "node-1", "node-2", "node-3"])
-    try:
-        d.start_superlink()
-        for party in range(len(PARTIES)):
-            d.register(f"node-{party}")
-            d.start_supernode(party, _node_config(files / f"party-{party}.npz", party))
+    with d.running([_node_config(files / f"party-{party}.npz", party) for party in range(len(PARTIES))]):
         d.register("node-2")
         d.register("node-3")
-        d.wait_online(len(PARTIES), "both parties' SuperNodes online")
         yield d
-    finally:
-        assert d.stop_all() == []
 
 
 def _config(out: Path, **changes: object) -> SharingConfig:

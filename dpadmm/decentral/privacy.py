@@ -469,12 +469,20 @@ def statement(config: DecentralConfig, d: int) -> Statement:
                      covered=config.covered, noise=noise, note=note, grid=grid)
 
 
+def mechanism_of(config: DecentralConfig, d: int) -> str:
+    """What one agent releases over the run, as its reply states it and the router checks it: Laplace noise
+    whose rates give the a-priori epsilon of :func:`statement` for d coordinates; "none" without noise."""
+    if not config.private:
+        return "none"
+    return f"laplace, a-priori epsilon {statement(config, d).epsilon!r} over {config.rounds} releases"
+
+
 def device_request(config: DecentralConfig, data: str, d: int) -> RunRequest:
     """One agent's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the pure epsilon of
     :func:`statement` for d coordinates, against the other agents; covered when B_inf is at least the proven
     2/b_i. ``data``: the digest of the agent's samples."""
 
-    def cost() -> RunCost:
+    def cost() -> RunCost:  # one release's epsilon is bounded by the run's (the a-priori sum of all of them)
         return RunCost(statement(config, d).epsilon, 0.0, "laplace")
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,

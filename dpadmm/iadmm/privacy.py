@@ -151,8 +151,9 @@ def device_request(config: RunConfig, data: str, total: int) -> RunRequest:
 
     def cost() -> RunCost:
         run = calibrate(config)
-        whole = ledger(run, total_samples=total).whole_run
-        return RunCost(whole.epsilon_pld, whole.delta, release_of(run)[0].mechanism, {"epsilon": run.epsilon})
+        account = ledger(run, total_samples=total)
+        return RunCost(account.whole_run.epsilon_pld, account.whole_run.delta, release_of(run)[0].mechanism,
+                       {"epsilon": run.epsilon}, release_epsilon=account.per_step.epsilon_pld)
 
     covered = config.algorithm == "outp" or config.sensitivity == "clipped"
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,

@@ -139,8 +139,9 @@ def device_request(config: LinAdmmConfig, data: str, num_samples: int) -> RunReq
     the cost is the server's whole-run ledger for the client's ``num_samples`` rows."""
 
     def cost() -> RunCost:
-        whole = ledger(config, num_samples).whole_run
-        return RunCost(whole.epsilon_pld, whole.delta, "gaussian (added by the server)")
+        account = ledger(config, num_samples)
+        return RunCost(account.whole_run.epsilon_pld, account.whole_run.delta,
+                       "gaussian (added by the server)", release_epsilon=account.per_step.epsilon_pld)
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),

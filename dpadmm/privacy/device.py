@@ -63,20 +63,26 @@ class Policy:
 
     The defaults are private: one run may spend at most the main job's (8, 1e-5), the device's whole life
     (64, 1e-4), eight such runs; only private runs whose sensitivity is a proven bound, with the noise added
-    on the device.
+    on the device. The least noise is set as the largest epsilon of one release (``max-release-epsilon``);
+    a budget per period (``period-days`` > 0) caps what the runs admitted in the last so many days spend,
+    beside the lifetime budget, which always holds.
     """
 
     max_run_epsilon: float = 8.0
     max_run_delta: float = 1e-5
     lifetime_epsilon: float = 64.0
     lifetime_delta: float = 1e-4
+    max_release_epsilon: float = math.inf  # the least noise: the largest epsilon of one release
+    period_days: float = 0.0  # 0: no budget per period
+    period_epsilon: float = math.inf
+    period_delta: float = 1.0
     algorithms: tuple[str, ...] = ()  # the algorithms accepted; empty: any
     allow_non_private: bool = False  # a run that releases without noise
     allow_not_covered: bool = False  # a run whose guarantee rests on a data-dependent or unproven bound
     allow_central_dp: bool = False  # a run that sends exact values and trusts the server to add the noise
 
     def __post_init__(self) -> None:
-        for name in ("max_run_epsilon", "max_run_delta", "lifetime_epsilon", "lifetime_delta"):
+        for name in _NUMBERS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{_key(name)}={value!r} is not allowed; it must be a number >= 0")
@@ -101,7 +107,7 @@ class Policy:
                 raise ValueError(f"algorithms={kwargs['algorithms']!r} is not allowed; it must be a list "
                                  "of names")
             kwargs["algorithms"] = tuple(kwargs["algorithms"])
-        for name in ("max_run_epsilon", "max_run_delta", "lifetime_epsilon", "lifetime_delta"):
+        for name in _NUMBERS:
             if isinstance(kwargs.get(name), int) and not isinstance(kwargs.get(name), bool):
                 kwargs[name] = float(kwargs[name])
         return cls(**kwargs)
@@ -119,6 +125,10 @@ class Policy:
                 shown = repr(float(value))
             lines.append(f"{_key(f.name)} = {shown}")
         return "\n".join(lines) + "\n"
+
+
+_NUMBERS = ("max_run_epsilon", "max_run_delta", "lifetime_epsilon", "lifetime_delta", "max_release_epsilon",
+            "period_days", "period_epsilon", "period_delta")
 
 
 def _key(name: str) -> str:
@@ -156,6 +166,7 @@ class RunCost:
     delta: float
     mechanism: str
     settings: Mapping[str, float] = field(default_factory=dict)
+    release_epsilon: float | None = None  # the epsilon of one release (its noise); None: the whole run's
 
 
 @dataclass(frozen=True)
@@ -234,8 +245,8 @@ class Device:
             if known is not None:
                 if known.config != request.config:
                     raise DeviceRefused(f"run {run} was admitted with another configuration; one run "
-                                        "identity "
-                                        "has one configuration on this device, so it refuses this one")
+                                        "identity has one configuration on this device, so it refuses this "
+                                        "one")
                 if known.data != request.data:
                     raise DeviceRefused(f"run {run} was admitted on other data; this device's data changed "
                                         "since, and answering the same run again would reveal the difference")
@@ -247,10 +258,23 @@ class Device:
                                     or spent_delta + cost.delta > policy.lifetime_delta * (1 + SLACK)):
                 raise DeviceRefused(
                     "the device's lifetime budget would be crossed: it has spent "
-                    f"(eps = {spent_epsilon:.6g}, "
-                    f"delta = {spent_delta:.3g}) over {len(charges)} run(s), this run costs (eps = "
-                    f"{cost.epsilon:.6g}, delta = {cost.delta:.3g}), and its operator allows (eps = "
+                    f"(eps = {spent_epsilon:.6g}, delta = {spent_delta:.3g}) over {len(charges)} run(s), "
+                    f"this run costs (eps = {cost.epsilon:.6g}, delta = {cost.delta:.3g}), and its operator "
+                    "allows (eps = "
                     f"{policy.lifetime_epsilon:g}, delta = {policy.lifetime_delta:g}) in all")
+            if request.private and policy.period_days > 0:
+                now = datetime.datetime.now(datetime.UTC)
+                since = now - datetime.timedelta(days=policy.period_days)
+                recent = [c for c in charges.values() if datetime.datetime.fromisoformat(c.at) >= since]
+                recent_epsilon = math.fsum(c.epsilon for c in recent) + cost.epsilon
+                recent_delta = math.fsum(c.delta for c in recent) + cost.delta
+                if (recent_epsilon > policy.period_epsilon * (1 + SLACK)
+                        or recent_delta > policy.period_delta * (1 + SLACK)):
+                    raise DeviceRefused(
+                        f"the device's budget of {policy.period_days:g} day(s) would be crossed: with this "
+                        "run, the runs admitted since {since.isoformat(timespec='seconds')} cost (eps = "
+                        f"{recent_epsilon:.6g}, delta = {recent_delta:.3g}), and its operator allows (eps = "
+                        f"{policy.period_epsilon:g}, delta = {policy.period_delta:g}) per period")
             admitted = Charge(run=run, algorithm=request.algorithm, rounds=int(request.rounds),
                               epsilon=float(cost.epsilon), delta=float(cost.delta), mechanism=cost.mechanism,
                               settings=dict(cost.settings), config=request.config, data=request.data,
@@ -369,18 +393,17 @@ def check_policy(policy: Policy, request: RunRequest) -> None:
         raise DeviceRefused(f"algorithm={request.algorithm!r} is not accepted by this device; its operator "
                             f"accepts {', '.join(policy.algorithms)}")
     if not request.private and not policy.allow_non_private:
-        raise DeviceRefused(f"algorithm={request.algorithm!r} as configured releases without noise; this "
-                            "device "
-                            "refuses non-private runs (its operator may allow them: allow-non-private)")
+        raise DeviceRefused(f"algorithm={request.algorithm!r} as configured releases without noise; "
+                            "this device refuses non-private runs (its operator may allow them: "
+                            "allow-non-private)")
     if request.private and not request.covered and not policy.allow_not_covered:
         raise DeviceRefused(f"algorithm={request.algorithm!r} as configured is covered by no guarantee (its "
                             "sensitivity is computed from the data or below the proven bound); this device "
                             "refuses it (its operator may allow it: allow-not-covered)")
     if request.central and not policy.allow_central_dp:
-        raise DeviceRefused(f"algorithm={request.algorithm!r} sends exact values and trusts the server to "
-                            "add "
-                            "the noise (central DP); this device refuses that (its operator may allow it: "
-                            "allow-central-dp)")
+        raise DeviceRefused(f"algorithm={request.algorithm!r} sends exact values and trusts the server "
+                            "to add the noise (central DP); this device refuses that (its operator may "
+                            "allow it: allow-central-dp)")
     if int(request.rounds) < 1:
         raise DeviceRefused(f"rounds={request.rounds} is not allowed; a run has at least one round")
 
@@ -395,9 +418,14 @@ def check_cost(policy: Policy, algorithm: str, cost: RunCost) -> None:
                             "this device refuses it")
     if cost.epsilon > policy.max_run_epsilon * (1 + SLACK) or cost.delta > policy.max_run_delta * (1 + SLACK):
         raise DeviceRefused(f"algorithm={algorithm!r} as configured costs (eps = {cost.epsilon:.6g}, delta = "
-                            f"{cost.delta:.3g}) for the whole run on this device; its operator allows at "
-                            "most "
-                            f"(eps = {policy.max_run_epsilon:g}, delta = {policy.max_run_delta:g}) per run")
+                            f"{cost.delta:.3g}) for the whole run on this device; its operator allows "
+                            f"at most (eps = {policy.max_run_epsilon:g}, delta = {policy.max_run_delta:g}) "
+                            "per run")
+    release = cost.epsilon if cost.release_epsilon is None else cost.release_epsilon
+    if release > policy.max_release_epsilon * (1 + SLACK):
+        raise DeviceRefused(f"algorithm={algorithm!r} as configured adds noise of eps = {release:.6g} per "
+                            f"release; this device's operator wants at least the noise of eps = "
+                            f"{policy.max_release_epsilon:g} per release (max-release-epsilon)")
 
 
 def answered_records(path: str | Path) -> list[dict[str, Any]]:

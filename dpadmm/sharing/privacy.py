@@ -115,14 +115,23 @@ def ledger(config: SharingConfig, num_samples: int) -> Ledger:
     )
 
 
+def mechanism_of(config: SharingConfig, num_samples: int) -> str:
+    """What one party releases each round, as its reply states it and the server checks it (the noise and
+    its standard deviation for N samples); "none" for a non-private configuration."""
+    if not config.private:
+        return "none"
+    return f"gaussian on the {config.noise}, std {noise_std(config, num_samples)!r}"
+
+
 def device_request(config: SharingConfig, data: str, num_samples: int) -> RunRequest:
     """One party's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the whole run's
     (epsilon, delta) of :func:`ledger` for the party's N samples; covered with the noise on the message
     (``noise='message'``). ``data``: the digest of the party's block."""
 
     def cost() -> RunCost:
-        whole = ledger(config, num_samples).whole_run
-        return RunCost(whole.epsilon_pld, whole.delta, "gaussian")
+        account = ledger(config, num_samples)
+        return RunCost(account.whole_run.epsilon_pld, account.whole_run.delta, "gaussian",
+                       release_epsilon=account.per_step.epsilon_pld)
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),
