@@ -46,7 +46,7 @@ from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from clients.dpiadmm import answer_query, train_reply
 from clients.dpiadmm import device_request as iadmm_request
 from clients.linadmm import gradient_reply
-from clients.randomness import data_digest, node_admission
+from clients.randomness import data_digest, node_admission, node_charge
 from clients.sharing import round_reply, scores_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES, Dataset
 from dpadmm.data.libsvm import load_binary
@@ -307,9 +307,11 @@ def train(msg: Message, context: Context) -> Message:
     partition_id = int(context.node_config["partition-id"])
     try:
         if isinstance(config, LinAdmmConfig):
-            # central DP: the exact sums leave the device only if its operator trusts the server
-            node_admission(context.node_config, partition_id,
-                           lambda: device_request_for(config, held, context.node_config))
+            # central DP: the exact sums leave the device only if its operator trusts the server, and the
+            # run the server adds its noise for is charged to the device's budget like any other
+            settings = msg.content["config"]
+            node_charge(context.node_config, settings, partition_id, int(settings["server-round"]),
+                        lambda: device_request_for(config, held, context.node_config))
             features, labels = held
             return gradient_reply(msg, config, features, labels, partition_id)
         if isinstance(config, DecentralConfig):

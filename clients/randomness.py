@@ -85,26 +85,36 @@ def node_admission(node_config: Mapping[str, object], agent: int, request: Calla
         Device(state_dir(node_config), agent).preview(request())
 
 
+def node_charge(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int, round_: int,
+                request: Callable[[], RunRequest]) -> Charge | None:
+    """On a deployed node, the device's charge for the run the server names in ``settings`` (``request()``
+    admitted by its policy and lifetime budget, charged and fsynced at the run's first release) after
+    checking that ``round_`` is one of the run's: :class:`~dpadmm.privacy.device.Device`. None for the
+    simulation kinds. A request without a run identity is refused before anything is written."""
+    if node_kind(node_config) != DEPLOYMENT:
+        return None
+    budget = Device(state_dir(node_config), agent)
+    charge = budget.admit(str(settings.get(IDENTITY_KEY, "")), request())
+    budget.check_round(charge, round_)
+    return charge
+
+
 def node_randomness(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int,
                     round_: int, digest: str, request: Callable[[], RunRequest]
                     ) -> tuple[Secret | None, str, Charge | None]:
     """(this agent's randomness for the request, the kind to report, the device's charge for the run): None
     and None for the simulation kinds; on a deployed node the agent's
     :class:`~dpadmm.privacy.randomness.Secret` for the run the server names in ``settings`` and the run's
-    :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (``request()``, built only on
-    a deployed node: its policy and lifetime budget, charged and fsynced at the run's first release;
-    :class:`~dpadmm.privacy.device.Device`) and recorded the request (``digest``) as answered for this
+    :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (:func:`node_charge`;
+    ``request()`` is built only on a deployed node) and recorded the request (``digest``) as answered for this
     round (a different request for the same round is refused:
     :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
     kind = node_kind(node_config)
-    if kind != DEPLOYMENT:
+    charge = node_charge(node_config, settings, agent, round_, request)
+    if charge is None:
         return None, kind, None
     identity = str(settings.get(IDENTITY_KEY, ""))
-    directory = state_dir(node_config)
-    budget = Device(directory, agent)
-    charge = budget.admit(identity, request())  # refuses a request without a run identity, before any secret
-    budget.check_round(charge, round_)
-    keeper = NodeSecret(directory, agent)
+    keeper = NodeSecret(state_dir(node_config), agent)
     randomness = keeper.randomness(identity)
     keeper.answer(identity, round_, digest)
     if round_ == charge.rounds:  # the node's own statement of the run, in its own log

@@ -12,7 +12,9 @@ the FAB, and pushes the reply and the context back. This module is that runtime.
 identity only, refuses a run whose FAB names another app or version than the installed one, and answers
 with :data:`clients.client_app.app`, imported once from the installation.
 
-One process for the device's life also means that nothing is repeated per message (Flower's
+Each task runs in a thread of its own, as Flower's SuperExec runs each in a process of its own (a task
+whose run is gone must not hold up the next). One process for the device's life also means that nothing is
+repeated per message (Flower's
 ``flwr-clientapp`` costs an interpreter, ``import flwr`` and ``import torch`` for each): the data set is
 read once (the ClientApp's caches), the accountant runs once per run (the device's budget keeps the
 calibration, :mod:`dpadmm.privacy.device`).
@@ -24,6 +26,7 @@ to this process's own log, since an exception's text may hold a number computed 
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.metadata
 import logging
 import signal
@@ -40,12 +43,17 @@ from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest 
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
 APP_ID = "dpadmm/dpadmm"  # the FAB's id: [tool.flwr.app] publisher / [project] name
 FAILED = "the node could not answer this message; its operator's log has the reason"
+TASK_RETRY_SECONDS = 30.0  # the longest a task's call to the SuperNode is retried
+# Tasks run side by side, each in a thread of its own, as Flower's SuperExec runs each in a process of its
+# own: a task whose run is gone (a SuperLink restarted while its message was on its way: the SuperNode keeps
+# a task whose message never arrives) must not hold up the next one. One run's messages come one at a time.
+MAX_TASKS = 4
 log = logging.getLogger("dpadmm.node")
 
 
@@ -64,15 +72,20 @@ class Options:
     poll: float = 0.25  # seconds between two questions when no task is pending (Flower's SuperExec: 1)
 
 
-def _client(options: Options, *interceptors: object, tries: int | None = None) -> RuntimeHttpClient:
-    """A client of the SuperNode's runtime API; ``tries`` bounds each call's attempts (None: Flower's
-    retries, which wait for a SuperNode that is restarting)."""
-    invoker = make_simple_http_retry_invoker()
-    if tries is not None:
-        invoker.max_tries = tries
+def _client(options: Options, invoker: RetryInvoker, *interceptors: object) -> RuntimeHttpClient:
+    """A client of the SuperNode's runtime API whose calls retry as ``invoker`` says."""
     return RuntimeHttpClient.from_server_address(
         server_address=options.address, insecure=options.insecure,
         root_certificates=options.root_certificates, interceptors=list(interceptors), retry_invoker=invoker)
+
+
+def _invoker(tries: int | None = None, seconds: float | None = None) -> RetryInvoker:
+    """Flower's retries of a runtime-API call, bounded: ``tries`` attempts, ``seconds`` in all. Flower's
+    own are unbounded, which suits a process per task; one process for every task must not wait forever on
+    a task whose run is gone (a SuperLink restarted mid-round), or every later task waits behind it."""
+    invoker = make_simple_http_retry_invoker()
+    invoker.max_tries, invoker.max_time = tries, seconds
+    return invoker
 
 
 def fab_refusal(fab_id: str, fab_version: str) -> str | None:
@@ -88,16 +101,15 @@ def fab_refusal(fab_id: str, fab_version: str) -> str | None:
 def answer(message: Message, context: object, fab_id: str, fab_version: str,
            app: Callable[..., Message] | None = None) -> tuple[Message, str, str]:
     """(the reply, its sub-status, its details) of one task: the installed ClientApp's reply, a refusal of
-    another app's run, or :data:`FAILED` where the ClientApp raised (details logged here only)."""
-    refused = fab_refusal(fab_id, fab_version)
-    if refused is not None:
-        log.error("dpadmm node: %s", refused)
-        return (Message(Error(code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION, reason=refused), reply_to=message),
-                SubStatus.FAILED, refused)
-    if app is None:
-        from clients.client_app import app as installed
+    another app's run (``wire.REFUSED_KEY``), or :data:`FAILED` where the ClientApp raised (details logged
+    here only)."""
+    from clients import client_app
 
-        app = installed
+    refused = fab_refusal(fab_id, fab_version)
+    if refused is not None:  # a refusal, which a dpadmm ServerApp of any version ends the run on at once
+        log.error("dpadmm node: %s", refused)
+        return client_app.refusal(message, refused), SubStatus.FAILED, refused
+    app = app or client_app.app
     try:
         return app(message=message, context=context), SubStatus.COMPLETED, ""
     except Exception:  # noqa: BLE001 (any failure: the server learns only that it failed)
@@ -109,7 +121,8 @@ def answer(message: Message, context: object, fab_id: str, fab_version: str,
 
 def run_task(options: Options, token: str) -> None:
     """Pull one task's input from the SuperNode, answer it (:func:`answer`), push the reply and context."""
-    client = _client(options, RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+    invoker = _invoker(seconds=TASK_RETRY_SECONDS)
+    client = _client(options, invoker, RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                      RuntimeTokenHttpInterceptor(token))
 
     def beat() -> bool:  # Flower's own stops its process when the task is gone; this one outlives tasks
@@ -124,38 +137,58 @@ def run_task(options: Options, token: str) -> None:
     context = None
     status, details = SubStatus.FAILED, FAILED
     try:
+        started = time.perf_counter()
         message, context, run, _ = pull_task_input(client)  # the FAB's bytes are never installed or read
         reply, status, details = answer(message, context, run.fab_id, run.fab_version)
         push_message(client, reply, context)
+        log.info("dpadmm node: answered a %s message of run %s (%s) in %.2f s", message.metadata.message_type,
+                 run.run_id, status, time.perf_counter() - started)
     except Exception:  # noqa: BLE001 (a lost SuperNode, a malformed task: logged, the next task goes on)
         log.error("dpadmm node: a task failed:\n%s", traceback.format_exc())
     finally:
+        invoker.max_tries = 1  # as Flower's own task process on its way out: no call waits any longer
         heartbeat.stop()
         push_task_output(client=client, context=context, sub_status=status, details=details)
         client.close()
 
 
 def serve(options: Options, stop: threading.Event | None = None) -> None:
-    """Ask the SuperNode for ClientApp tasks and answer each with the installed app, until ``stop`` is set
-    (without one: until SIGTERM or SIGINT, which must then reach the main thread)."""
+    """Ask the SuperNode for ClientApp tasks and answer each with the installed app (each in a thread of its
+    own, at most :data:`MAX_TASKS` at once), until ``stop`` is set (without one: until SIGTERM or SIGINT,
+    which must then reach the main thread)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: every thread's stack
     if stop is None:
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
     # one attempt per question: the loop asks again, and sees ``stop`` between two questions (a SuperNode
     # that exits, refused by its SuperLink, ends the runtime beside it at once)
-    client = _client(options, RuntimeVersionHttpInterceptor(component_name="SuperExec"), tries=1)
+    client = _client(options, _invoker(tries=1), RuntimeVersionHttpInterceptor(component_name="SuperExec"))
     log.info("dpadmm node: answering the SuperNode at %s with %s %s", options.address, APP_ID,
              installed_version())
+    last_error = ""
+    running: list[threading.Thread] = []
     try:
         while not stop.is_set():
+            running = [task for task in running if task.is_alive()]
+            if len(running) >= MAX_TASKS:
+                stop.wait(options.poll)
+                continue
             try:
                 acquired = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-            except Exception:  # noqa: BLE001 (the SuperNode is starting or restarting: ask again)
+            except Exception as error:  # noqa: BLE001 (the SuperNode is starting or restarting: ask again)
+                said = f"{type(error).__name__}: {error}"
+                if said != last_error:  # once per kind of failure, not once a second
+                    log.warning("dpadmm node: the SuperNode gave no task (%s); asking again", said)
+                    last_error = said
                 stop.wait(1.0)
                 continue
+            last_error = ""
             if acquired.HasField("task") and acquired.token:
-                run_task(options, acquired.token)
+                task = threading.Thread(target=run_task, args=(options, acquired.token), daemon=True,
+                                        name=f"task-{acquired.task.task_id}")
+                task.start()
+                running.append(task)
             else:
                 stop.wait(options.poll)
     finally:

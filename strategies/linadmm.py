@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.privacy.randomness import NodeSecret, new_run_identity, request_digest, server_state_dir
-from dpadmm.wire import GRADIENT_KEY, POINT_KEY
+from dpadmm.wire import GRADIENT_KEY, IDENTITY_KEY, POINT_KEY
 from strategies.nodes import Roster
 from strategies.rounds import run_rounds
 
@@ -127,7 +127,9 @@ class DPLinADMM(Strategy):
         for p, node in sorted(holders.items()):
             content = RecordDict({
                 "arrays": ArrayRecord({POINT_KEY: Array(point.numpy())}),
-                "config": ConfigRecord({"server-round": server_round, "partition-id": p}),
+                # the run identity, to which a deployed client's device charges the run (clients.randomness)
+                "config": ConfigRecord({"server-round": server_round, "partition-id": p,
+                                        IDENTITY_KEY: self.run_identity}),
             })
             message = Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             messages.append(message)

@@ -16,7 +16,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models import binary
-from dpadmm.privacy.device import POLICY_FILE, Policy
+from dpadmm.privacy.device import POLICY_FILE, Device, Policy
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
 from tests.conftest import flwr_run, toml_value
@@ -84,13 +84,17 @@ def test_a_server_forced_to_deployment_randomness_adds_noise_from_its_own_secret
     # paper's delta = 1e-3)
     nodes = tmp_path / "node-state"
     nodes.mkdir()
-    (nodes / POLICY_FILE).write_text(Policy(allow_central_dp=True, max_run_delta=1e-3).to_toml())
+    (nodes / POLICY_FILE).write_text(Policy(allow_central_dp=True, max_run_delta=1e-3,
+                                            lifetime_delta=1e-2).to_toml())
     env = dict(flwr_env, DPADMM_RANDOMNESS="deployment", DPADMM_SERVER_STATE=str(state),
                DPADMM_NODE_STATE=str(nodes))
     output = flwr_run(env, run_config, supernodes=2)
     assert "dpadmm round 3/3: test accuracy" in output and "randomness: deployment randomness" in output
     flower = read_metrics(out)
     assert "objective" not in flower[0]  # it reads the raw training rows: a deployed server computes none
+    charges = [Device(nodes, p).charges() for p in range(2)]  # each client's device charged the run once
+    assert [[(c.algorithm, c.rounds, c.delta) for c in charge.values()] for charge in charges] == \
+        [[("dp-admm", 3, 1e-3)]] * 2
     identity = read_jsonl(state / "agent-0.answered.jsonl")[0]["run"]
     key = Secret({0: run_key(NodeSecret(state, 0).secret(), identity, 0)})
     problem = load(config.dataset, config.data_dir, config.graph_alpha)

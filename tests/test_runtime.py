@@ -113,6 +113,17 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     assert status == "finished:completed", (details, log[-3000:])
     assert "dpadmm: test error" in log and not (d.root / "exfiltrated").exists()
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [1, 1]
+    # ... and a FAB of another version is refused outright, the device's reason in the server's log
+    other = d.root / "other-version-app"
+    shutil.copytree(shipped_app(), other)
+    pyproject = other / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(f'version = "{runtime.installed_version()}"',
+                                                       'version = "9.9.9"', 1))
+    status, details, log = _run(d, _main_job(d.root / "other-version"), other)
+    assert status == "finished:failed", (details, log[-3000:])
+    version = runtime.installed_version()
+    assert (f"this device runs only dpadmm/dpadmm {version}, installed by its operator; the run's app is "
+            "dpadmm/dpadmm 9.9.9, which it refuses to answer") in log
     # 2. What a server sets cannot make a device release without its guarantee: refused at admission,
     # before any release, with the device's reason in the server's log; nothing charged.
     refused = d.root / "refused"

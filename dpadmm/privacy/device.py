@@ -15,7 +15,7 @@ the node releases anything, and the device:
   released, across runs and run identities. Runs compose by basic composition (the sums of epsilon and of
   delta), which stays valid when each run's parameters are chosen after the last one's output: basic
   composition is a privacy filter (Rogers, Roth, Ullman & Vadhan, "Privacy Odometers and Filters:
-  Pay-as-you-Go Composition", NeurIPS 2016, Theorem 3.6);
+  Pay-as-you-Go Composition", NeurIPS 2016);
 - binds the charge to the run: the digest of its configuration as the server sent it, the digest of the
   node's data, its planned rounds. A second configuration under one run identity, changed data under a
   reused identity, and a round beyond the run's rounds are refused. A request repeated exactly costs nothing
