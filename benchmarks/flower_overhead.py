@@ -454,7 +454,7 @@ def table(results: list[RunResult], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -493,7 +493,7 @@ def main() -> int:
         parser.error(f"--femnist-dir {args.femnist_dir}: no LEAF sample folder (with train/) found")
 
     # A plain `kill` of this script must also stop the runs: make SIGTERM unwind like Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     info = machine()
     results: list[RunResult] = []
     interrupted = False

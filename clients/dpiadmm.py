@@ -101,7 +101,7 @@ def request_of(msg: Message, config: RunConfig) -> str:
 def device_request(config: RunConfig, data: AgentData) -> RunRequest:
     """The run as this agent's device sees it (:func:`dpadmm.iadmm.privacy.device_request`), bound to its
     data."""
-    return privacy.device_request(config, data_digest(data.x, data.y, data.counts), data.total)
+    return privacy.device_request(config, data_digest(data.x, data.y, data.counts))
 
 
 def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: int,

@@ -447,9 +447,12 @@ class Deployment:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
 
-    def start_superlink(self) -> None:
+    def start_superlink(self, database: bool = True) -> None:
+        """The SuperLink; with ``database``, its state in <root>/superlink.db (a restarted one resumes), else
+        in its memory (`dpadmm deploy superlink`'s default)."""
+        where = ["--database", str(self.root / "superlink.db")] if database else []
         self.start("superlink", "superlink", "--certs", str(self.root / "certs"), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--database", str(self.root / "superlink.db"))
+                   "--port", str(self.port), *where)
         self.wait_for(lambda: self.flwr("supernode", "list", self.connection).returncode == 0,
                       "the SuperLink", every=3)
 

@@ -39,13 +39,21 @@ from dpadmm.sharing.config import SharingConfig
 MAIN = main_job()  # (8, 1e-5) for the whole run, calibrated on the node
 
 
-def _request(config: RunConfig = MAIN, data: str = "data-d", total: int = 5000) -> RunRequest:
-    return iadmm_privacy.device_request(config, data, total)
+def _request(config: RunConfig = MAIN, data: str = "data-d") -> RunRequest:
+    return iadmm_privacy.device_request(config, data)
 
 
 def _policy(directory: Path, **values: object) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "policy.toml").write_text(Policy(**values).to_toml())  # type: ignore[arg-type]
+
+
+def test_a_dpiadmm_run_costs_its_ledgers_whole_run_and_release_epsilons() -> None:
+    """The device's charge is the statement's own numbers, computed without the ledger's other bounds."""
+    cost = _request(dataclasses.replace(MAIN, rounds=7)).cost()
+    account = iadmm_privacy.ledger(iadmm_privacy.calibrate(dataclasses.replace(MAIN, rounds=7)))
+    assert (cost.epsilon, cost.delta) == (account.whole_run.epsilon_pld, account.whole_run.delta)
+    assert cost.release_epsilon == account.per_step.epsilon_pld and 7.9 < cost.epsilon <= 8.0
 
 
 def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path: Path) -> None:

@@ -142,18 +142,20 @@ def calibrate(config: RunConfig) -> RunConfig:
 _CALIBRATED: dict[RunConfig, RunConfig] = {}
 
 
-def device_request(config: RunConfig, data: str, total: int) -> RunRequest:
+def device_request(config: RunConfig, data: str) -> RunRequest:
     """One DP-IADMM run as the device's ledger event (:mod:`dpadmm.privacy.device`): its cost is the whole
     run's (epsilon, delta) by the PLD accountant, computed on the node from the run config the server sent
-    (calibrated there, when it sets ``target-epsilon``) and ``total`` (I); the calibrated eps-bar is kept as
-    the run's setting, so that the node calibrates once per run. ``data``: the digest of the agent's data.
+    (calibrated there, when it sets ``target-epsilon``; the epsilons do not depend on I); the calibrated
+    eps-bar is kept as the run's setting, so that the node calibrates once per run. ``data``: the digest of
+    the agent's data.
     Covered: the clipped sensitivity and OutP's; the papers' eq. (9b) is computed from the data."""
 
-    def cost() -> RunCost:
-        run = calibrate(config)
-        account = ledger(run, total_samples=total)
-        return RunCost(account.whole_run.epsilon_pld, account.whole_run.delta, release_of(run)[0].mechanism,
-                       {"epsilon": run.epsilon}, release_epsilon=account.per_step.epsilon_pld)
+    def cost() -> RunCost:  # the ledger's whole-run and per-step epsilons, without its other bounds
+        run = calibrate(config)  # its statement is remembered (composed_epsilon): the whole run's is free
+        release, per_round = release_of(run)
+        whole, _ = composed_epsilon(release, per_round * run.rounds, run.delta)
+        step, _ = composed_epsilon(release, 1, run.delta)
+        return RunCost(whole, run.delta, release.mechanism, {"epsilon": run.epsilon}, release_epsilon=step)
 
     covered = config.algorithm == "outp" or config.sensitivity == "clipped"
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
