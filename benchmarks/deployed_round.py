@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.flower_overhead import LineWatcher, interrupt, machine
+from benchmarks.flower_overhead import LineWatcher, follow, interrupt, machine, read_file
 from tests.conftest import Deployment, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,17 +70,9 @@ MEMORY_FLOOR_MIB = 2048  # no further SuperNode is started on a host with less a
 
 # ----- the nodes' processes in /proc -----
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
 def _stat_fields(pid: int) -> list[bytes] | None:
     """/proc/<pid>/stat after the command's name (field 3 onwards), zombies included."""
-    raw = _read(f"/proc/{pid}/stat")
+    raw = read_file(f"/proc/{pid}/stat")
     return None if raw is None else raw.rsplit(b")", 1)[-1].split()
 
 
@@ -122,7 +114,7 @@ def cpu_seconds(pids: list[int]) -> float:
 def memory_kb(pid: int) -> tuple[int, int]:
     """(RSS, PSS) of one process in kB; zeros when it is gone."""
     rss = pss = 0
-    for line in (_read(f"/proc/{pid}/smaps_rollup") or b"").splitlines():
+    for line in (read_file(f"/proc/{pid}/smaps_rollup") or b"").splitlines():
         if line.startswith(b"Rss:"):
             rss = int(line.split()[1])
         elif line.startswith(b"Pss:"):
@@ -131,7 +123,7 @@ def memory_kb(pid: int) -> tuple[int, int]:
 
 
 def _per_message(pid: int) -> bool:
-    return b"flwr-clientapp" in (_read(f"/proc/{pid}/cmdline") or b"")
+    return b"flwr-clientapp" in (read_file(f"/proc/{pid}/cmdline") or b"")
 
 
 @dataclass
@@ -193,7 +185,7 @@ class Result:
 
 
 def mem_available_mib() -> float:
-    for line in (_read("/proc/meminfo") or b"").splitlines():
+    for line in (read_file("/proc/meminfo") or b"").splitlines():
         if line.startswith(b"MemAvailable:"):
             return int(line.split()[1]) / 1024
     return 0.0
@@ -276,33 +268,19 @@ class Bench:
     def _watch(self, result: Result, roots: list[int], command: list[str], lines: Path,
                log_path: Path) -> None:
         watch, watcher = NodeWatch(roots), LineWatcher(lines)
-        cpu_before = cpu_after = cpu_seconds(descendants(roots))
+        cpu_before = cpu_seconds(descendants(roots))
         started = time.perf_counter()
         print(f"[N={self.nodes} load={result.load} {result.variant}] {' '.join(command)}", file=sys.stderr,
               flush=True)
-        with open(log_path, "wb") as log:
-            run = subprocess.Popen(command, cwd=ROOT, env=self.d.env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-            next_poll, reported = 0.0, 0
-            try:
-                while run.poll() is None:
-                    now = time.perf_counter()
-                    if now - started > self.timeout:
-                        raise TimeoutError(f"the run did not end within --timeout {self.timeout:g} s")
-                    watcher.poll()
-                    if now >= next_poll:
-                        cpu_after = cpu_seconds(descendants(roots))  # before a node's process is gone
-                        watch.poll()
-                        next_poll = now + 0.5
-                    if len(watcher.records) > reported:
-                        reported = len(watcher.records)
-                        print(f"  round {reported}/{self.rounds} after {now - started:.1f} s",
-                              file=sys.stderr, flush=True)
-                    time.sleep(0.1)
-            finally:
-                if run.poll() is None:
-                    run.kill()
-        watcher.poll()
+        cpu_after = cpu_before
+
+        def sample(_: int) -> None:
+            nonlocal cpu_after
+            cpu_after = cpu_seconds(descendants(roots))  # before a node's process is gone
+            watch.poll()
+
+        returncode = follow(command, self.d.env, log_path, watcher, self.timeout, 0.5, sample,
+                            f"  round {{}}/{self.rounds} after {{:.1f}} s")
         result.wall = time.perf_counter() - started
         result.cpu_per_round = (max(cpu_after, cpu_seconds(descendants(roots))) - cpu_before) / (
             self.nodes * self.rounds)
@@ -314,8 +292,8 @@ class Bench:
         result.loadavg, result.mem_available_mib = os.getloadavg(), mem_available_mib()
         replied = [int(len(r["replied"]) if isinstance(r["replied"], list) else r["replied"])
                    for r in watcher.records]
-        if run.returncode != 0:
-            result.error = f"flwr run exited with {run.returncode}"
+        if returncode != 0:
+            result.error = f"flwr run exited with {returncode}"
         elif len(watcher.records) != self.rounds or any(count != self.nodes for count in replied):
             result.error = f"{len(watcher.records)} of {self.rounds} rounds, replies per round {replied}"
         if result.error:

@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ class Proc:
     has_env: bool
 
 
-def _read(path: str) -> bytes | None:
+def read_file(path: str) -> bytes | None:
     try:
         with open(path, "rb") as fh:
             return fh.read()
@@ -107,7 +108,7 @@ def _read(path: str) -> bytes | None:
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """(parent pid, start time) of a live, non-zombie process."""
-    raw = _read(f"/proc/{pid}/stat")
+    raw = read_file(f"/proc/{pid}/stat")
     if raw is None:
         return None
     fields = raw.rsplit(b")", 1)[-1].split()
@@ -119,7 +120,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
 def _status_kb(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) in kB; zeros when the process is gone."""
     values = {}
-    for line in (_read(f"/proc/{pid}/status") or b"").splitlines():
+    for line in (read_file(f"/proc/{pid}/status") or b"").splitlines():
         key, _, rest = line.partition(b":")
         if key in (b"VmRSS", b"VmHWM"):
             values[key] = int(rest.split()[0])
@@ -127,7 +128,7 @@ def _status_kb(pid: int) -> tuple[int, int]:
 
 
 def _pss_kb(pid: int) -> int:
-    for line in (_read(f"/proc/{pid}/smaps_rollup") or b"").splitlines():
+    for line in (read_file(f"/proc/{pid}/smaps_rollup") or b"").splitlines():
         if line.startswith(b"Pss:"):
             return int(line.split()[1])
     return 0
@@ -135,7 +136,7 @@ def _pss_kb(pid: int) -> int:
 
 def _role(pid: int) -> str:
     """What a process of the run is, from its command line."""
-    cmdline = (_read(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace")
+    cmdline = (read_file(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace")
     if "flwr-simulation" in cmdline:
         return "driver"
     if "flower-superlink" in cmdline:
@@ -163,7 +164,7 @@ def run_processes(home: Path, root: int) -> list[Proc]:
         if stat is None:
             continue
         parents[pid], starts[pid] = stat
-        environ = _read(f"/proc/{pid}/environ")
+        environ = read_file(f"/proc/{pid}/environ")
         if environ and needle in environ.split(b"\0"):
             with_env.add(pid)
     children: dict[int, list[int]] = {}
@@ -178,7 +179,7 @@ def run_processes(home: Path, root: int) -> list[Proc]:
     procs = []
     for pid in sorted(found):
         rss, hwm = _status_kb(pid)
-        name = (_read(f"/proc/{pid}/comm") or b"").decode(errors="replace").strip()
+        name = (read_file(f"/proc/{pid}/comm") or b"").decode(errors="replace").strip()
         procs.append(Proc(pid, starts[pid], _role(pid), name, rss, hwm, _pss_kb(pid), pid in with_env))
     return procs
 
@@ -281,7 +282,7 @@ class LineWatcher:
         self.times: list[float] = []
 
     def poll(self) -> None:
-        raw = _read(str(self.path))
+        raw = read_file(str(self.path))
         if raw is None:
             return
         now = time.perf_counter()
@@ -289,6 +290,38 @@ class LineWatcher:
         for line in lines[len(self.records):]:
             self.records.append(json.loads(line))
             self.times.append(now)
+
+
+def follow(command: list[str], env: dict[str, str], log_path: Path, watcher: LineWatcher, timeout: float,
+           every: float, sample: Callable[[int], None], progress: str) -> int:
+    """Run ``command`` from the project's folder, its output to ``log_path``, until it exits; returns its exit
+    code. ``watcher`` is polled every 0.1 s, ``sample(pid)`` called every ``every`` s, and ``progress`` (a
+    format of the rounds done and the seconds) printed at each new round. A run past ``timeout`` seconds, or
+    interrupted, is killed (``TimeoutError``, ``KeyboardInterrupt``); in a session of its own, a Ctrl-C
+    reaches this script only, which then stops the run."""
+    started = time.perf_counter()
+    with open(log_path, "wb") as log:
+        run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+        next_sample, reported = 0.0, 0
+        try:
+            while run.poll() is None:
+                now = time.perf_counter()
+                if now - started > timeout:
+                    raise TimeoutError(f"the run did not end within --timeout {timeout:g} s")
+                watcher.poll()
+                if now >= next_sample:
+                    sample(run.pid)
+                    next_sample = now + every
+                if len(watcher.records) > reported:
+                    reported = len(watcher.records)
+                    print(progress.format(reported, now - started), file=sys.stderr, flush=True)
+                time.sleep(0.1)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    watcher.poll()
+    return run.returncode
 
 
 def variant_command(variant: str, args: argparse.Namespace, work: Path) -> tuple[list[str], Path, Path]:
@@ -359,25 +392,9 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path) -> RunResult
     started = time.perf_counter()
     try:
         started = time.perf_counter()
-        with open(log_path, "wb") as log:
-            # A session of its own: a Ctrl-C reaches this script only, which then stops the run.
-            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            next_poll, reported = 0.0, 0
-            while proc.poll() is None:
-                now = time.perf_counter()
-                if now - started > args.timeout:
-                    raise TimeoutError(f"{variant} did not finish within --timeout {args.timeout:g} s")
-                watcher.poll()
-                if now >= next_poll:
-                    peaks.add(run_processes(home, proc.pid))
-                    next_poll = now + args.poll
-                    if len(watcher.records) > reported:
-                        reported = len(watcher.records)
-                        print(f"[{variant}] round {reported}/{args.rounds} done after {now - started:.1f} s",
-                              file=sys.stderr, flush=True)
-                time.sleep(0.1)
-            result.returncode = proc.returncode
+        result.returncode = follow(command, env, log_path, watcher, args.timeout, args.poll,
+                                   lambda pid: peaks.add(run_processes(home, pid)),
+                                   f"[{variant}] round {{}}/{args.rounds} done after {{:.1f}} s")
         result.wall = time.perf_counter() - started
         watcher.poll()
         if result.returncode != 0:

@@ -44,20 +44,14 @@ def _square(x: int, workspace: Workspace) -> dict[str, int]:
 
 
 def _square_after(x: int, marker: Path, workspace: Workspace) -> dict[str, int]:
-    """Square x once ``marker`` exists (another cell writes it): an arrival order no machine's load can
-    change."""
+    """Square x once ``marker`` exists (the driver writes it when another cell's result has reached it): an
+    arrival order no machine's load can change."""
     deadline = time.monotonic() + 300
     while not marker.exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{marker} never appeared")
         time.sleep(0.05)
     return _square(x, workspace)
-
-
-def _square_then_mark(x: int, marker: Path, workspace: Workspace) -> dict[str, int]:
-    result = _square(x, workspace)
-    marker.write_text("done\n")
-    return result
 
 
 def _malloc_settings(workspace: Workspace) -> dict[str, str | None]:
@@ -77,13 +71,21 @@ def _cells(xs: list[int], **kw: Any) -> list[Cell]:
 def test_cells_run_in_scratch_folders_and_commit_in_order(tmp_path: Path) -> None:
     committed: list[tuple[str, Any]] = []
     logged: list[str] = []
-    # the second cell waits for the third: on 2 workers the third finishes first, and still commits last
-    marker = tmp_path / "x=3 finished"
+    # the second cell waits until the third's result has reached the driver: on 2 workers the third arrives
+    # first, and still commits last (a marker the third cell wrote itself, just before it returned, let the
+    # second's result overtake the third's on a loaded machine)
+    marker = tmp_path / "x=3 arrived"
+
+    def log(line: str) -> None:
+        logged.append(line)
+        if line.startswith("x=3:") and line.endswith("complete"):
+            marker.write_text("done\n")
+
     cells = _cells([1])
     cells.append(Cell(key="x=2", run=functools.partial(_square_after, 2, marker), folder="cells/2"))
-    cells.append(Cell(key="x=3", run=functools.partial(_square_then_mark, 3, marker), folder="cells/3"))
+    cells.append(Cell(key="x=3", run=functools.partial(_square, 3), folder="cells/3"))
     cells.append(Cell(key="malloc", run=_malloc_settings))
-    with GridRunner(tmp_path, GridOptions(workers=2, progress=False), log=logged.append) as runner:
+    with GridRunner(tmp_path, GridOptions(workers=2, progress=False), log=log) as runner:
         runner.run(cells, lambda cell, result: committed.append((cell.key, result)))
     runner.raise_failures()
     assert committed[:3] == [(f"x={x}", {"x": x, "square": x * x}) for x in (1, 2, 3)]
