@@ -70,7 +70,7 @@ MEMORY_FLOOR_MIB = 2048  # no further SuperNode is started on a host with less a
 
 # ----- the nodes' processes in /proc -----
 
-def _stat_fields(pid: int) -> list[bytes] | None:
+def stat_fields(pid: int) -> list[bytes] | None:
     """/proc/<pid>/stat after the command's name (field 3 onwards), zombies included."""
     raw = read_file(f"/proc/{pid}/stat")
     return None if raw is None else raw.rsplit(b")", 1)[-1].split()
@@ -81,7 +81,7 @@ def children_of() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat_fields(int(entry))
+            fields = stat_fields(int(entry))
             if fields is not None:
                 children.setdefault(int(fields[1]), []).append(int(entry))
     return children
@@ -105,7 +105,7 @@ def cpu_seconds(pids: list[int]) -> float:
     is counted in its parent's), in seconds."""
     total = 0
     for pid in pids:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is not None:
             total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime, stime, cutime, cstime
     return total / TICK
