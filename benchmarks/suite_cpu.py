@@ -75,7 +75,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def kind_of(cmdline: bytes) -> str:
     """A short name for what a process runs: the executable, or for Python the script or ``-m`` module
-    and its first argument (``flwr run``, ``dpadmm.cli deploy``, ``setup_worker.py``)."""
+    and its first argument, a path by its last part (``flwr run``, ``dpadmm.cli deploy``,
+    ``setup_worker.py default_worker.py``)."""
     argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if not argv:
         return "?"
@@ -90,7 +91,7 @@ def kind_of(cmdline: bytes) -> str:
     if rest[0] == "-c":
         return "python -c"
     script = Path(rest[0]).name
-    first = rest[1] if len(rest) > 1 and not rest[1].startswith("-") else ""
+    first = Path(rest[1]).name if len(rest) > 1 and not rest[1].startswith("-") else ""
     return f"{script} {first}".strip()
 
 

@@ -20,6 +20,8 @@ SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s
     (["/venv/bin/python3.11", "/venv/bin/flwr", "run", "app", "--stream"], "flwr run"),
     (["/venv/bin/python3.11", "-u", "/ray/_private/log_monitor.py", "--session-dir=x"], "log_monitor.py"),
     (["python", "-c", "print(1)"], "python -c"),
+    (["/venv/bin/python3.11", "/ray/workers/setup_worker.py", "/ray/workers/default_worker.py", "--x=1"],
+     "setup_worker.py default_worker.py"),
     (["/ray/core/src/ray/raylet/raylet", "--raylet_socket_name=x"], "raylet"),
     (["ray::ClientAppActor.run"], "ray::ClientAppActor.run"),
 ])
