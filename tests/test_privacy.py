@@ -141,9 +141,11 @@ def test_gaussian_objective_perturbation_ledger_composes_gaussian_plds() -> None
                                                          rel=1e-3)
     assert ledger.per_step.epsilon_pld == pytest.approx(single_release(Release("gaussian", 1.25), 1e-6),
                                                         abs=2 * PLD_INTERVAL)
-    assert ledger.sensitivity.startswith("L2: 2C/I = 0.08 ")
+    # I is the samples of all agents, not of one
+    assert ledger.sensitivity == "L2: 2C/I = 0.08 (C = 200, I = 5000 samples of all agents)"
     assert "sigma = Delta x 1.25 = 0.1" in ledger.noise_scale  # a multiplier, no epsilon
-    assert ledger.covered and "Gaussian mechanism" in ledger.note
+    assert ledger.covered and "Gaussian mechanism (noise multiplier sigma / Delta = 1.25)" in ledger.note
+    assert "epsilon" not in ledger.note  # the per-step epsilon is the ledger's, not 1 / multiplier
     assert privacy.spent(config, 20) == ledger.whole_run.epsilon_pld
 
 

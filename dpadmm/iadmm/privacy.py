@@ -83,7 +83,8 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
         if total_samples:
             value = clipped_sensitivity(config.clip_norm, total_samples, config.neighbouring, q)
             sens = (f"{norm}: {form}{batch} = {value:.6g}{batch} "
-                    f"(C = {config.clip_norm:g}, I = {total_samples}{f', q = {q:g}' if q < 1 else ''})")
+                    f"(C = {config.clip_norm:g}, I = {total_samples} samples of all agents"
+                    f"{f', q = {q:g}' if q < 1 else ''})")
             scale = f"{scale_name} = {value / config.epsilon:.6g}{batch}"
         else:
             sens = f"{norm}: {form}{batch} (C = {config.clip_norm:g}{f', q = {q:g}' if q < 1 else ''})"
@@ -92,8 +93,8 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
                 "bounds every step whatever the data, and the step's output depends on the data only "
                 "through g + noise, so "
                 + ("Theorem 1 of 003 applies as stated." if mechanism == "laplace" else
-                   "each step is the Gaussian mechanism (noise multiplier 1 / epsilon) followed by "
-                   "post-processing.")
+                   f"each step is the Gaussian mechanism (noise multiplier sigma / Delta = {multiplier:.4g}) "
+                   "followed by post-processing.")
                 + (f" Minibatches of B = {config.batch_size} (B_p = min(B, I_p) samples of agent p) are not "
                    "credited with amplification by subsampling." if batch else "")
                 + (f" Each step takes each sample independently with probability q = {q:g} and scales the "
