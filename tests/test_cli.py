@@ -47,7 +47,7 @@ def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
     done = _script("train", "--preset", "papers", "--algorithm", "objpm", "--epsilon", "1", "--rounds", "3",
                    "--local-steps", "2", "--num-agents", "5", "--eval-every", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    out = tmp_path / "runs" / "objpm-eps1-E2-seed0"
+    out = tmp_path / "runs" / "objpm-epsbar1-E2-seed0"  # eps-bar given: named per step
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in lines] == [1, 2, 3]
     assert "round 3 test error" in done.stdout and str(out / "metrics.jsonl") in done.stdout

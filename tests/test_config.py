@@ -151,3 +151,14 @@ def test_covered_model_combinations_are_accepted(values: dict) -> None:
     assert config.clip_norm_type == ("l2" if values.get("mechanism") == "gaussian" else "l1")
     for key, value in values.items():
         assert config.to_mapping()[key] == value
+
+
+def test_a_run_folder_is_named_after_the_epsilon_a_user_quotes() -> None:
+    """Budget-first: the whole-run (eps, delta), not the calibrated per-step eps-bar; eps-bar given: labelled
+    as such; no noise: epsinf."""
+    main = main_job()
+    assert main.default_out() == "runs/objpm-eps8-delta1e-05-E10-seed0"
+    assert dataclasses.replace(main, epsilon=0.692527).default_out() == main.default_out()  # calibrated
+    papers = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=10, seed=3)
+    assert papers.default_out() == "runs/objpm-epsbar0.5-E10-seed3"
+    assert RunConfig(algorithm="iadmm").default_out() == "runs/iadmm-epsinf-E1-seed0"

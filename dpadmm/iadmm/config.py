@@ -353,8 +353,17 @@ class RunConfig(keys.Keyed):
         return RHO_PRESET_VALUES[preset]
 
     def default_out(self) -> str:
-        eps = "inf" if not self.private else f"{self.epsilon:g}"
-        return f"runs/{self.algorithm}-eps{eps}-E{self.steps}-seed{self.seed}"
+        """runs/<algorithm>-<privacy>-E<steps>-seed<seed>: a budget-first run is named after its whole-run
+        (eps, delta), the figure a user quotes (``eps8-delta1e-05``), not after the per-step eps-bar its
+        calibration found; a run given eps-bar is named after that, labelled per step (``epsbar0.5``);
+        ``epsinf`` releases without noise."""
+        if not self.private:
+            label = "epsinf"
+        elif self.target_epsilon:
+            label = f"eps{self.target_epsilon:g}-delta{self.delta:g}"
+        else:
+            label = f"epsbar{self.epsilon:g}"
+        return f"runs/{self.algorithm}-{label}-E{self.steps}-seed{self.seed}"
 
 
 # The main job: what `flwr run .` (pyproject.toml's [tool.flwr.app.config.iadmm] table, the `main` preset)
