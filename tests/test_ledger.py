@@ -235,10 +235,14 @@ def test_one_line_says_which_figure_is_the_guarantee() -> None:
                   holder="for the whole training set")
     line = book.guarantee()
     assert line == (f"guarantee: eps = {book.whole_run.epsilon_pld:.4g} at delta = 0.001 for the whole run, "
-                    "for the whole training set: the per-run figure above, the one to quote; the other "
+                    "for the whole training set: the per-run figure below, the one to quote; the other "
                     "methods' figures are looser bounds, the per-step and per-round ones parts of the run, "
                     "and the note's theorem is the paper's own, looser bound for the same noise")
-    assert f"  {line}\n  Theorem 1 of 002: ..." in book.summary()
+    # the figure to quote first, then the run, a round, a step: the whole-run (eps, delta) leads
+    summary = book.summary().splitlines()
+    assert summary[1] == f"  {line}"
+    assert [s.split("(")[0].split()[1] for s in summary[2:5]] == ["run", "round", "step"]
+    assert "  Theorem 1 of 002: ..." in summary
     assert 0 < book.per_step.epsilon_pld < 1e-6 and "eps = 0 " not in book.summary()
     assert f"eps = {book.per_step.epsilon_pld:.4g} (" in book.summary()
     clipped = ledger(algorithm="objpm", release=Release("gaussian", 1.0, 0.2), per_round=10, rounds=10,

@@ -210,18 +210,19 @@ class Ledger:
         return out
 
     def summary(self) -> str:
-        """A few lines a person reads at the end of a run."""
+        """A few lines a person reads at the end of a run: the whole run's (eps, delta) first, the figure to
+        quote, then the run, a round and a step by every method (the parts are labelled as parts)."""
         lines = [
             f"privacy ({self.algorithm}, {self.mechanism} noise, {self.calibration} sensitivity, "
             f"neighbouring: {self.neighbouring}; {self.holder}, at delta={self.whole_run.delta:g}):",
+            f"  {self.guarantee()}",
         ]
-        for g in (self.per_step, self.per_round, self.whole_run):
+        for g in (self.whole_run, self.per_round, self.per_step):
             quoted = f"eps = {g.epsilon_pld:.4g} ({g.method})" if math.isfinite(g.epsilon_pld) else g.method
             lines.append(f"  per {g.scope:<10} ({g.releases} release{'s' if g.releases > 1 else ''}): "
                          f"{quoted}; basic {_shown(g.epsilon_basic)}, advanced {_shown(g.epsilon_advanced)}, "
                          f"RDP {_shown(g.epsilon_rdp)}")
         lines.append(f"  sensitivity {self.sensitivity}; noise {self.noise_scale}")
-        lines.append(f"  {self.guarantee()}")
         lines.append(f"  {self.note}")
         lines.append(f"  randomness: {self.randomness}")
         return "\n".join(lines)
@@ -237,7 +238,7 @@ class Ledger:
         theorem = (", and the note's theorem is the paper's own, looser bound for the same noise"
                    if self.calibration.startswith("Theorem") else "")
         return (f"guarantee: eps = {run.epsilon_pld:.4g} at delta = {run.delta:g} for the whole run, "
-                f"{self.holder}: the per-run figure above, the one to quote; the other methods' figures are "
+                f"{self.holder}: the per-run figure below, the one to quote; the other methods' figures are "
                 f"looser bounds, the per-step and per-round ones parts of the run{theorem}")
 
 
