@@ -1,7 +1,8 @@
 """UCI Adult (``adult.data``, ``adult.test``, plain or ``.gz``): 14 attributes, income above 50K or not.
 
 Paper 004's data set. It says only "remove individuals with missing values, normalise columns and
-rows" and that a sample is a point of R^14, so every attribute is one column (NOTES-004, G5):
+rows" and that a sample is a point of R^14, so every attribute is one column (the paper does not say how it
+encodes the categorical ones):
 
 - rows with a missing value (``?``) are dropped: 30,162 training and 15,060 test rows remain;
 - a categorical attribute becomes the index of its value among the training file's values in sorted

@@ -21,7 +21,8 @@ attack can come close to the claim. With ``weights = random`` Term A is uniform 
 agent's iterate and its neighbours' mean; two designs are attacked: the neighbour at the agent's iterate (the
 interval is a point, the a-priori worst case) and the neighbour away from it, where the random weights
 amplify, and the audit's bound is set beside the mean ex-post loss of eq. (10) of the releases it saw (a
-diagnostic that depends on the agent's data, not a bound: NOTES-004, G8).
+diagnostic that depends on the agent's data, not a bound: eq. (10) needs the agent's true
+gradient).
 
 :func:`one_run` audits a whole run instead, from one run with canaries (Steinke, Nasr & Jagielski 2023): the
 colluding agents see every exchanged iterate.

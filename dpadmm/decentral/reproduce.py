@@ -326,7 +326,8 @@ def summary(settings: dict[str, Any], curves: dict[tuple[str, str], Band],
               "![Fig. 1](fig-1.png)", "",
               "The expected ex-post loss of one release over the worst case, exact (quadrature of eq. "
               "(10)) / eq. (11) as printed. eq. (11) is neither a bound nor a consistent underestimate: it "
-              "is below the exact value in most cells and above it in a few (NOTES-004, G9).", "",
+              "is below the exact value in most cells and above it in a few (a branch choice in Appendix D "
+              "of Xiao, Ye and Devadas).", "",
               "| omega | " + " | ".join(f"beta = {b:g}" for b in GAMMA_BETAS) + " |",
               "| --- | " + " | ".join("---" for _ in GAMMA_BETAS) + " |"]
     for w in GAMMA_OMEGAS:
