@@ -350,7 +350,7 @@ def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], Non
                                    progress=False)
         seconds = (time.perf_counter() - started) / len(group)
         for job, result in zip(group, results, strict=True):
-            w = result.state.w  # logistic regression's [J, K] tensor: the module's "weight"
+            w = result.model  # the model after round T: logistic regression's [J, K] tensor, "weight"
             spent = result.ledger.whole_run.epsilon_pld if result.ledger else math.inf
             done(job, {**errors(ctx, w if isinstance(w, dict) else {"weight": w}),
                        "noise": result.config.epsilon, "noise-name": "eps-bar per step",

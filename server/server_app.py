@@ -320,12 +320,12 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
     dataset = load_for(config)
     module = build_model(config.model, dataset.num_features, dataset.num_classes)
     parameters = initial_parameters(module, config.seed, dtype=DTYPES[config.dtype])
-    ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
     resume = bool(config.out) and (Path(config.out) / CHECKPOINT).exists()
     # Every check before the run folder is made or reopened: the checkpoint's (it must be this run's), the
     # nodes' (their configuration and data), so that a refused run leaves no folder and a failed one's stays.
     strategy = DPIADMM(config, parameters, checkpoint_path=Path(config.out) / CHECKPOINT if resume else None)
     strategy.roster.admit(grid)
+    ledger = strategy.statement(total_samples=dataset.num_train)
     if resume:
         writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out,
                            save_weights=config.save_weights, resume_round=strategy.round)
@@ -364,8 +364,8 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
     with closing([writer]):
         strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,
                        evaluate_fn=evaluate)
+    ledger = strategy.statement(total_samples=dataset.num_train)
     if ledger:  # what the agents reported using (clients.randomness), said in the statement and privacy.json
-        ledger = dataclasses.replace(ledger, randomness=statement(set(strategy.kinds.values())))
         writer.write_ledger(ledger)
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
     if ledger and last:

@@ -10,6 +10,7 @@ exactly where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import time
@@ -29,10 +30,12 @@ from flwr.serverapp.strategy import Result, Strategy
 from dpadmm import wire
 from dpadmm.iadmm import privacy, schedules
 from dpadmm.iadmm.config import RunConfig
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
 from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
+from dpadmm.privacy.ledger import Ledger
 from dpadmm.privacy.randomness import new_run_identity
+from dpadmm.privacy.randomness import statement as randomness_statement
 from dpadmm.runs import checkpoint
 from strategies.nodes import Roster, claimed_partition, mechanism_fault, refused, reported_kind
 
@@ -107,7 +110,9 @@ class DPIADMM(Strategy):
                  on_round: Callable[[RoundReport], None] | None = None):
         if not parameters:
             raise ValueError("parameters is empty; give the model's initial parameters as a dict of tensors")
-        self.config = config
+        # eps-bar calibrated to target-epsilon here, as every agent calibrates it (clients.dpiadmm's
+        # train_reply): the strategy's statement and its accounts are about the noise the agents add
+        self.config = config = privacy.calibrate(config)
         self.dtype = DTYPES[config.dtype]
         self.shapes = {name: tuple(int(d) for d in p.shape) for name, p in parameters.items()}
         self.w: Params = {name: p.detach().to(device="cpu", dtype=self.dtype).clone()
@@ -137,8 +142,8 @@ class DPIADMM(Strategy):
     # ----- Strategy API -----
 
     def initial_arrays(self) -> ArrayRecord:
-        """The current global model: w^1 at the start, the saved w on resume."""
-        return ArrayRecord(_copy(self.w))
+        """The current global model: w^1 at the start, the model after the saved round on resume."""
+        return ArrayRecord(self.model())
 
     def summary(self) -> None:
         c = self.config
@@ -215,7 +220,12 @@ class DPIADMM(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
-        """Store each accepted z_p^{t+1} and update lambda_p (line 8); w^{t+1} after the agents for OutP."""
+        """Store each accepted z_p^{t+1} and update lambda_p (line 8); w^{t+1} after the agents for OutP.
+
+        Returns the model after this round's replies (:meth:`model`, what ``evaluate_fn(t, arrays)`` and
+        ``Result.arrays`` receive, as Flower's strategies return theirs) and the round's metrics, where
+        ``consensus-violation`` is the residual of this round's dual update (the w it sent, the z_p it
+        received)."""
         rho_t = schedules.rho_at(self.config, server_round)
         report = self.last_report or RoundReport(round=server_round, sampled=[])
         accepted: dict[int, tuple[Params, Params]] = {}
@@ -258,7 +268,28 @@ class DPIADMM(Strategy):
             "seconds": report.seconds,
         })
         self.last_train_metrics = metrics
-        return ArrayRecord(_copy(self.w)), metrics
+        return ArrayRecord(self.model()), metrics
+
+    def model(self) -> Params:
+        """The model after the last completed round's replies (a copy):
+        :func:`dpadmm.iadmm.consensus.model_after_round`, post-processing of the releases the server
+        holds; before round 1, w^1."""
+        if self.round == 0:
+            return _copy(self.w)
+        return model_after_round(self.config.algorithm, _copy(self.w), self.z, self.lam,
+                                 schedules.rho_at(self.config, self.round + 1))
+
+    def statement(self, total_samples: int | None = None) -> Ledger | None:
+        """This run's privacy statement (None for a non-private run): the ledger of one agent under the
+        strategy's (calibrated) configuration, whose randomness line says what the agents that replied so
+        far reported using (:mod:`clients.randomness`: keyed by the seed in a simulation, their own secret
+        on deployed nodes). ``total_samples`` (I, the samples of all agents) makes the sensitivity a
+        number. ``statement().summary()`` is the full statement, ``privacy.headline(statement(), error)``
+        its one line; every reply it covers ran the mechanism it states (the others are rejected)."""
+        if not self.config.private:
+            return None
+        ledger = privacy.ledger(self.config, total_samples=total_samples)
+        return dataclasses.replace(ledger, randomness=randomness_statement(set(self.kinds.values()) or None))
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

@@ -4,6 +4,7 @@ family (its own process in one test, its ``main`` in this process in the others)
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -52,6 +53,17 @@ def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
     assert [r["round"] for r in lines] == [1, 2, 3]
     assert "round 3 test error" in done.stdout and str(out / "metrics.jsonl") in done.stdout
     assert "round" in done.stderr  # the progress bar
+
+
+def test_one_round_reports_the_model_it_trained(tmp_path: Path, dpadmm: Run) -> None:
+    """Flower's convention: round t's metrics evaluate the model after round t's releases, so one round (which
+    spends the whole budget) reports a trained model, not the zero model it started from (error 0.9, loss
+    ln 10)."""
+    done = dpadmm("train", "--rounds", "1", "--out", "r", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (record,) = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert record["round"] == 1
+    assert record["test-error"] < 0.5 and record["train-loss"] < 0.8 * math.log(10)
 
 
 def test_epsilon_inf_means_non_private(tmp_path: Path, dpadmm: Run) -> None:

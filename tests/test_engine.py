@@ -16,19 +16,23 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_metrics
 
-# Authors' reference code, MNIST, P = 10 contiguous blocks, pixels / 255, non-private, t = 41.
+# Authors' reference code, MNIST, P = 10 contiguous blocks, pixels / 255, non-private, iteration 41: the
+# test error of the w it holds then and the residual of iteration 41's dual update.
 REFERENCE = {"objp": (0.2296, 6.652e-3), "outp": (0.3123, 0.1163)}
 
 
 @pytest.mark.parametrize("algorithm", ["objp", "outp"])
 def test_reference_facts_on_mnist(algorithm: str, mnist_dir: Path) -> None:
-    config = RunConfig(algorithm=algorithm, epsilon=math.inf, rounds=41, eval_every=41, num_agents=10,
+    """The reference code evaluates, at iteration 41, the w that ObjP's iteration 41 sent (computed before
+    its replies: our model after round 40) and the w that OutP computed after its replies (our model after
+    round 41); its residual is round 41's either way."""
+    config = RunConfig(algorithm=algorithm, epsilon=math.inf, rounds=41, eval_every=40, num_agents=10,
                        dataset="mnist", data_dir=str(mnist_dir), dtype="float64")
-    (record,) = engine.run(config, write=False, progress=False).records
+    records = {r["round"]: r for r in engine.run(config, write=False, progress=False).records}
+    assert sorted(records) == [40, 41]
     error, violation = REFERENCE[algorithm]
-    assert record["round"] == 41
-    assert round(record["test-error"], 4) == error
-    assert f"{record['consensus-violation']:.4g}" == f"{violation:.4g}"
+    assert round(records[40 if algorithm == "objp" else 41]["test-error"], 4) == error
+    assert f"{records[41]['consensus-violation']:.4g}" == f"{violation:.4g}"
 
 
 def test_runs_are_functions_of_config_and_seed() -> None:
@@ -56,11 +60,27 @@ def test_writes_config_and_metrics(tmp_path: Path) -> None:
     assert header["algorithm"] == "objt" and header["engine"] == "batched"
     weights = np.load(result.directory / "weights.npz")
     assert sorted(weights.files) == ["round-2", "round-4"]
-    np.testing.assert_array_equal(weights["round-4"], result.state.w.numpy())
+    np.testing.assert_array_equal(weights["round-4"], result.model.numpy())
     # a second run with the same out never overwrites the first
     second = engine.run(config, progress=False)
     assert second.directory == tmp_path / "run_1"
     assert len(read_metrics(tmp_path / "run")) == 2
+
+
+@pytest.mark.parametrize("algorithm", ["objpm", "outp"])
+def test_the_model_after_round_t_is_the_one_round_t_plus_1_sends(algorithm: str) -> None:
+    """Round t's record and saved weights are the model after its releases: the w that round t + 1 sends."""
+    config = RunConfig(algorithm=algorithm, epsilon=0.5, rounds=2, num_agents=5,
+                       rho_preset="custom", rho_tc=1)  # rho grows every round: rho^{t+1} is the one used
+    two = engine.run(config, write=False, progress=False)
+    three = engine.run(dataclasses.replace(config, rounds=3), write=False, progress=False)
+    if algorithm == "outp":  # OutP computes w after its agents: the state's w is the model after the round
+        assert torch.equal(two.model, two.state.w)
+    else:  # the state's w is the one round 2 sent; round 3 sends the model after round 2
+        assert not torch.equal(two.model, two.state.w)
+        assert torch.equal(two.model, three.state.w)
+    assert two.records[-1]["test-error"] == three.records[1]["test-error"]
+    assert three.records[1]["test-error"] != three.records[2]["test-error"]
 
 
 def test_private_runs_differ_from_non_private_and_learn() -> None:

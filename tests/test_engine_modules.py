@@ -110,6 +110,6 @@ def test_save_weights_names_each_parameter_of_a_module(tmp_path: Path, small: Da
     names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     assert sorted(weights.files) == sorted(f"round-{t}.{name}" for t in (1, 2) for name in names)
     for name in names:
-        np.testing.assert_array_equal(weights[f"round-2.{name}"], result.state.w[name].numpy())
+        np.testing.assert_array_equal(weights[f"round-2.{name}"], result.model[name].numpy())
     assert weights["round-1.fc1.weight"].shape == (64, 49)
     assert not np.array_equal(weights["round-1.fc1.weight"], weights["round-2.fc1.weight"])

@@ -93,9 +93,8 @@ def test_the_example_app_trains_through_a_real_flower_run(flwr_env: dict[str, st
     spent = [r["privacy_spent"] for r in rounds]
     assert 0 < spent[0] < spent[1] < spent[2] <= results["privacy"]["whole_run"]["epsilon_pld"] * (1 + 1e-9)
 
-    # w^{t+1} is computed from the agents' z^t at the start of round t, so round 1 evaluates w^1 itself
-    # and the agents' work shows from round 2 on.
+    # Each round evaluates the model after its agents' releases (Flower's convention): round 1's has moved.
     moved = [r["distance-from-initial"] for r in rounds]
-    assert moved[0] < 1e-5 and 0 < moved[1] < moved[2]  # w^1 up to the rounding of a mean
+    assert 0 < moved[0] < moved[1] < moved[2]
     accuracy = [r["test-accuracy"] for r in rounds]
     assert accuracy[2] > max(0.3, accuracy[0] + 0.1), accuracy  # 10 classes: chance is 0.1

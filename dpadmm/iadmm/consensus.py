@@ -38,6 +38,23 @@ def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
                     z, lam)
 
 
+def model_after_round(algorithm: str, w: Tree, z: Tree, lam: Tree, rho_next: float) -> Tree:
+    """The model after a round's replies: what round t's metrics evaluate and a run returns after round T.
+
+    Flower's convention (``evaluate_fn(t, arrays)`` receives the model after round t) rather than the model
+    round t sent. For the objective-perturbation family it is the w-update that round t + 1 would start
+    with (line 5 of 003's Algorithm 1, eq. (4a) with rho^{t+1}), computed from round t's releases z_p and
+    the duals they determine: post-processing, free of privacy cost, so the last round's releases are
+    used too. OutP (Huang et al.'s order) computes its w after the agents' replies already: ``w`` itself.
+
+    The authors' reference code evaluates the model each round sent instead (the w of line 5, before that
+    round's releases); after thousands of rounds the two differ by one round's step.
+    """
+    if algorithm == "outp":
+        return w
+    return global_update(z, lam, rho_next)
+
+
 def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:
     """lambda_p^{t+1} = lambda_p^t + rho^t (w^{t+1} - z_p^{t+1}): eq. (4c), lines 8 and 23 of 003.
 

@@ -26,7 +26,7 @@ from torch import nn
 from dpadmm.data import Dataset
 from dpadmm.iadmm import privacy, schedules
 from dpadmm.iadmm.config import RunConfig
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.iadmm.local import Tree, agent_round
 from dpadmm.models.logistic import AgentData
@@ -49,10 +49,16 @@ class EngineState:
     batch); the results hand each run its own slice, without it.
     """
 
-    w: Tree  # [(S,) J, K] the global model of the last round (a module's: dict of [...])
+    w: Tree  # [(S,) J, K] the global model the last round sent (a module's: dict of [...]); the model
+    # after it is :meth:`model` (what is evaluated and saved)
     z: Tree  # [(S,) P, J, K] the last released z_p (dict of [P, ...])
     z_chain: Tree  # [(S,) P, J, K] the last local iterate z_p^{t,E+1} (z itself when E = 1)
     lam: Tree  # [(S,) P, J, K] lambda_p (dict of [P, ...])
+
+    def model(self, config: RunConfig, t: int) -> Tree:
+        """The model after round t's replies ([(S,) J, K] or a module's dict):
+        :func:`dpadmm.iadmm.consensus.model_after_round`."""
+        return model_after_round(config.algorithm, self.w, self.z, self.lam, schedules.rho_at(config, t + 1))
 
     def run(self, s: int) -> EngineState:
         """Run s of a batched state (a module's state holds one run: itself)."""
@@ -63,10 +69,15 @@ class EngineState:
 
 @dataclass(frozen=True)
 class EngineResult:
-    """The evaluated rounds, the final state and where the run was written (None if not)."""
+    """The evaluated rounds, the final state, the trained model and where the run was written (None if not).
+
+    ``model`` is the model after the last round's replies (the one evaluated and saved for round T);
+    ``state.w`` is the model that round sent, part of the ADMM state a run resumes from.
+    """
 
     records: list[dict[str, Any]]
     state: EngineState
+    model: Tree
     directory: Path | None
     config: RunConfig  # as run: epsilon calibrated when target-epsilon was set
     ledger: Ledger | None  # None for non-private runs
@@ -83,9 +94,12 @@ def run(
 ) -> EngineResult:
     """Train with every agent batched; record (and write) one metrics dict per evaluated round.
 
-    Each dict has ``round``, ``test-error``, ``train-loss``, ``consensus-violation``
-    (``sum_p |w - z_p| / P``), ``noise-magnitude`` (mean ``|noise|`` over agents, steps and
-    coordinates), ``rho`` and ``seconds`` (wall time of the round's computation).
+    Each dict has ``round``, ``test-error`` and ``train-loss`` of the model after that round's
+    replies (:func:`dpadmm.iadmm.consensus.model_after_round`, Flower's convention; ``result.model``
+    after round T), ``consensus-violation`` (``sum_p |w - z_p| / P`` with the w the round sent and
+    the z_p it released: the residual of its dual update, as 000 reports it), ``noise-magnitude``
+    (mean ``|noise|`` over agents, steps and coordinates), ``rho`` and ``seconds`` (wall time of the
+    round's computation).
     ``module`` trains that network instead of ``config.model`` (its parameters start from
     :func:`dpadmm.models.modules.initial_parameters` with the config's seed); ``vectorize=False``
     runs a module's agents in a plain loop instead of under ``vmap`` (same numbers).
@@ -171,11 +185,12 @@ def run_seeds(
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
                 if t % config.eval_every == 0 or t == config.rounds:
+                    models = state.model(config, t)
                     for s in range(len(seeds)):
-                        run_state = state.run(s)
+                        run_state, model = state.run(s), _run_of(models, s)
                         record = {
                             "round": t,
-                            **central_metrics(run_state.w, dataset, config.beta, module),
+                            **central_metrics(model, dataset, config.beta, module),
                             "consensus-violation": consensus_violation(run_state.w, run_state.z),
                             "noise-magnitude": float(magnitude[s]),
                             "rho": schedules.rho_at(config, t),
@@ -183,7 +198,7 @@ def run_seeds(
                         }
                         records[s].append(record)
                         if writers:
-                            writers[s].record(record, run_state.w)
+                            writers[s].record(record, model)
                     if checkpoint is not None and (t == config.rounds
                                                    or time.monotonic() - last_save >= checkpoint_seconds):
                         _save_checkpoint(checkpoint, config, seeds, state, t)
@@ -196,9 +211,10 @@ def run_seeds(
     finally:
         if bar is not None:
             bar.close()
+    models = state.model(config, config.rounds)
     return [
-        EngineResult(records=records[i], state=state.run(i), config=c, ledger=ledger,
-                     directory=writers[i].directory if writers else None)
+        EngineResult(records=records[i], state=state.run(i), model=_run_of(models, i), config=c,
+                     ledger=ledger, directory=writers[i].directory if writers else None)
         for i, c in enumerate(configs)
     ]
 
@@ -288,6 +304,11 @@ def _initial_state(config: RunConfig, data: AgentData, runs: int, module: nn.Mod
     z = {k: v.expand(config.num_agents, *v.shape).clone() for k, v in w.items()}
     z_chain = z if config.steps == 1 else {k: v.clone() for k, v in z.items()}
     return EngineState(w=w, z=z, z_chain=z_chain, lam={k: torch.zeros_like(v) for k, v in z.items()})
+
+
+def _run_of(tree: Tree, s: int) -> Tree:
+    """Run s of a batched tensor ([S, ...] -> [...]); a module's dict holds one run: itself."""
+    return tree if isinstance(tree, Mapping) else tree[s]
 
 
 def _where(active: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

@@ -58,10 +58,13 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
 
     ``total_samples`` (I) makes the clipped sensitivity and scale numbers; the epsilons do not
     depend on it. Raises ValueError for a non-private configuration, which releases without noise.
+    A configuration with ``target-epsilon`` is calibrated first (:func:`calibrate`), as every agent
+    calibrates it: the statement is about the noise the agents add, whoever forgot to calibrate.
     """
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with epsilon={config.epsilon!r} adds no noise: "
                          "it is not differentially private")
+    config = calibrate(config)
     rounds = config.rounds if rounds is None else rounds
     release, per_round = release_of(config)
     mechanism, multiplier = release.mechanism, release.noise_multiplier
@@ -183,13 +186,13 @@ def spent(config: RunConfig, rounds: int) -> float:
     rounds. With partial participation or dropouts it takes part in fewer; which rounds
     does not depend on its data (the sample is a keyed stream, a dropout is a device
     failure), so composing over the rounds actually taken is a valid account. 0 before the
-    first round; inf for a non-private configuration.
+    first round; inf for a non-private configuration. Calibrated first, as :func:`ledger`.
     """
     if not config.private:
         return math.inf
     if rounds <= 0:
         return 0.0
-    release, per_round = release_of(config)
+    release, per_round = release_of(calibrate(config))
     return composed_epsilon(release, per_round * rounds, config.delta)[0]
 
 
@@ -213,6 +216,7 @@ def step_line(config: RunConfig) -> str:
     1/multiplier is no epsilon)."""
     if not config.private:
         return "non-private"
+    config = calibrate(config)
     release, _ = release_of(config)
     if release.mechanism == "gaussian":
         epsilon = single_release(release, config.delta)

@@ -109,9 +109,9 @@ def accountant(kind: str = "pld", interval: float = PLD_INTERVAL) -> dp_accounti
 # What a statement says of randomness before any run (dpadmm privacy); a run replaces it with what its agents
 # used (dpadmm.privacy.randomness.statement).
 NO_RUN = ("the guarantee describes the mechanism a deployment runs (each node's noise and samples from its "
-          "own secret, the noise on a grid); a simulated run (dpadmm train, flwr run . on the simulation "
-          "engine) keys them by the run's seed instead, so its transcript is reproducible from the run "
-          "config")
+          "own secret, the noise on a grid); a simulated run (on Flower's simulation engine or dpadmm's "
+          "batched engine) keys them by the run's seed instead, so its transcript is reproducible from the "
+          "run config")
 
 
 @dataclass(frozen=True)

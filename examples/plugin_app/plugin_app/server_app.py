@@ -3,8 +3,10 @@
 A user's server needs three things from dpadmm: the run's ``RunConfig``, the initial
 parameters of *their* network (``initial_parameters``: its seeded default initialisation,
 as a dict of tensors) and the ``DPIADMM`` strategy. The evaluation and the results are the
-app's own: here the test accuracy of w after every round, written with each round's
-participation to ``<out>/results.json``, and the privacy ledger of one agent.
+app's own: here the test accuracy of the model after every round, written with each round's
+participation to ``<out>/results.json``, and the run's privacy statement
+(``strategy.statement``: calibrated as the agents calibrate, and naming the randomness they
+reported using).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def main(grid: Grid, context: Context) -> None:
 
     out = Path(config.out or DEFAULT_OUT).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ledger = privacy.ledger(config, total_samples=dataset.num_train) if config.private else None
+    ledger = strategy.statement(total_samples=dataset.num_train)
     results: dict[str, Any] = {
         "config": config.to_mapping(),
         "app": {"conv-channels": own.conv_channels, "parameters": sum(p.numel() for p in w1.values())},
@@ -55,7 +57,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "plugin_app: writing %s", out / "results.json")
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        """Test accuracy of w, how far w moved from w^1, and who took part in the round."""
+        """Test accuracy of the model after the round, how far it moved from w^1, and who took part."""
         w = {name: torch.from_numpy(array.numpy()) for name, array in arrays.items()}
         with torch.no_grad():
             accuracy = (logits_of(model, w, x_test).argmax(dim=1) == y_test).double().mean().item()
@@ -65,12 +67,17 @@ def main(grid: Grid, context: Context) -> None:
                   **(report.to_dict() if report is not None else {})}
         results["rounds"].append(record)
         (out / "results.json").write_text(json.dumps(results, indent=1))
-        log(INFO, "plugin_app round %d/%d: test accuracy %.4f, %d of %d agents replied, w moved %.4g "
-            "from w^1", server_round, config.rounds, accuracy, len(record.get("replied", [])),
+        log(INFO, "plugin_app round %d/%d: test accuracy %.4f, %d of %d agents replied, the model moved "
+            "%.4g from w^1", server_round, config.rounds, accuracy, len(record.get("replied", [])),
             len(record.get("sampled", [])), moved)
         return MetricRecord({"test-accuracy": accuracy, "distance-from-initial": moved})
 
     strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout, evaluate_fn=evaluate)
+    ledger = strategy.statement(total_samples=dataset.num_train)  # now with the randomness the agents used
     if ledger:
+        results["privacy"] = ledger.to_dict()
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        error = 1 - results["rounds"][-1]["test-accuracy"]
+        log(INFO, "plugin_app: %s", privacy.headline(ledger, error))
         log(INFO, "plugin_app: privacy spent, the largest over agents: eps = %.4g at delta = %g (PLD)",
             privacy.spent(config, max(strategy.taken)), config.delta)
