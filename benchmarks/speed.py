@@ -181,7 +181,7 @@ def numpy_seconds(config: RunConfig, data: AgentData, rounds: int) -> float:
     xs = [data.x[p, :n].cpu().double().numpy() for p, n in enumerate(counts)]
     labels = [data.y[p, :n].argmax(dim=1).cpu().numpy() for p, n in enumerate(counts)]
     reference = NumpyDPIADMM(xs, labels, data.shape[1], ReferenceConfig(
-        epsilon=config.epsilon, rho_c1=c1, rho_c2=c2, rho_tc=tc, prox_scale=config.prox_scale,
+        epsilon=config.epsilon, rho_c1=c1, rho_c2=c2, rho_tc=tc, prox_scale=config.scale,
         beta=config.beta, clip_norm=config.clip_norm, local_steps=config.steps), total=data.total)
     t = iter(range(1, 10**9))
     return _seconds(lambda: reference.round(next(t)), torch.device("cpu"), rounds)

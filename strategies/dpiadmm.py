@@ -150,7 +150,7 @@ class DPIADMM(Strategy):
         log(INFO, "\t├── DP-IADMM: algorithm=%s, %s, E=%d, P=%d, T=%d, fraction-train=%g", c.algorithm,
             privacy.step_line(c), c.steps, c.num_agents, c.rounds, c.fraction_train)
         log(INFO, "\t└── rho constants (c1, c2, Tc) = %s, a = %s, beta = %s",
-            c.rho_constants, c.prox_scale, c.beta)
+            c.rho_constants, c.scale, c.beta)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,

@@ -95,6 +95,23 @@ def test_derived_values() -> None:
     assert {f.name for f in dataclasses.fields(RunConfig)} >= {"algorithm", "epsilon", "local_steps"}
 
 
+def test_the_main_jobs_step_follows_a_rule_for_networks() -> None:
+    """prox-scale 0 and rho-preset main: logistic regression keeps the main job's measured a = 400 and rho =
+    0.001; a network gets a = 4 (1 + 0.2) P / C and rho = 0.2 / a, so that its agents take DP-SGD steps of
+    rate 4 / C on their mean loss at t = 1, whatever P and C; a given prox-scale is used as given."""
+    logistic = main_job()
+    assert (logistic.scale, logistic.rho_constants) == (400.0, (1e-3, 0.0, 10000))
+    for agents, clip in ((10, 1.0), (5, 3.0)):
+        network = dataclasses.replace(main_job(), model="mlp", num_agents=agents, clip_norm=clip)
+        assert network.scale == pytest.approx(4.8 * agents / clip)
+        assert network.rho_constants == (pytest.approx(0.2 / network.scale), 0.0, 10000)
+        rate = network.scale / (1 + network.scale * network.rho_constants[0]) / agents  # eta^1 (I_p / I)
+        assert rate * clip == pytest.approx(4.0)
+    assert dataclasses.replace(main_job(), model="mlp", prox_scale=7.0).scale == 7.0
+    with pytest.raises(ValueError, match="prox-scale=-1.0 is not allowed"):
+        RunConfig(prox_scale=-1.0)
+
+
 
 @pytest.mark.parametrize(
     ("values", "message"),

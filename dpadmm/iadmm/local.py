@@ -150,10 +150,10 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
     if config.algorithm == "objt":
-        radius = schedules.trust_radius(t, config.prox_scale, config.trust_radius)
+        radius = schedules.trust_radius(t, config.scale, config.trust_radius)
         step = lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)  # noqa: E731
     else:
-        eta = schedules.eta(t, config.prox_scale)
+        eta = schedules.eta(t, config.scale)
         step = lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)  # noqa: E731
     draw = noise.gaussian if config.mechanism == "gaussian" else noise.laplace
     if not isinstance(w, Mapping):
@@ -198,7 +198,7 @@ def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.
     num_params = data.shape[0] * data.shape[1]
     eps = config.effective_epsilon
     inverse_eta = schedules.outp_inverse_eta(t, data.counts, num_params, eps, config.outp_delta,
-                                             config.prox_scale)
+                                             config.scale)
     g = gradient(data, z, scale=1.0 / data.counts, reg=config.beta)
     z_new = outp_step(z, w_prev.unsqueeze(-3), lam, g, rho_t, inverse_eta)
     magnitude = torch.zeros(z.shape[:-2], dtype=z.dtype, device=z.device)
