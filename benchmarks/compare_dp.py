@@ -331,7 +331,7 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
         algorithm=algorithm, local_steps=p["local_steps"], rounds=p["rounds"], mechanism=p["mechanism"],
         clip_norm=p["clip_norm"], sampling_rate=p["sampling_rate"], prox_scale=p["prox_scale"],
         rho_preset="custom", rho_c1=p["rho_c1"], rho_c2=0.0, local_start=p.get("local_start", "chain"),
-        target_epsilon=epsilon if private else 0.0, epsilon=1.0 if private else math.inf,
+        target_epsilon=epsilon if private else 0.0, epsilon=0.0 if private else math.inf,
         delta=DELTA, neighbouring="add-remove", dtype="float32",
         dataset=source(ctx.dataset) if named else "default", data_dir=ctx.data_dir if named else "",
         partition=partition(ctx.dataset), partition_seed=PARTITION_SEED if named else 0,
@@ -350,7 +350,9 @@ def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], Non
                                    progress=False)
         seconds = (time.perf_counter() - started) / len(group)
         for job, result in zip(group, results, strict=True):
-            w = result.model  # the model after round T: logistic regression's [J, K] tensor, "weight"
+            # w^T, the model the last round sent, as the committed table measured it (result.model, the
+            # model after round T's releases, would add one global update from releases already paid for)
+            w = result.state.w  # logistic regression's [J, K] tensor: the module's "weight"
             spent = result.ledger.whole_run.epsilon_pld if result.ledger else math.inf
             done(job, {**errors(ctx, w if isinstance(w, dict) else {"weight": w}),
                        "noise": result.config.epsilon, "noise-name": "eps-bar per step",

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.models.modules import LogisticRegression, build_model, initial_parameters
 
@@ -80,7 +80,7 @@ def _reset_peak() -> None:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Run ``spec``'s rounds of engine.step in this process; seconds, faults and memory per round."""
     torch.manual_seed(0)
-    config = RunConfig(**spec["config"])
+    config = papers(**spec["config"])
     dataset = load_for(config)
     data = agent_data(dataset, config, range(config.num_agents))
     module = None
@@ -119,7 +119,7 @@ def sweep(repeats: int) -> list[dict[str, Any]]:
     vectorize: the chunking of :meth:`ModuleOracle._sum` without the rest of the round."""
     from dpadmm.iadmm.local import oracle as make_oracle
 
-    config = RunConfig(epsilon=1.0, algorithm="objpm", model="custom")
+    config = papers(epsilon=1.0, algorithm="objpm", model="custom")
     dataset = load_for(config)
     data = agent_data(dataset, config, range(config.num_agents))
     results = []

@@ -82,7 +82,7 @@ class NumpyDPIADMM:
         """Round t of Algorithm 1 for every agent, in place."""
         config = self.config
         rho = _rho(config, t)
-        eta = config.scale / math.sqrt(t)
+        eta = config.prox_scale / math.sqrt(t)
         self.w = sum(z - lam / rho for z, lam in zip(self.z, self.lam, strict=True)) / len(self.z)
         scale = 2.0 * config.clip_norm / self.total / config.epsilon
         for p in range(len(self.xs)):

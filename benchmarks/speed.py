@@ -60,7 +60,7 @@ import torch
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
 from dpadmm.iadmm import local, privacy
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.iadmm.engine import EngineState, step
 from dpadmm.iadmm.federation import agent_data
 from dpadmm.models.logistic import AgentData, gradient, probabilities, shared_bmm
@@ -319,9 +319,9 @@ def main() -> int:
             Path(args.markdown).write_text(table + "\n")
         return 0
 
-    mnist = RunConfig(algorithm="objp", epsilon=0.1, num_agents=10, dataset="mnist", data_dir=args.mnist_dir,
+    mnist = papers(algorithm="objp", epsilon=0.1, num_agents=10, dataset="mnist", data_dir=args.mnist_dir,
                       device=args.device, dtype=args.dtype)
-    femnist = RunConfig(algorithm="objpm", epsilon=0.05, local_steps=10, num_agents=195, rho_preset="femnist",
+    femnist = papers(algorithm="objpm", epsilon=0.05, local_steps=10, num_agents=195, rho_preset="femnist",
                         device=args.device, dtype=args.dtype)
     if args.femnist_dir:
         femnist_data, femnist_label = load_dataset("femnist", args.femnist_dir, 195), "FEMNIST (LEAF samples)"

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from dpadmm.families import DEFAULT, Family, family_of
 from dpadmm.files import write_atomic
-from dpadmm.iadmm.config import PRESETS, main_job, requested
+from dpadmm.iadmm import config as iadmm_config
+from dpadmm.iadmm.config import PRESETS, requested
 from dpadmm.runs.memory import keep_freed_memory
 
 _T = TypeVar("_T")
@@ -37,8 +38,8 @@ _T = TypeVar("_T")
 def _add_config_flags(parser: argparse.ArgumentParser, family: Family) -> None:
     """One flag per configuration field. A flag left out is None, so that the default family can tell the
     flags given from those left out (:func:`dpadmm.iadmm.config.requested`): the preset fills only those."""
-    main = main_job() if family is DEFAULT else None
-    if main is not None:
+    papers = iadmm_config.PAPERS if family is DEFAULT else {}
+    if family is DEFAULT:
         parser.add_argument("--preset", choices=PRESETS, default=PRESETS[0],
                             help="the values of the flags left out: main (the main job, budget-first: "
                                  "the whole run (8, 1e-5)-DP per agent) or papers (the papers' settings: "
@@ -47,8 +48,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, family: Family) -> None:
     for f in dataclasses.fields(family.config):
         flag = "--" + f.name.replace("_", "-")
         default = f"{f.default!r}"
-        if main is not None and getattr(main, f.name) != f.default and f.name != "num_agents":
-            default = f"{getattr(main, f.name)!r}; the papers preset's {f.default!r}"
+        if f.name in papers:
+            default = f"{f.default!r}; the papers preset's {papers[f.name]!r}"
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", default=None, help=help_text)

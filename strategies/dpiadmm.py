@@ -97,12 +97,34 @@ class DPIADMM(Strategy):
     applies per tensor. Messages carry the variables in one ``ArrayRecord`` keyed
     ``<role>.<parameter>`` (:mod:`dpadmm.wire`).
 
-    Example (in a ServerApp)::
+    The configuration is calibrated here (eps-bar to ``target-epsilon``), as each agent calibrates it in
+    :func:`clients.dpiadmm.train_reply`; a reply stating another mechanism is rejected, so
+    :meth:`statement` covers every release the run used. ``evaluate_fn(t, arrays)`` and ``Result.arrays``
+    receive the model after round t (:meth:`model`).
 
-        config = RunConfig(algorithm="objpm", epsilon=0.1, num_agents=10, model="custom")
-        w1 = initial_parameters(MyNet(), config.seed)  # logistic regression: {"weight": torch.zeros(784, 10)}
-        strategy = DPIADMM(config, w1)
-        result = strategy.start(grid=grid, num_rounds=config.rounds, evaluate_fn=my_eval)
+    Example: a ServerApp and its ClientApp (RunConfig's defaults are the main job: the whole run
+    (8, 1e-5)-DP per agent, and a step rule for networks)::
+
+        @server.main()
+        def main(grid, context):
+            config = RunConfig(model="custom", num_agents=5)
+            strategy = DPIADMM(config, initial_parameters(MyNet(), config.seed))
+            result = strategy.start(grid=grid, evaluate_fn=my_eval)  # my_eval(t, arrays): the model after t
+            print(privacy.headline(strategy.statement(total_samples=I), my_error(result.arrays)))
+
+        @client.query()
+        def query(msg, context):
+            return answer_query(msg, int(context.node_config["partition-id"]))
+
+        @client.train()
+        def train(msg, context):
+            p = int(context.node_config["partition-id"])
+            data = AgentData.from_blocks([x_p], [y_p], num_classes=10, total=I, agents=[p])
+            return train_reply(msg, RunConfig(model="custom", num_agents=5), data, p, module=MyNet(),
+                               node_config=context.node_config)
+
+    ``examples/plugin_app`` is a complete app, and docs/families/iadmm.md shows one built outside this
+    repository.
     """
 
     def __init__(self, config: RunConfig, parameters: Mapping[str, torch.Tensor], *,

@@ -513,10 +513,10 @@ class Deployment:
         """``agent-<i>.npz`` in the deployment's folder for each of ``agents`` blocks of the MNIST sample
         (uint8 pixels and labels, as a device holds them); sets :attr:`total` (I) and returns the agents'
         node configs."""
-        from dpadmm.iadmm.config import RunConfig
+        from dpadmm.iadmm.config import papers
         from dpadmm.iadmm.federation import load_for
 
-        dataset = load_for(RunConfig(num_agents=agents))
+        dataset = load_for(papers(num_agents=agents))
         self.total = dataset.num_train
         for i, block in enumerate(dataset.partition(agents)):
             pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)

@@ -17,7 +17,7 @@ import torch
 from scipy import optimize, stats
 
 from dpadmm.data import Dataset
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import LogisticRegression
 from tests.conftest import ROOT, flwr_run, toml_value
@@ -275,7 +275,7 @@ def _app_modules():
 
 def _default_federation(agents: int) -> tuple[dict[str, object], Dataset]:
     run_config = {"dataset": "default", "data-dir": "", "num-agents": agents, "delta": DELTA}
-    return run_config, load_for(RunConfig(dataset="default", num_agents=agents))
+    return run_config, load_for(papers(dataset="default", num_agents=agents))
 
 
 def test_flowers_dpfedavg_in_process_reports_our_accounting_and_is_reproducible() -> None:

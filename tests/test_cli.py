@@ -290,7 +290,7 @@ def test_privacy_states_no_impossible_guarantee_in_any_family(capsys: pytest.Cap
                  "200", "--json"]) == 0
     note = _strict_json(capsys.readouterr().out)["note"]
     assert "2)-DP" not in note and "Corollary 1 (eq. (17)) gives no guarantee here" in note
-    assert main(["privacy", "--target-epsilon", "0", "--delta", "1e-300", "--json"]) == 0
+    assert main(["privacy", "--target-epsilon", "0", "--epsilon", "1", "--delta", "1e-300", "--json"]) == 0
     run = _strict_json(capsys.readouterr().out)["whole_run"]
     assert run["epsilon_pld"] is None and run["method"].startswith("no guarantee: at delta=1e-300")
     for args, named in [

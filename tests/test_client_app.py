@@ -14,14 +14,14 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from clients.client_app import agent_data_for, decentral_agent, decentral_dataset, query
 from dpadmm.data.vertical import load_vertical, write_vertical_files
 from dpadmm.decentral.config import DecentralConfig
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from strategies.nodes import claimed_partition, refusal_in
 from tests.conftest import flat_app_config
 
 
 def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objp", dataset="mnist", data_dir=str(mnist_dir))
+    config = papers(algorithm="objp", dataset="mnist", data_dir=str(mnist_dir))
     dataset = load_for(config)
     block = dataset.partition(config.num_agents)[3]
     pixels = np.rint(dataset.x_train[block].numpy() * 255).astype(np.uint8)
@@ -36,7 +36,7 @@ def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_
 
 
 def test_bad_node_configs_are_named(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objp")
+    config = papers(algorithm="objp")
     np.savez(tmp_path / "d.npz", x=np.zeros((3, 784), np.uint8), y=np.array([0, 1, 12]))
     with pytest.raises(ValueError, match="num-samples-total"):
         agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz")}, num_classes=10)
@@ -46,7 +46,7 @@ def test_bad_node_configs_are_named(tmp_path: Path) -> None:
         agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz"),
                                 "num-samples-total": 100}, num_classes=10)
     with pytest.raises(ValueError, match="10 SuperNodes but num-agents=5 needs 5"):
-        agent_data_for(RunConfig(num_agents=5), {"partition-id": 0, "num-partitions": 10}, num_classes=10)
+        agent_data_for(papers(num_agents=5), {"partition-id": 0, "num-partitions": 10}, num_classes=10)
 
 
 def test_the_client_app_imports_no_accountant() -> None:

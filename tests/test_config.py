@@ -9,7 +9,8 @@ import tomllib
 
 import pytest
 
-from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, preset_values, requested
+from dpadmm.iadmm.config import RunConfig, from_app_config, main_job, papers, preset_values, requested
+from dpadmm.iadmm.privacy import calibrate
 from tests.conftest import ROOT
 
 
@@ -20,7 +21,7 @@ def test_pyproject_holds_one_table_per_preset_every_key_written_out() -> None:
     for preset, table in (("main", "iadmm"), ("papers", "iadmm-papers")):
         assert {"algorithm": "objpm", **app_config[table]} == preset_values(preset)
         assert from_app_config(app_config[table], preset) == requested({}, preset)
-    assert requested({}) == main_job() and requested({}, "papers") == RunConfig()
+    assert requested({}) == main_job() == RunConfig() and requested({}, "papers") == papers()
     assert main_job().target_epsilon == 8.0 and main_job().sampling_rate < 1
 
 
@@ -28,20 +29,25 @@ def test_a_given_value_is_never_replaced_by_a_preset() -> None:
     """The preset fills the keys left out, and only those: a value given equal to a default of the other
     preset stays, and neither `epsilon` nor `algorithm` switches the preset."""
     assert requested({"rounds": 3}) == dataclasses.replace(main_job(), rounds=3)
-    assert requested({"rounds": 50}, "papers") == RunConfig()  # equal to the papers' value: the same run
+    assert requested({"rounds": 50}, "papers") == papers()  # equal to the papers' value: the same run
     assert requested({"rounds": 10}, "papers").rounds == 10  # the main job's value, given under papers
     assert requested({"algorithm": "objt"}) == dataclasses.replace(main_job(), algorithm="objt")
     assert requested({"epsilon": 0.5, "target-epsilon": 0}) == dataclasses.replace(
         main_job(), epsilon=0.5, target_epsilon=0.0)
-    assert requested({"epsilon": 0.5}, "papers") == RunConfig(epsilon=0.5)
+    assert requested({"epsilon": 0.5}, "papers") == papers(epsilon=0.5)
     main = main_job().to_mapping()
     assert from_app_config({**main, "seed": 4}) == dataclasses.replace(main_job(), seed=4)
-    assert from_app_config({**RunConfig().to_mapping(), "rounds": 3}, "papers") == RunConfig(rounds=3)
+    assert from_app_config({**papers().to_mapping(), "rounds": 3}, "papers") == papers(rounds=3)
 
 
 @pytest.mark.parametrize(("given", "preset", "message"), [
     ({"epsilon": 0.5}, "main", "epsilon=0.5 is not used while target-epsilon=8 calibrates eps-bar for the "
-                               "whole run; give target-epsilon=0 with it, or use the papers preset"),
+                               "whole run (to 0.692527); give target-epsilon=0 with it, or leave epsilon out "
+                               "(the main preset sets target-epsilon; give it, or use the papers preset)"),
+    ({"target-epsilon": 0}, "main", "epsilon=0 is not allowed with target-epsilon=0: give eps-bar per "
+                                    "local step (> 0, inf = non-private) or a whole-run target-epsilon to "
+                                    "calibrate it (the main preset sets epsilon; give it, or use the papers "
+                                    "preset)"),
     ({"epsilon": -1}, "main", "epsilon=-1.0 is not allowed; it must be > 0"),  # the value's own error first
     ({"algorithm": "outp"}, "main", "mechanism='gaussian' is not allowed with algorithm='outp'; it is the "
                                     "objective perturbation with L2-clipped gradients "
@@ -58,7 +64,8 @@ def test_what_a_preset_cannot_run_is_refused_with_where_the_value_came_from(
 
 
 def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
-    config = RunConfig.from_mapping({"epsilon": "inf", "rounds": 3.0, "save-weights": "true", "beta": 0})
+    config = RunConfig.from_mapping({"epsilon": "inf", "target-epsilon": 0, "rounds": 3.0,
+                                     "save-weights": "true", "beta": 0})
     assert math.isinf(config.epsilon) and config.rounds == 3 and config.save_weights and config.beta == 0.0
     assert not config.private and config.effective_epsilon == math.inf
 
@@ -67,7 +74,7 @@ def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
     ("values", "message"),
     [
         ({"algorithm": "admm"}, "algorithm='admm' is not allowed; choose one of iadmm, objp"),
-        ({"epsilon": 0}, "epsilon=0.0 is not allowed"),
+        ({"epsilon": 0}, "epsilon=0 is not allowed with target-epsilon=0"),
         ({"epsilon": "nan"}, "epsilon=nan"),
         ({"rounds": 0}, "rounds=0 is not allowed"),
         ({"rounds": 2.5}, "rounds=2.5 is not allowed; expected a int"),
@@ -81,17 +88,17 @@ def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
 )
 def test_bad_values_are_named(values: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        RunConfig.from_mapping(values)
+        RunConfig.from_mapping({**papers().to_mapping(), **values})
 
 
 def test_derived_values() -> None:
-    assert RunConfig(algorithm="objpm").steps == 10
-    assert RunConfig(algorithm="objpm", local_steps=2).steps == 2
-    assert RunConfig(algorithm="objt").steps == 1
-    assert RunConfig(algorithm="iadmm", epsilon=0.1).effective_epsilon == math.inf
-    assert RunConfig(dataset="mnist").rho_constants == (2.0, 5.0, 10000)
-    assert RunConfig(rho_preset="femnist").rho_constants == (0.005, 0.05, 2000)
-    assert RunConfig(rho_preset="custom", rho_c1=1.0, rho_c2=0.0, rho_tc=5).rho_constants == (1.0, 0.0, 5)
+    assert papers(algorithm="objpm").steps == 10
+    assert papers(algorithm="objpm", local_steps=2).steps == 2
+    assert papers(algorithm="objt").steps == 1
+    assert papers(algorithm="iadmm", epsilon=0.1).effective_epsilon == math.inf
+    assert papers(dataset="mnist").rho_constants == (2.0, 5.0, 10000)
+    assert papers(rho_preset="femnist").rho_constants == (0.005, 0.05, 2000)
+    assert papers(rho_preset="custom", rho_c1=1.0, rho_c2=0.0, rho_tc=5).rho_constants == (1.0, 0.0, 5)
     assert {f.name for f in dataclasses.fields(RunConfig)} >= {"algorithm", "epsilon", "local_steps"}
 
 
@@ -152,7 +159,7 @@ def test_bad_model_mechanism_and_batch_combinations_are_named(values: dict, mess
     """The combinations the theory does not cover (a network with OutP or eq. (9b), Gaussian noise without
     L2 clipping, a minibatch scale that is not public) are refused where the values enter."""
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        RunConfig.from_mapping(values)
+        RunConfig.from_mapping({**papers().to_mapping(), **values})
 
 
 @pytest.mark.parametrize("values", [
@@ -164,7 +171,7 @@ def test_bad_model_mechanism_and_batch_combinations_are_named(values: dict, mess
     {"algorithm": "objt", "trust-radius": "reference"},
 ])
 def test_covered_model_combinations_are_accepted(values: dict) -> None:
-    config = RunConfig.from_mapping(values)
+    config = RunConfig.from_mapping({**papers().to_mapping(), **values})
     assert config.clip_norm_type == ("l2" if values.get("mechanism") == "gaussian" else "l1")
     for key, value in values.items():
         assert config.to_mapping()[key] == value
@@ -175,7 +182,7 @@ def test_a_run_folder_is_named_after_the_epsilon_a_user_quotes() -> None:
     as such; no noise: epsinf."""
     main = main_job()
     assert main.default_out() == "runs/objpm-eps8-delta1e-05-E10-seed0"
-    assert dataclasses.replace(main, epsilon=0.692527).default_out() == main.default_out()  # calibrated
-    papers = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=10, seed=3)
-    assert papers.default_out() == "runs/objpm-epsbar0.5-E10-seed3"
-    assert RunConfig(algorithm="iadmm").default_out() == "runs/iadmm-epsinf-E1-seed0"
+    assert calibrate(main).default_out() == main.default_out()  # calibrated: eps-bar 0.692527
+    given = papers(algorithm="objpm", epsilon=0.5, local_steps=10, seed=3)
+    assert given.default_out() == "runs/objpm-epsbar0.5-E10-seed3"
+    assert papers(algorithm="iadmm").default_out() == "runs/iadmm-epsinf-E1-seed0"

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.privacy.randomness import NodeSecret, Secret, run_key
 from dpadmm.runs.results import read_jsonl, read_metrics
@@ -62,7 +62,7 @@ def test_an_unregistered_supernode_is_refused(deployment: Deployment) -> None:
 
 
 def _run_config(out: Path, rounds: int) -> str:
-    return run_config_of(RunConfig(num_agents=AGENTS, rounds=rounds, local_steps=2, epsilon=0.5, seed=1,
+    return run_config_of(papers(num_agents=AGENTS, rounds=rounds, local_steps=2, epsilon=0.5, seed=1,
                                    node_timeout=120, round_timeout=40, out=str(out)))
 
 
@@ -115,7 +115,7 @@ def test_a_killed_supernode_drops_out_and_rejoins(deployment: Deployment) -> Non
     assert all(r["replied"][:2] == [0, 1] for r in rounds)
     # Exactly the engine's run on the same participation, with the nodes' keys: the rejoined agent lost
     # nothing (its secret survived its restart).
-    config = RunConfig(num_agents=AGENTS, rounds=ROUNDS_WITH_DROPOUT, local_steps=2, epsilon=0.5, seed=1)
+    config = papers(num_agents=AGENTS, rounds=ROUNDS_WITH_DROPOUT, local_steps=2, epsilon=0.5, seed=1)
     state = _replayed(deployment, out, config)
     final = torch.load(out / "checkpoint.pt", weights_only=True)
     torch.testing.assert_close(final["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
@@ -149,7 +149,7 @@ def test_a_restarted_server_resumes_to_the_uninterrupted_model(deployment: Deplo
     assert not torch.equal(final["straight"]["z"]["weight"], final["interrupted"]["z"]["weight"])
     # The resumed run kept its identity and its nodes repeated the cut-short round: it ends where the
     # uninterrupted run with its nodes' draws ends.
-    config = RunConfig(num_agents=AGENTS, rounds=3, local_steps=2, epsilon=0.5, seed=1)
+    config = papers(num_agents=AGENTS, rounds=3, local_steps=2, epsilon=0.5, seed=1)
     state = _replayed(deployment, interrupted, config)
     torch.testing.assert_close(final["interrupted"]["w"]["weight"], state.w[0], rtol=1e-5, atol=1e-12)
     torch.testing.assert_close(final["interrupted"]["lam"]["weight"], state.lam[0], rtol=1e-5, atol=1e-12)

@@ -18,7 +18,7 @@ from dpadmm.cli import main
 from dpadmm.decentral import privacy as decentral_privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm import privacy as iadmm_privacy
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.linadmm import privacy as linadmm_privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.models.logistic import AgentData
@@ -76,7 +76,7 @@ def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path:
     (_request(dataclasses.replace(MAIN, target_epsilon=0.0, mechanism="laplace", epsilon=1e6)),
      r"costs \(eps = .*\) for the whole run on this device; its operator allows at most \(eps = 8"),
     (_request(dataclasses.replace(MAIN, target_epsilon=0.0, epsilon=1e6)), "has no guarantee the device's"),
-    (_request(RunConfig(sensitivity="data-dependent", epsilon=0.05)), "covered by no guarantee"),
+    (_request(papers(sensitivity="data-dependent", epsilon=0.05)), "covered by no guarantee"),
     (sharing_privacy.device_request(SharingConfig(epsilon=float("inf")), "d", 100), "releases without noise"),
     (decentral_privacy.device_request(DecentralConfig(noise="none"), "d", 8), "releases without noise"),
     (decentral_privacy.device_request(DecentralConfig(sensitivity=0.001, samples=100), "d", 8),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpadmm.iadmm import engine, schedules
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_metrics
 
@@ -26,7 +26,7 @@ def test_reference_facts_on_mnist(algorithm: str, mnist_dir: Path) -> None:
     """The reference code evaluates, at iteration 41, the w that ObjP's iteration 41 sent (computed before
     its replies: our model after round 40) and the w that OutP computed after its replies (our model after
     round 41); its residual is round 41's either way."""
-    config = RunConfig(algorithm=algorithm, epsilon=math.inf, rounds=41, eval_every=40, num_agents=10,
+    config = papers(algorithm=algorithm, epsilon=math.inf, rounds=41, eval_every=40, num_agents=10,
                        dataset="mnist", data_dir=str(mnist_dir), dtype="float64")
     records = {r["round"]: r for r in engine.run(config, write=False, progress=False).records}
     assert sorted(records) == [40, 41]
@@ -36,7 +36,7 @@ def test_reference_facts_on_mnist(algorithm: str, mnist_dir: Path) -> None:
 
 
 def test_runs_are_functions_of_config_and_seed() -> None:
-    base = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=2, rounds=3, num_agents=5)
+    base = papers(algorithm="objpm", epsilon=0.5, local_steps=2, rounds=3, num_agents=5)
     first = engine.run(base, write=False, progress=False)
     again = engine.run(base, write=False, progress=False)
     other = engine.run(dataclasses.replace(base, seed=1), write=False, progress=False)
@@ -46,7 +46,7 @@ def test_runs_are_functions_of_config_and_seed() -> None:
 
 
 def test_writes_config_and_metrics(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objt", epsilon=1.0, rounds=4, eval_every=2, out=str(tmp_path / "run"),
+    config = papers(algorithm="objt", epsilon=1.0, rounds=4, eval_every=2, out=str(tmp_path / "run"),
                        save_weights=True)
     result = engine.run(config, progress=False)
     assert result.directory == tmp_path / "run"
@@ -70,7 +70,7 @@ def test_writes_config_and_metrics(tmp_path: Path) -> None:
 @pytest.mark.parametrize("algorithm", ["objpm", "outp"])
 def test_the_model_after_round_t_is_the_one_round_t_plus_1_sends(algorithm: str) -> None:
     """Round t's record and saved weights are the model after its releases: the w that round t + 1 sends."""
-    config = RunConfig(algorithm=algorithm, epsilon=0.5, rounds=2, num_agents=5,
+    config = papers(algorithm=algorithm, epsilon=0.5, rounds=2, num_agents=5,
                        rho_preset="custom", rho_tc=1)  # rho grows every round: rho^{t+1} is the one used
     two = engine.run(config, write=False, progress=False)
     three = engine.run(dataclasses.replace(config, rounds=3), write=False, progress=False)
@@ -84,14 +84,14 @@ def test_the_model_after_round_t_is_the_one_round_t_plus_1_sends(algorithm: str)
 
 
 def test_private_runs_differ_from_non_private_and_learn() -> None:
-    private = engine.run(RunConfig(algorithm="objpm", epsilon=5.0, rounds=20, local_steps=3),
+    private = engine.run(papers(algorithm="objpm", epsilon=5.0, rounds=20, local_steps=3),
                          write=False, progress=False).records
     assert private[-1]["test-error"] < 0.5  # it learns on the embedded data
     assert all(r["noise-magnitude"] > 0 for r in private)
 
 
 def test_budget_first_runs_calibrate_before_training_and_write_the_ledger(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objpm", local_steps=2, rounds=5, target_epsilon=3.0,
+    config = papers(algorithm="objpm", local_steps=2, rounds=5, target_epsilon=3.0,
                        out=str(tmp_path / "r"))
     result = engine.run(config, progress=False)
     assert result.config.epsilon != config.epsilon and result.ledger is not None
@@ -104,7 +104,7 @@ def test_budget_first_runs_calibrate_before_training_and_write_the_ledger(tmp_pa
 @pytest.mark.parametrize(("algorithm", "sensitivity"), [("objpm", "clipped"), ("objt", "data-dependent"),
                                                         ("outp", "clipped"), ("iadmm", "clipped")])
 def test_seeds_batched_equal_separate_runs(algorithm: str, sensitivity: str) -> None:
-    config = RunConfig(algorithm=algorithm, epsilon=0.5, local_steps=2 if algorithm == "objpm" else 0,
+    config = papers(algorithm=algorithm, epsilon=0.5, local_steps=2 if algorithm == "objpm" else 0,
                        rounds=3, num_agents=4, sensitivity=sensitivity)
     batched = engine.run_seeds(config, [3, 5, 8], write=False, progress=False)
     for seed, result in zip([3, 5, 8], batched, strict=True):
@@ -120,7 +120,7 @@ def test_seeds_batched_equal_separate_runs(algorithm: str, sensitivity: str) -> 
 
 
 def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=6, num_agents=4, eval_every=2)
+    config = papers(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=6, num_agents=4, eval_every=2)
     dirs = [tmp_path / "a" / "s1", tmp_path / "a" / "s2"]
     whole = engine.run_seeds(config, [1, 2], progress=False, directories=dirs,
                              checkpoint=tmp_path / "a" / "ckpt.pt")
@@ -149,7 +149,7 @@ def test_checkpointed_runs_resume_to_the_uninterrupted_result(tmp_path: Path) ->
 
 
 def test_partial_participation_keeps_the_state_of_agents_not_sampled() -> None:
-    config = RunConfig(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=3,
+    config = papers(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=3,
                        fraction_train=0.6, seed=2)
     dataset = load_for(config)
     data = agent_data(dataset, config, range(config.num_agents))
@@ -179,7 +179,7 @@ def test_partial_participation_keeps_the_state_of_agents_not_sampled() -> None:
 def test_cpu_and_cuda_give_the_same_w(algorithm: str) -> None:
     """Several rounds on CPU (fused C kernels) and on CUDA (compiled noise, cuBLAS products): the noise is
     the same bits, so w differs only by the products' rounding."""
-    config = RunConfig(algorithm=algorithm, epsilon=1.0, local_steps=3, rounds=6, eval_every=6, num_agents=10)
+    config = papers(algorithm=algorithm, epsilon=1.0, local_steps=3, rounds=6, eval_every=6, num_agents=10)
     cpu = engine.run(config, write=False, progress=False)
     cuda = engine.run(dataclasses.replace(config, device="cuda"), write=False, progress=False)
     torch.testing.assert_close(cuda.state.w.cpu(), cpu.state.w, rtol=1e-9, atol=1e-12)

@@ -16,7 +16,7 @@ import torch
 
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import main_job, papers
 from dpadmm.models.modules import LogisticRegression
 from dpadmm.runs.results import read_metrics
 
@@ -44,7 +44,7 @@ def small() -> Dataset:
 def test_logistic_regression_module_equals_the_fast_path(values: dict, small: Dataset) -> None:
     """The generic path (torch.func per-sample gradients, clipping by their norm, the noise drawn as one
     flat vector per agent) reproduces the closed-form one: the same w after 5 rounds, float64."""
-    config = RunConfig(epsilon=0.5, rounds=5, **values)
+    config = papers(epsilon=0.5, rounds=5, **values)
     fast = engine.run(config, dataset=small, write=False, progress=False)
     generic = engine.run(dataclasses.replace(config, model="custom"), dataset=small, write=False,
                          progress=False, module=LogisticRegression(small.num_features, small.num_classes))
@@ -59,7 +59,7 @@ def test_logistic_regression_module_equals_the_fast_path(values: dict, small: Da
 
 def test_the_loop_over_agents_equals_vmap_for_an_mlp(small: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
     """vectorize=False (one agent after the other) and agent chunks of 3 give vmap's numbers."""
-    config = RunConfig(algorithm="objpm", local_steps=2, epsilon=1.0, rounds=2, model="mlp", clip_norm=5.0)
+    config = papers(algorithm="objpm", local_steps=2, epsilon=1.0, rounds=2, model="mlp", clip_norm=5.0)
     batched = engine.run(config, dataset=small, write=False, progress=False)
     looped = engine.run(config, dataset=small, write=False, progress=False, vectorize=False)
     size = sum(v.numel() for v in batched.state.w.values())
@@ -77,7 +77,7 @@ def test_the_loop_over_agents_equals_vmap_for_an_mlp(small: Dataset, monkeypatch
 
 def test_a_resumed_module_run_equals_the_uninterrupted_one(tmp_path: Path, small: Dataset) -> None:
     """Two seeds of an MLP run one after the other, each with its own checkpoint file."""
-    config = RunConfig(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=4, eval_every=2, model="mlp")
+    config = papers(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=4, eval_every=2, model="mlp")
     dirs = [tmp_path / "a" / "s1", tmp_path / "a" / "s2"]
     whole = engine.run_seeds(config, [1, 2], dataset=small, progress=False, directories=dirs,
                              checkpoint=tmp_path / "a" / "ckpt.pt")
@@ -103,7 +103,7 @@ def test_a_resumed_module_run_equals_the_uninterrupted_one(tmp_path: Path, small
 
 
 def test_save_weights_names_each_parameter_of_a_module(tmp_path: Path, small: Dataset) -> None:
-    config = RunConfig(algorithm="objp", epsilon=1.0, rounds=2, model="mlp", save_weights=True,
+    config = papers(algorithm="objp", epsilon=1.0, rounds=2, model="mlp", save_weights=True,
                        out=str(tmp_path / "run"))
     result = engine.run(config, dataset=small, progress=False)
     weights = np.load(result.directory / "weights.npz")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from tests.conftest import ROOT, flwr_run
 
 EXAMPLE = ROOT / "examples" / "plugin_app"
@@ -71,7 +71,7 @@ def test_the_example_imports_only_public_entry_points() -> None:
     app = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert app["components"] == {"serverapp": "plugin_app.server_app:app",
                                  "clientapp": "plugin_app.client_app:app"}
-    known = set(RunConfig().to_mapping())
+    known = set(papers().to_mapping())
     assert set(app["config"]) - known == {"conv-channels"}
     assert "flwr run examples/plugin_app" in (EXAMPLE / "README.md").read_text()
 
@@ -97,4 +97,6 @@ def test_the_example_app_trains_through_a_real_flower_run(flwr_env: dict[str, st
     moved = [r["distance-from-initial"] for r in rounds]
     assert 0 < moved[0] < moved[1] < moved[2]
     accuracy = [r["test-accuracy"] for r in rounds]
-    assert accuracy[2] > max(0.3, accuracy[0] + 0.1), accuracy  # 10 classes: chance is 0.1
+    assert accuracy[0] > 0.3 and accuracy[2] > max(0.6, accuracy[0]), accuracy  # 10 classes: chance is 0.1
+    # its statement, with the randomness its agents reported, in one line at the end
+    assert "plugin_app: test error" in output and "simulation randomness" in output

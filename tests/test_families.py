@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from dpadmm.families import ALGORITHMS, FAMILIES, TOP_LEVEL, family_of, from_run_config, tables
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import main_job, papers
 from dpadmm.keys import key
 from dpadmm.linadmm.config import LinAdmmConfig
 from tests.conftest import ROOT, flat_app_config
@@ -17,14 +17,14 @@ from tests.conftest import ROOT, flat_app_config
 
 def test_the_default_run_config_is_the_main_job() -> None:
     assert from_run_config(flat_app_config()) == main_job()
-    assert from_run_config({**flat_app_config(), "preset": "papers"}) == RunConfig()
+    assert from_run_config({**flat_app_config(), "preset": "papers"}) == papers()
     given = {**flat_app_config(), "iadmm.rounds": 3}
     assert from_run_config(given) == dataclasses.replace(main_job(), rounds=3)
-    papers = {**flat_app_config(), "preset": "papers", "iadmm-papers.epsilon": 0.5}
-    assert from_run_config(papers) == RunConfig(epsilon=0.5)
+    given = {**flat_app_config(), "preset": "papers", "iadmm-papers.epsilon": 0.5}
+    assert from_run_config(given) == papers(epsilon=0.5)
     # without the merged defaults (run_simulation's run config): the same configurations
     assert from_run_config({}) == main_job()
-    assert from_run_config({"preset": "papers", "iadmm-papers.epsilon": 0.5}) == RunConfig(epsilon=0.5)
+    assert from_run_config({"preset": "papers", "iadmm-papers.epsilon": 0.5}) == papers(epsilon=0.5)
     # num-agents = 0 in both tables: the data set's own count (195 FEMNIST writers), not the default's 10
     assert from_run_config({"iadmm.dataset": "femnist"}).num_agents == 195
 

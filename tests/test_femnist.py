@@ -16,7 +16,7 @@ import torch
 from dpadmm.data import load_dataset
 from dpadmm.data.checks import DataError
 from dpadmm.data.femnist import load_femnist, read_leaf, read_leaf_files, sample_folders
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data
 from tests.corrupt import flipped, not_utf8, truncated, write_gz
 
@@ -202,7 +202,7 @@ def test_a_read_file_is_kept_by_its_content_and_a_bad_entry_is_read_again(
 
 
 def test_real_samples_give_the_papers_federation(femnist_dir: Path) -> None:
-    config = RunConfig(dataset="femnist", data_dir=str(femnist_dir))
+    config = papers(dataset="femnist", data_dir=str(femnist_dir))
     assert config.num_agents == 195 and config.rho_constants == (0.005, 0.05, 2000)
     data = load_dataset("femnist", femnist_dir, config.num_agents)
     assert len(data.agent_sizes) == 195 and data.num_classes == 62 and data.num_features == 784
@@ -220,4 +220,4 @@ def test_real_samples_give_the_papers_federation(femnist_dir: Path) -> None:
     assert torch.equal(batch.x[1, : data.agent_sizes[194]], data.x_train[start:].to(batch.x.dtype))
     assert np.isclose(float(data.x_train.max()), 1.0) and float(data.x_train.min()) == 0.0
     with pytest.raises(ValueError, match="num-agents=10 does not match"):
-        agent_data(data, RunConfig(dataset="femnist", num_agents=10), [0])
+        agent_data(data, papers(dataset="femnist", num_agents=10), [0])

@@ -12,17 +12,17 @@ import pytest
 
 from dpadmm import native
 from dpadmm.iadmm.audit import audit, one_run
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models import oracles
 
 TRIALS = 50_000
-CLIPPED_LAPLACE = RunConfig(epsilon=1.0, sensitivity="clipped", clip_norm=1.0)
+CLIPPED_LAPLACE = papers(epsilon=1.0, sensitivity="clipped", clip_norm=1.0)
 
 
-@pytest.mark.parametrize("config", [CLIPPED_LAPLACE, main_job(), RunConfig(algorithm="objt", epsilon=1.0),
-                                    RunConfig(algorithm="outp", epsilon=1.0),
-                                    RunConfig(epsilon=0.5, sensitivity="clipped", clip_norm=1.0,
+@pytest.mark.parametrize("config", [CLIPPED_LAPLACE, main_job(), papers(algorithm="objt", epsilon=1.0),
+                                    papers(algorithm="outp", epsilon=1.0),
+                                    papers(epsilon=0.5, sensitivity="clipped", clip_norm=1.0,
                                               mechanism="gaussian")],
                          ids=["objp-laplace", "main-job", "objt", "outp", "objp-gaussian"])
 def test_the_release_stays_below_its_claim(config: RunConfig) -> None:
@@ -39,7 +39,7 @@ def test_the_clipped_laplace_step_is_audited_close_to_its_claim() -> None:
 def test_the_papers_data_dependent_scale_is_not_eps_bar_dp() -> None:
     """A finding (docs/families/iadmm.md, "Audit"): eq. (9b)'s scale follows the data, and one step's
     realised epsilon is many times eps-bar."""
-    result = audit(RunConfig(epsilon=1.0, sensitivity="data-dependent"), trials=TRIALS)
+    result = audit(papers(epsilon=1.0, sensitivity="data-dependent"), trials=TRIALS)
     assert result.exceeded and result.bound > 5.0, result.line()
 
 
@@ -94,7 +94,7 @@ def test_a_normaliser_from_the_realised_sample_is_caught(monkeypatch: pytest.Mon
 
 def test_the_audit_refuses_what_has_no_claim() -> None:
     with pytest.raises(ValueError, match="adds no noise"):
-        audit(RunConfig(algorithm="iadmm"), trials=1000)
+        audit(papers(algorithm="iadmm"), trials=1000)
     with pytest.raises(ValueError, match="model='cnn'"):
         audit(dataclasses.replace(main_job(), model="cnn", dataset="femnist"), trials=1000)
 
@@ -114,7 +114,7 @@ def test_one_run_with_canaries_stays_below_the_whole_run_claim_and_catches_missi
     run."""
     main = one_run(main_job())
     assert 0 < main.bound <= main.claim and main.trials == 2000, main.line()
-    short = RunConfig(algorithm="objp", epsilon=0.05, sensitivity="clipped", clip_norm=1.0, rounds=3)
+    short = papers(algorithm="objp", epsilon=0.05, sensitivity="clipped", clip_norm=1.0, rounds=3)
     fine = one_run(short)
     assert fine.bound <= fine.claim, fine.line()
 

@@ -15,7 +15,7 @@ import torch
 from scipy.optimize import minimize
 
 from dpadmm.iadmm import schedules
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.local import agent_round, outp_step, proximal_step, trust_region_step
 from dpadmm.models.logistic import AgentData, gradient, probabilities, sensitivity
 from dpadmm.privacy import noise
@@ -103,7 +103,7 @@ def _state(num_agents: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torc
 @pytest.mark.parametrize("calibration", ["data-dependent", "clipped"])
 def test_objpm_round_follows_lines_15_to_22(calibration: str) -> None:
     """E steps of eq. (8) from the last iterate, keyed Laplace noise, the average is sent."""
-    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, num_agents=4, seed=11,
+    config = papers(algorithm="objpm", epsilon=0.5, local_steps=3, num_agents=4, seed=11,
                        sensitivity=calibration, clip_norm=1.0)
     data = _data()
     w, lam, z0 = _state(4, 1)
@@ -136,7 +136,7 @@ def test_objpm_round_follows_lines_15_to_22(calibration: str) -> None:
 @pytest.mark.parametrize("radius", ["paper", "reference"])
 def test_objt_round_takes_eq_9_with_the_chosen_radius(radius: str) -> None:
     """ObjT's step is eq. (9) of 000 with delta^t = a/t^2 (paper) or the constant a (the authors' code)."""
-    config = RunConfig(algorithm="objt", epsilon=0.5, num_agents=4, seed=2, prox_scale=0.5,
+    config = papers(algorithm="objt", epsilon=0.5, num_agents=4, seed=2, prox_scale=0.5,
                        sensitivity="data-dependent", trust_radius=radius)
     data = _data()
     w, lam, z = _state(4, 4)
@@ -157,7 +157,7 @@ def test_objt_round_takes_eq_9_with_the_chosen_radius(radius: str) -> None:
 @pytest.mark.parametrize("algorithm", ["objp", "objpm", "objt", "outp", "iadmm"])
 def test_one_agent_alone_equals_its_row_of_the_batch(algorithm: str) -> None:
     """The Flower client (P = 1) and the engine (all P) compute the same numbers."""
-    config = RunConfig(algorithm=algorithm, epsilon=0.3, num_agents=4, seed=3)
+    config = papers(algorithm=algorithm, epsilon=0.3, num_agents=4, seed=3)
     data = _data()
     w, lam, z = _state(4, 2)
     batched = agent_round(config, data, w, lam, z, 7)
@@ -171,7 +171,7 @@ def test_one_agent_alone_equals_its_row_of_the_batch(algorithm: str) -> None:
 
 
 def test_non_private_round_draws_no_noise() -> None:
-    config = RunConfig(algorithm="objp", epsilon=math.inf, num_agents=4)
+    config = papers(algorithm="objp", epsilon=math.inf, num_agents=4)
     data = _data()
     w, lam, z = _state(4, 3)
     result = agent_round(config, data, w, lam, z, 2)
@@ -182,7 +182,7 @@ def test_non_private_round_draws_no_noise() -> None:
 
 
 def test_a_batch_of_runs_needs_one_seed_per_run() -> None:
-    config = RunConfig(algorithm="objp", epsilon=0.3, num_agents=4)
+    config = papers(algorithm="objp", epsilon=0.3, num_agents=4)
     data = _data()
     w, lam, z = _state(4, 4)
     with pytest.raises(ValueError, match="does not match seeds"):
@@ -197,7 +197,7 @@ def test_a_batch_of_runs_needs_one_seed_per_run() -> None:
 def test_a_global_local_start_is_the_chain_started_at_w(algorithm: str) -> None:
     """local-start=global: the round is the papers' round with z^{t,1} = w^{t+1} for every agent, whatever
     the agents' last iterates were; outp refuses it."""
-    config = RunConfig(algorithm=algorithm, epsilon=0.3, local_steps=3 if algorithm == "objpm" else 0,
+    config = papers(algorithm=algorithm, epsilon=0.3, local_steps=3 if algorithm == "objpm" else 0,
                        num_agents=4, seed=3)
     data = _data()
     w, lam, z = _state(4, 2)
@@ -207,4 +207,4 @@ def test_a_global_local_start_is_the_chain_started_at_w(algorithm: str) -> None:
     torch.testing.assert_close(restarted.z_last, chained.z_last, rtol=0, atol=0)
     assert not torch.equal(restarted.z_sent, agent_round(config, data, w, lam, z, 5).z_sent)
     with pytest.raises(ValueError, match="local-start='global' is not allowed with algorithm='outp'"):
-        RunConfig(algorithm="outp", local_start="global")
+        papers(algorithm="outp", local_start="global")

@@ -14,7 +14,7 @@ import torch
 
 from dpadmm import native
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities, sensitivity
 from dpadmm.models.oracles import GradientSpec, LogisticOracle, poisson_taken
 from dpadmm.privacy import noise
@@ -182,8 +182,8 @@ def test_an_agent_alone_gets_the_same_bits_as_in_the_batch() -> None:
 def test_engine_rounds_equal_with_and_without_kernels(monkeypatch) -> None:
     """Five rounds of ObjPM (clipped) and ObjP (eq. (9b)) on the embedded MNIST sample: the same w up to
     rounding, and the same noise magnitudes (the noise is the same bits)."""
-    for config in (RunConfig(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=5, eval_every=5),
-                   RunConfig(algorithm="objp", epsilon=1.0, rounds=5, eval_every=5,
+    for config in (papers(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=5, eval_every=5),
+                   papers(algorithm="objp", epsilon=1.0, rounds=5, eval_every=5,
                              sensitivity="data-dependent")):
         fused = engine.run(config, write=False, progress=False)
         with monkeypatch.context() as patch:

@@ -9,13 +9,13 @@ import pytest
 
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import load_for
 
 
 @pytest.mark.parametrize(("algorithm", "steps"), [("objp", 1), ("objpm", 3)])
 def test_reference_equals_the_engine_without_noise(algorithm: str, steps: int) -> None:
-    config = RunConfig(algorithm=algorithm, epsilon=math.inf, local_steps=steps, rounds=4, eval_every=4)
+    config = papers(algorithm=algorithm, epsilon=math.inf, local_steps=steps, rounds=4, eval_every=4)
     dataset = load_for(config)
     blocks = dataset.partition(config.num_agents)
     c1, c2, tc = config.rho_constants
@@ -33,7 +33,7 @@ def test_reference_equals_the_engine_without_noise(algorithm: str, steps: int) -
 def test_reference_noise_has_the_clipped_laplace_scale() -> None:
     """A private round moves z_p by -xi / (1/eta + rho) from the noiseless one (the clip norm does not bind
     here), with mean |xi| = Delta / eps = 2C / (I eps)."""
-    config = RunConfig(algorithm="objp", epsilon=0.5, rounds=1)
+    config = papers(algorithm="objp", epsilon=0.5, rounds=1)
     dataset = load_for(config)
     blocks = dataset.partition(config.num_agents)
     xs, ys = [dataset.x_train[b].numpy() for b in blocks], [dataset.y_train[b].numpy() for b in blocks]

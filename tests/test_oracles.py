@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dpadmm.iadmm import local, privacy
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, papers
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models.logistic import AgentData, clip_factors, probabilities
 from dpadmm.models.modules import MLP, LogisticRegression, Params
@@ -48,7 +48,7 @@ def _config(**overrides: object) -> RunConfig:
     values: dict = {"algorithm": "objpm", "epsilon": 0.5, "local_steps": 2, "num_agents": len(COUNTS),
                     "beta": 0.3, "clip_norm": 1.0, "model": "mlp"}
     values.update(overrides)
-    return RunConfig(**values)
+    return papers(**values)
 
 
 def _explicit(config: RunConfig, module: nn.Module, z: Params, data: AgentData,

@@ -18,7 +18,7 @@ from dpadmm.data.partition import (
     partition_contiguous,
     partition_indices,
 )
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 
 SCHEMES = ["contiguous", "dirichlet:0.1", "dirichlet:0.5", "dirichlet:1000", "shards:2", "quantity:0.5"]
@@ -184,7 +184,7 @@ def test_a_partitioned_data_set_keeps_each_sample_with_its_label(default: Datase
 def test_femnist_keeps_its_writers(femnist_dir: Path) -> None:
     with pytest.raises(ValueError, match="partition='dirichlet:0.5' is not allowed with dataset='femnist', "
                                          "whose agents are its writers"):
-        RunConfig(dataset="femnist", partition="dirichlet:0.5")
+        papers(dataset="femnist", partition="dirichlet:0.5")
     writers = load_dataset("femnist", femnist_dir, 5)
     with pytest.raises(ValueError, match="partition=shards:2 is not allowed with data set 'femnist'"):
         writers.partitioned(5, "shards:2")
@@ -194,10 +194,10 @@ def test_a_run_config_deals_the_agents_their_partition() -> None:
     """``partition`` and ``partition-seed`` reach the agents' batched data (the engine and the Flower
     clients read it through ``load_for``)."""
     with pytest.raises(ValueError, match="partition='dirichlet:x' is not allowed"):
-        RunConfig(partition="dirichlet:x")
+        papers(partition="dirichlet:x")
     with pytest.raises(ValueError, match=r"partition-seed=-1 is not allowed; it must satisfy 0 <= seed"):
-        RunConfig(partition_seed=-1)
-    config = RunConfig(num_agents=10, partition="shards:1", partition_seed=2)
+        papers(partition_seed=-1)
+    config = papers(num_agents=10, partition="shards:1", partition_seed=2)
     data = agent_data(load_for(config), config, range(10))
     assert load_for(config) is load_for(config)  # once per process
     for p in range(10):

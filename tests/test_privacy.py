@@ -13,8 +13,8 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant
 from scipy import optimize
 
-from dpadmm.iadmm import privacy, schedules
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm import calibration, privacy, schedules
+from dpadmm.iadmm.config import RunConfig, papers
 from dpadmm.models.logistic import AgentData, clip_factors, gradient, probabilities
 from dpadmm.privacy.ledger import (
     PLD_INTERVAL,
@@ -26,7 +26,7 @@ from dpadmm.privacy.ledger import (
 
 
 def test_ledger_totals_match_dp_accounting_called_directly() -> None:
-    config = RunConfig(algorithm="objpm", epsilon=0.3, local_steps=4, rounds=25, delta=1e-6)
+    config = papers(algorithm="objpm", epsilon=0.3, local_steps=4, rounds=25, delta=1e-6)
     ledger = privacy.ledger(config)
     accountant = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
                                                       value_discretization_interval=PLD_INTERVAL)
@@ -48,7 +48,7 @@ def test_ledger_totals_match_dp_accounting_called_directly() -> None:
 
 def test_the_papers_worked_example() -> None:
     """eps-bar = 0.05 per step, E = 10, T = 20,000: the whole run is far from 0.05."""
-    ledger = privacy.ledger(RunConfig(algorithm="objpm", epsilon=0.05, local_steps=10, rounds=20_000))
+    ledger = privacy.ledger(papers(algorithm="objpm", epsilon=0.05, local_steps=10, rounds=20_000))
     assert ledger.per_step.epsilon_pld == pytest.approx(0.05, abs=1e-3)
     assert ledger.per_round.epsilon_pld == pytest.approx(0.49, abs=0.01)
     assert ledger.whole_run.epsilon_pld == pytest.approx(339.5, abs=0.5)
@@ -56,10 +56,10 @@ def test_the_papers_worked_example() -> None:
 
 
 def test_outp_ledger_uses_its_gaussian_calibration() -> None:
-    config = RunConfig(algorithm="outp", epsilon=0.5, rounds=30)
+    config = papers(algorithm="outp", epsilon=0.5, rounds=30)
     rho, inv = 12.0, schedules.outp_inverse_eta(3, 6000, 7840, 0.5, config.outp_delta, 1.0)
     sigma = schedules.outp_sigma(0.5, config.outp_delta, rho, inv)
-    multiplier = privacy.outp_multiplier(0.5, config.outp_delta, "replace-one")
+    multiplier = calibration.outp_multiplier(0.5, config.outp_delta, "replace-one")
     assert multiplier == pytest.approx(sigma / (2 / (rho + inv)))
     ledger = privacy.ledger(config)
     assert ledger.mechanism == "gaussian" and ledger.whole_run.releases == 30
@@ -67,32 +67,32 @@ def test_outp_ledger_uses_its_gaussian_calibration() -> None:
 
 
 def test_data_dependent_ledgers_say_they_are_not_covered() -> None:
-    ledger = privacy.ledger(RunConfig(algorithm="objp", epsilon=1.0, sensitivity="data-dependent"))
+    ledger = privacy.ledger(papers(algorithm="objp", epsilon=1.0, sensitivity="data-dependent"))
     assert not ledger.covered and "NOT COVERED" in ledger.summary()
 
 
 def test_non_private_configurations_have_no_ledger() -> None:
     with pytest.raises(ValueError, match="not differentially private"):
-        privacy.ledger(RunConfig(algorithm="iadmm"))
+        privacy.ledger(papers(algorithm="iadmm"))
 
 
 @pytest.mark.parametrize(("algorithm", "target", "rounds"), [("objpm", 8.0, 50), ("objp", 1.0, 100),
                                                               ("outp", 4.0, 40)])
 def test_calibration_round_trip(algorithm: str, target: float, rounds: int) -> None:
-    calibrated = privacy.calibrate(RunConfig(algorithm=algorithm, target_epsilon=target, rounds=rounds))
+    calibrated = privacy.calibrate(papers(algorithm=algorithm, target_epsilon=target, rounds=rounds))
     achieved = privacy.ledger(calibrated).whole_run.epsilon_pld
     assert achieved <= target and achieved == pytest.approx(target, rel=0.03)
 
 
 def test_calibration_of_the_papers_setting_recovers_eps_bar() -> None:
-    calibrated = privacy.calibrate(RunConfig(algorithm="objpm", local_steps=10, rounds=20_000,
+    calibrated = privacy.calibrate(papers(algorithm="objpm", local_steps=10, rounds=20_000,
                                              target_epsilon=339.5))
     assert calibrated.epsilon == pytest.approx(0.05, rel=1e-3)
 
 
 def test_infeasible_targets_name_the_smallest_achievable_value() -> None:
     with pytest.raises(ValueError, match=r"target-epsilon=1e-09 is not achievable .* smallest achievable"):
-        privacy.calibrate(RunConfig(algorithm="objpm", target_epsilon=1e-9, rounds=50))
+        privacy.calibrate(papers(algorithm="objpm", target_epsilon=1e-9, rounds=50))
 
 
 def test_clipping_bounds_each_term_and_the_sensitivity() -> None:
@@ -115,18 +115,18 @@ def test_clipping_bounds_each_term_and_the_sensitivity() -> None:
 
 
 def test_privacy_spent_composes_the_rounds_an_agent_took_part_in() -> None:
-    config = RunConfig(algorithm="objpm", epsilon=0.5, local_steps=3, rounds=40)
+    config = papers(algorithm="objpm", epsilon=0.5, local_steps=3, rounds=40)
     assert privacy.spent(config, 0) == 0.0
     for k in (1, 7, 40):
         expected = privacy.ledger(config, rounds=k).whole_run.epsilon_pld
         assert privacy.spent(config, k) == pytest.approx(expected)
     assert privacy.spent(config, 7) < privacy.spent(config, 8)
-    assert privacy.spent(RunConfig(algorithm="iadmm"), 5) == math.inf
+    assert privacy.spent(papers(algorithm="iadmm"), 5) == math.inf
 
 
 def test_gaussian_objective_perturbation_ledger_composes_gaussian_plds() -> None:
     """mechanism='gaussian': T*E Gaussian releases of multiplier 1/eps-bar (std Delta_2 / eps-bar)."""
-    config = RunConfig(algorithm="objpm", mechanism="gaussian", epsilon=0.8, local_steps=3, rounds=20,
+    config = papers(algorithm="objpm", mechanism="gaussian", epsilon=0.8, local_steps=3, rounds=20,
                        delta=1e-6)
     ledger = privacy.ledger(config, total_samples=5000)
     assert ledger.mechanism == "gaussian" and ledger.noise_multiplier == pytest.approx(1 / 0.8)
@@ -152,7 +152,7 @@ def test_gaussian_objective_perturbation_ledger_composes_gaussian_plds() -> None
 @pytest.mark.parametrize(("target", "rounds", "steps"), [(2.0, 30, 5), (8.0, 100, 2)])
 def test_calibration_of_the_gaussian_mechanism_hits_the_target(target: float, rounds: int,
                                                                steps: int) -> None:
-    config = RunConfig(algorithm="objpm", mechanism="gaussian", local_steps=steps, rounds=rounds,
+    config = papers(algorithm="objpm", mechanism="gaussian", local_steps=steps, rounds=rounds,
                        target_epsilon=target, model="mlp")
     calibrated = privacy.calibrate(config)
     achieved = privacy.ledger(calibrated).whole_run.epsilon_pld
@@ -165,7 +165,7 @@ def test_targets_beyond_the_searched_range_name_its_end() -> None:
     """The bracket search stops at the range's smallest multiplier (20 per release for Laplace)."""
     refusal = r"target-epsilon=1e\+06 needs more than 20 per release \(10 releases"
     with pytest.raises(ValueError, match=refusal):
-        privacy.calibrate(RunConfig(algorithm="objp", target_epsilon=1e6, rounds=10))
+        privacy.calibrate(papers(algorithm="objp", target_epsilon=1e6, rounds=10))
 
 
 # ----- Poisson subsampling (sampling-rate q < 1) -----
@@ -173,7 +173,7 @@ def test_targets_beyond_the_searched_range_name_its_end() -> None:
 def _sampled(mechanism: str, **kwargs) -> RunConfig:
     values = {"algorithm": "objpm", "mechanism": mechanism, "clip_norm": 1.0, "sampling_rate": 0.1,
               "neighbouring": "add-remove", "rounds": 10, "local_steps": 10, **kwargs}
-    return RunConfig(**values)
+    return papers(**values)
 
 
 def test_a_sampled_gaussian_ledger_agrees_with_opacus_accountants() -> None:
@@ -271,12 +271,12 @@ def test_an_eps_bar_whose_noise_is_beyond_floating_point_is_refused_in_one_line(
     JSON an Infinity token."""
     refusal = r"epsilon=5e-324 is not allowed: the noise it calibrates"
     with pytest.raises(ValueError, match=refusal) as refused:
-        privacy.ledger(RunConfig(algorithm="objpm", epsilon=5e-324), total_samples=4000)
+        privacy.ledger(papers(algorithm="objpm", epsilon=5e-324), total_samples=4000)
     assert "\n" not in str(refused.value)
 
 
 def test_a_run_without_a_finite_guarantee_ends_on_no_guarantee_not_inf() -> None:
-    config = RunConfig(algorithm="objpm", mechanism="gaussian", epsilon=1.0, delta=1e-300, rounds=5,
+    config = papers(algorithm="objpm", mechanism="gaussian", epsilon=1.0, delta=1e-300, rounds=5,
                        clip_norm=1.0)
     ledger = privacy.ledger(config)
     assert ledger.whole_run.epsilon_pld == math.inf and privacy.spent(config, 5) == math.inf

@@ -22,7 +22,7 @@ from clients.dpiadmm import train_reply
 from clients.randomness import FORCED_SIMULATION, in_simulation_engine, node_kind
 from dpadmm import wire
 from dpadmm.iadmm import privacy
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.iadmm.engine import EngineState, step
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.iadmm.local import agent_round
@@ -109,7 +109,7 @@ def test_the_server_recomputes_a_simulated_agent_and_not_a_deployed_one(main_con
 
 @pytest.mark.usefixtures("server_process")
 def test_a_deployed_agent_repeats_a_round_but_answers_no_other_request_for_it(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3)
+    config = papers(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3)
     data = _agent(config)
     node = {"state-dir": str(tmp_path)}
     identity = new_run_identity()
@@ -133,7 +133,7 @@ def test_a_deployed_agent_repeats_a_round_but_answers_no_other_request_for_it(tm
 
 @pytest.mark.usefixtures("server_process")
 def test_a_deployed_node_needs_the_run_identity(tmp_path: Path) -> None:
-    config = RunConfig(algorithm="objp", epsilon=0.5)
+    config = papers(algorithm="objp", epsilon=0.5)
     with pytest.raises(ValueError, match="no run identity"):
         train_reply(_sent(config, ""), config, _agent(config), 0, node_config={"state-dir": str(tmp_path)})
 
@@ -159,7 +159,7 @@ def test_a_deployed_release_depends_on_the_gradient_only_through_the_grid() -> N
 def test_the_engine_given_the_nodes_keys_runs_the_deployed_mechanism() -> None:
     """engine.step with every agent's key draws from their secret streams: not the keyed run, and each agent
     alone (as its node computes it) gives its row of the batch."""
-    config = RunConfig(algorithm="objpm", epsilon=0.5, num_agents=3, rounds=2, local_steps=2,
+    config = papers(algorithm="objpm", epsilon=0.5, num_agents=3, rounds=2, local_steps=2,
                        sampling_rate=0.5, mechanism="gaussian", clip_norm=10.0, neighbouring="add-remove")
     data = agent_data(load_for(config), config, range(3))
     keys = Secret({p: secure.new_key() for p in range(3)})

@@ -7,18 +7,18 @@ import math
 import pytest
 
 from dpadmm.iadmm import schedules
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import papers
 
 
 def test_rho_eq_24_presets() -> None:
-    mnist = RunConfig(dataset="mnist", epsilon=0.05)
+    mnist = papers(dataset="mnist", epsilon=0.05)
     assert schedules.rho_at(mnist, 1) == pytest.approx(2.0 + 5.0 / 0.05)
     assert schedules.rho_at(mnist, 9999) == pytest.approx(2.0 + 100.0)
     assert schedules.rho_at(mnist, 10000) == pytest.approx(2.0 * 1.2 + 100.0)
     assert schedules.rho_at(mnist, 20000) == pytest.approx(2.0 * 1.44 + 100.0)
-    femnist = RunConfig(rho_preset="femnist", epsilon=1.0)
+    femnist = papers(rho_preset="femnist", epsilon=1.0)
     assert schedules.rho_at(femnist, 4000) == pytest.approx(0.005 * 1.44 + 0.05)
-    non_private = RunConfig(algorithm="iadmm", epsilon=0.05)
+    non_private = papers(algorithm="iadmm", epsilon=0.05)
     assert schedules.rho_at(non_private, 1) == 2.0  # the c2 / eps term vanishes
     assert schedules.rho(10**6, 2.0, 5.0, 1, 1.0) == 1e9  # the upper bound
 
@@ -46,7 +46,7 @@ def test_outp_step_and_sigma() -> None:
 
 
 def test_participants_are_a_keyed_sample_of_ceil_fraction_p() -> None:
-    config = RunConfig(num_agents=10, fraction_train=0.3, seed=5)
+    config = papers(num_agents=10, fraction_train=0.3, seed=5)
     samples = [schedules.participants(config, t) for t in range(1, 51)]
     assert all(len(s) == 3 and s == sorted(set(s)) and all(0 <= p < 10 for p in s) for s in samples)
     assert samples == [schedules.participants(config, t) for t in range(1, 51)]  # a function of (seed, t)
@@ -55,12 +55,12 @@ def test_participants_are_a_keyed_sample_of_ceil_fraction_p() -> None:
     assert min(counts) > 5  # every agent takes part now and then (expected 15 of 50)
     other_seed = [schedules.participants(config, t, seed=6) for t in range(1, 51)]
     assert other_seed != samples
-    assert schedules.participants(RunConfig(num_agents=7), 3) == list(range(7))
-    assert len(schedules.participants(RunConfig(num_agents=7, fraction_train=0.01), 3)) == 1  # at least one
-    assert len(schedules.participants(RunConfig(num_agents=10, fraction_train=0.7), 1)) == 7  # ceil, exactly
+    assert schedules.participants(papers(num_agents=7), 3) == list(range(7))
+    assert len(schedules.participants(papers(num_agents=7, fraction_train=0.01), 3)) == 1  # at least one
+    assert len(schedules.participants(papers(num_agents=10, fraction_train=0.7), 1)) == 7  # ceil, exactly
 
 
 def test_fraction_train_must_be_in_0_1() -> None:
     for bad in (0.0, -0.5, 1.5, math.nan):
         with pytest.raises(ValueError, match=r"fraction-train=.* must be in \(0, 1\]"):
-            RunConfig(fraction_train=bad)
+            papers(fraction_train=bad)

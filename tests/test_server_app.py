@@ -20,7 +20,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig, main_job
+from dpadmm.iadmm.config import main_job, papers
 from dpadmm.runs.results import read_jsonl, read_metrics
 from server import server_app
 from tests.conftest import ROOT, flat_app_config, flwr_run, last_run_status, run_config_of, shipped_app
@@ -80,7 +80,8 @@ def test_a_bad_key_is_one_error_line_and_a_failed_run(flwr_env: dict[str, str]) 
     the configuration checks' own frames are not printed, and the run's status is failed (`flwr run` itself
     exits 0 whatever the run's outcome: Flower's CLI, see server_app.RunConfigError)."""
     output = flwr_run(flwr_env, "iadmm.epsilon=-1")
-    message = "iadmm.epsilon=-1.0 is not allowed; it must be > 0 (inf = non-private)"
+    message = ("iadmm.epsilon=-1.0 is not allowed; it must be > 0 (inf = non-private; 0 = calibrated to the "
+               "whole-run target)")
     lines = [line for line in output.splitlines() if "dpadmm:" in line]
     assert len(lines) == 1 and lines[0].endswith(f"dpadmm: the run config is not allowed: {message}"), lines
     assert "dpadmm/iadmm/config.py" not in output and "round 1" not in output
@@ -140,7 +141,7 @@ def test_flower_simulation_equals_the_engine(algorithm: str, partition: str, flw
     """Also under a skewed partition (the run-config keys ``partition`` and ``partition-seed``): the
     ClientApps deal themselves the engine's blocks."""
     steps = 2 if algorithm == "objpm" else 1
-    config = RunConfig(algorithm=algorithm, epsilon=0.5, rounds=3, local_steps=steps, num_agents=5, seed=7,
+    config = papers(algorithm=algorithm, epsilon=0.5, rounds=3, local_steps=steps, num_agents=5, seed=7,
                        partition=partition, partition_seed=3, out=str(tmp_path / "flower"), save_weights=True)
     flwr_run(flwr_env, run_config_of(config), supernodes=5)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
@@ -162,7 +163,7 @@ def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: di
                                                    tmp_path: Path) -> None:
     """model=mlp: dicts of parameter tensors on the wire, per-sample clipping and minibatches in the
     ClientApps; every round's parameters equal the engine's (which vmaps the agents)."""
-    config = RunConfig(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
+    config = papers(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
                        local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True)
     flwr_run(flwr_env, run_config_of(config), supernodes=4)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
@@ -192,7 +193,7 @@ def test_a_federation_of_the_wrong_size_is_named(flwr_env: dict[str, str], tmp_p
 def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[str, str], tmp_path: Path,
                                                                  femnist_dir: Path) -> None:
     """The papers' FEMNIST federation at full size: 195 SuperNodes, one per writer, on Ray."""
-    config = RunConfig(dataset="femnist", data_dir=str(femnist_dir), num_agents=195, rounds=2, seed=3,
+    config = papers(dataset="femnist", data_dir=str(femnist_dir), num_agents=195, rounds=2, seed=3,
                        dtype="float32", out=str(tmp_path / "flower"), save_weights=True)
     output = flwr_run(flwr_env, run_config_of(config), supernodes=195,
                       federation=("client-resources-num-cpus=1",))

@@ -7,11 +7,11 @@ accepts, with nothing copied by hand. In MyST Markdown::
 
     ```{dpadmm-keys} dpadmm.iadmm.config.RunConfig
     :prefix:
-    :main-job:
+    :papers:
     ```
 
 ``:prefix: linadmm.`` writes the keys as the Flower run config names another family's keys;
-``:main-job:`` adds the column of the values the main job (``MAIN_JOB``) sets.
+``:papers:`` adds the column of the values the papers preset (``PAPERS``) sets.
 """
 
 from __future__ import annotations
@@ -63,23 +63,23 @@ def _help(field: dataclasses.Field, where: str) -> str:
 
 
 class KeysDirective(SphinxDirective):
-    """The table of a configuration class's keys: key, default, (main job,) meaning."""
+    """The table of a configuration class's keys: key, default, (papers preset,) meaning."""
 
     required_arguments = 1
-    option_spec = {"prefix": directives.unchanged, "main-job": directives.flag}
+    option_spec = {"prefix": directives.unchanged, "papers": directives.flag}
 
     def run(self) -> list[nodes.Node]:
         module_name, _, class_name = self.arguments[0].rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)
         prefix = self.options.get("prefix", "") or ""
-        main_job: dict[str, Any] | None = None
-        if "main-job" in self.options:
-            main_job = importlib.import_module(module_name).MAIN_JOB
-        header = ["key", "default", *(["main job"] if main_job is not None else []), "meaning"]
+        preset: dict[str, Any] | None = None
+        if "papers" in self.options:
+            preset = importlib.import_module(module_name).PAPERS
+        header = ["key", "default", *(["papers"] if preset is not None else []), "meaning"]
         table = nodes.table(classes=["dpadmm-keys"])
         group = nodes.tgroup(cols=len(header))
         table += group
-        for width in ([22, 14, 12, 52] if main_job is not None else [24, 16, 60]):
+        for width in ([22, 14, 12, 52] if preset is not None else [24, 16, 60]):
             group += nodes.colspec(colwidth=width)
         head = nodes.thead()
         head += _row(header)
@@ -92,8 +92,8 @@ class KeysDirective(SphinxDirective):
             else:
                 shown = nodes.literal(text=f"{prefix}{name}")
             cells: list[nodes.Node | str] = [shown, _literal(_default(field))]
-            if main_job is not None:
-                cells.append(_literal(main_job[field.name]) if field.name in main_job else "")
+            if preset is not None:
+                cells.append(_literal(preset[field.name]) if field.name in preset else "")
             cells.append(_help(field, self.arguments[0]))
             body += _row(cells)
         group += body

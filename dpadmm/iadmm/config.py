@@ -43,17 +43,25 @@ RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
 OBJPM_DEFAULT_LOCAL_STEPS = 10
 
 # The main job's step for logistic regression: eta^t = 400 / sqrt(t) and a constant rho = 0.001 (the pair
-# picked on the embedded data, see MAIN_JOB).
+# picked on the embedded data, see PAPERS).
 LOGISTIC_SCALE, LOGISTIC_RHO = 400.0, 1e-3
 # The main job's rule for a network (RunConfig.scale and rho_constants): an agent's local step is DP-SGD on
 # its own mean loss with learning rate NETWORK_STEP / C, and the pull towards w is NETWORK_SHARE of the
 # proximal term's at t = 1 (docs/families/iadmm.md, "Choosing rho and the proximal scale").
 NETWORK_STEP, NETWORK_SHARE = 4.0, 0.2
+# ... while a step's noise is at most this many times its largest clean gradient (schedules.noise_damping).
+NETWORK_NOISE_ROOM = 10.0
 
 
 @dataclass(frozen=True)
 class RunConfig(keys.Keyed):
-    """Every hyper-parameter of a DP-IADMM run (003 Algorithm 1 and the baseline OutP)."""
+    """Every hyper-parameter of a DP-IADMM run (003 Algorithm 1 and the baseline OutP).
+
+    The defaults are the main job's, the same as ``dpadmm train`` and ``flwr run .`` without flags:
+    budget-first ((8, 1e-5)-DP for the whole run per agent, eps-bar calibrated to it), Poisson-subsampled
+    Gaussian objective perturbation with C = 1, and the main job's step (:attr:`scale`). The papers'
+    settings are :func:`papers` (:data:`PAPERS` over these).
+    """
 
     algorithm: str = field(
         default="objpm",
@@ -61,10 +69,12 @@ class RunConfig(keys.Keyed):
                           "objt (trust region, 000), outp (output perturbation baseline)"},
     )
     epsilon: float = field(
-        default=1.0,
-        metadata={"help": "per-local-step privacy parameter eps-bar of eq. (9a); inf = non-private"},
+        default=0.0,
+        metadata={"help": "per-local-step privacy parameter eps-bar of eq. (9a) (its noise multiplier 1 / "
+                          "eps-bar for gaussian); inf = non-private; 0 = calibrated to target-epsilon (only "
+                          "then: giving eps-bar with a target is refused)"},
     )
-    rounds: int = field(default=50, metadata={"help": "communication rounds T"})
+    rounds: int = field(default=10, metadata={"help": "communication rounds T"})
     local_steps: int = field(
         default=0,
         metadata={"help": "local updates E per round; 0 = the algorithm's default "
@@ -109,7 +119,7 @@ class RunConfig(keys.Keyed):
         default=False, metadata={"help": "also write w of every evaluated round to weights.npz"}
     )
     prox_scale: float = field(
-        default=1.0,
+        default=0.0,
         metadata={"help": "scaling constant a of eta^t = a/sqrt(t) and the trust radius a/t^2 (000 A.11); "
                           f"0 = the main job's: {LOGISTIC_SCALE:g} for logistic regression, "
                           f"{NETWORK_STEP * (1 + NETWORK_SHARE):g} P / clip-norm for a network"},
@@ -121,7 +131,7 @@ class RunConfig(keys.Keyed):
     )
     beta: float = field(default=1e-6, metadata={"help": "L2 regularisation beta of eq. (2c)"})
     rho_preset: str = field(
-        default="auto",
+        default="main",
         metadata={"help": "rho^t: main (the main job's constant rho: "
                           f"{LOGISTIC_RHO:g} for logistic regression, {NETWORK_SHARE:g} / a for a network), "
                           "or the constants of eq. (24): auto (by data set), mnist, femnist, custom"},
@@ -136,12 +146,12 @@ class RunConfig(keys.Keyed):
                           "covered by Theorem 1) or data-dependent (the papers' eq. (9b), not covered)"},
     )
     clip_norm: float = field(
-        default=200.0,
+        default=1.0,
         metadata={"help": "C: bound of each sample's gradient (L1 for laplace, L2 for gaussian); for "
                           "logistic regression the term x_i (h_i - y_i)^T"},
     )
     mechanism: str = field(
-        default="laplace",
+        default="gaussian",
         metadata={"help": "noise of the objective perturbation: laplace (eq. (9a), L1 clipping, pure eps-bar "
                           "per step) or gaussian (L2 clipping, noise std Delta_2 / epsilon; (eps, delta) by "
                           "the ledger)"},
@@ -177,7 +187,7 @@ class RunConfig(keys.Keyed):
                           "client; not in the papers; the start is public, so the privacy is unchanged)"},
     )
     sampling_rate: float = field(
-        default=1.0,
+        default=0.2,
         metadata={"help": "Poisson rate q: each local step takes each sample independently with "
                           "probability q (a keyed stream of seed, agent, round and step) and scales the "
                           "clipped sum by 1/(qI); the ledger credits the amplification (dp-accounting's "
@@ -185,12 +195,12 @@ class RunConfig(keys.Keyed):
                           "sensitivity=clipped. 1 = every sample, as in the papers"},
     )
     neighbouring: str = field(
-        default="replace-one",
+        default="add-remove",
         metadata={"help": "neighbouring data sets: replace-one (one sample replaced) or add-remove"},
     )
     delta: float = field(default=1e-5, metadata={"help": "delta at which the privacy ledger reports epsilon"})
     target_epsilon: float = field(
-        default=0.0,
+        default=8.0,
         metadata={"help": "whole-run epsilon at delta to calibrate eps-bar for before training; 0 = off"},
     )
     fraction_train: float = field(
@@ -245,8 +255,7 @@ class RunConfig(keys.Keyed):
                 f"target-epsilon={self.target_epsilon!r} is not allowed; it must be > 0 (0 = off)")
         if self.target_epsilon and self.algorithm == "iadmm":
             raise ValueError("target-epsilon is not allowed with algorithm='iadmm', which is non-private")
-        if math.isnan(self.epsilon) or self.epsilon <= 0:
-            raise ValueError(f"epsilon={self.epsilon!r} is not allowed; it must be > 0 (inf = non-private)")
+        self._check_epsilon()
         for name in ("rounds", "num_agents", "eval_every", "rho_tc"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must be >= 1")
@@ -277,6 +286,30 @@ class RunConfig(keys.Keyed):
             raise ValueError(f"fraction-train={self.fraction_train!r} is not allowed; it must be in (0, 1]")
         if not 0 < self.outp_delta < 1:
             raise ValueError(f"outp-delta={self.outp_delta!r} is not allowed; it must be in (0, 1)")
+
+    def _check_epsilon(self) -> None:
+        """eps-bar is given (> 0, inf = non-private) or, with 0, calibrated to target-epsilon; eps-bar given
+        with a target is refused (it would be silently replaced), unless it is that calibration's own value
+        (what :func:`dpadmm.iadmm.privacy.calibrate` returns, and a run's config.json records)."""
+        if math.isnan(self.epsilon) or self.epsilon < 0:
+            raise ValueError(f"epsilon={self.epsilon!r} is not allowed; it must be > 0 (inf = non-private; "
+                             "0 = calibrated to the whole-run target)")
+        if not self.target_epsilon:
+            if self.epsilon == 0 and self.algorithm != "iadmm":
+                raise ValueError("epsilon=0 is not allowed with target-epsilon=0: give eps-bar per local "
+                                 "step (> 0, inf = non-private) or a whole-run target-epsilon to calibrate "
+                                 "it")
+            return
+        if self.epsilon == 0:
+            return
+        from dpadmm.iadmm.calibration import calibrated_epsilon  # the accountant: not for `dpadmm --help`
+
+        calibrated = calibrated_epsilon(self)
+        if self.epsilon != calibrated:
+            raise ValueError(
+                f"epsilon={self.epsilon!r} is not used while target-epsilon={self.target_epsilon:g} "
+                f"calibrates eps-bar for the whole run (to {calibrated:.6g}); give target-epsilon=0 with it, "
+                "or leave epsilon out")
 
     def _check_model(self) -> None:
         """The combinations the theory covers: what a module model and the Gaussian variant need."""
@@ -336,7 +369,18 @@ class RunConfig(keys.Keyed):
         return self.algorithm != "iadmm" and math.isfinite(self.epsilon)
 
     @property
+    def calibrated(self) -> bool:
+        """Whether eps-bar is known: given, or calibrated to target-epsilon (never for a non-private run)."""
+        return self.epsilon > 0 or not self.private
+
+    @property
     def effective_epsilon(self) -> float:
+        """eps-bar as the noise uses it (inf without noise); refused before calibration, which would
+        otherwise run without the noise the target needs."""
+        if not self.calibrated:
+            raise ValueError(f"eps-bar is not calibrated yet for target-epsilon={self.target_epsilon:g}: "
+                             "call dpadmm.iadmm.privacy.calibrate(config) first (the engine, the strategy "
+                             "and the clients' train_reply do)")
         return self.epsilon if self.private else math.inf
 
     @property
@@ -370,7 +414,9 @@ class RunConfig(keys.Keyed):
           number of agents, their sizes, the clip norm or q. The noise enters the same step (its size
           relative to the signal is fixed by the budget, not by a). Measured on three networks of 2,000 to
           51,000 parameters at eps = 8, the best rate sat within a factor of 2 of NETWORK_STEP for every
-          one (docs/families/iadmm.md).
+          one (docs/families/iadmm.md). Where a step's noise exceeds NETWORK_NOISE_ROOM times its largest
+          clean gradient (a far larger model, a smaller budget or batch), the local steps use a smaller a,
+          :func:`dpadmm.iadmm.schedules.noise_damping`; rho stays NETWORK_SHARE over this a.
         """
         if self.prox_scale > 0:
             return self.prox_scale
@@ -406,38 +452,47 @@ class RunConfig(keys.Keyed):
         return f"runs/{self.algorithm}-{label}-E{self.steps}-seed{self.seed}"
 
 
-# The main job: what `flwr run .` (pyproject.toml's [tool.flwr.app.config.iadmm] table, the `main` preset)
-# and `dpadmm train` without flags run, budget-first: Poisson-subsampled Gaussian objective perturbation,
-# C = 1, T = 10 rounds of E = 10 steps (objpm's own), a constant rho and eta^t = a / sqrt(t) (the kind
-# of configuration the comparison with DP-SGD + FedAvg tunes, docs/results/compare/), eps-bar calibrated
-# so that the whole run is (8, 1e-5)-DP per agent for one sample added or removed. For logistic regression
-# a = 400, and q = 0.2 and rho = 0.001 were picked among eight settings by their test error on the embedded
-# data over seeds 0-2 (docs/getting-started.md says so); for a network a and rho follow a rule
-# (RunConfig.scale). The papers' configuration (eps-bar per local step, full batches,
-# Laplace, the eq. (24) presets) is the dataclass's defaults: the `papers` preset
-# ([tool.flwr.app.config.iadmm-papers], `dpadmm train --preset papers`).
-MAIN_JOB: dict[str, Any] = {
-    "algorithm": "objpm", "rounds": 10, "target_epsilon": 8.0, "delta": 1e-5,
-    "mechanism": "gaussian", "clip_norm": 1.0, "sampling_rate": 0.2, "neighbouring": "add-remove",
-    "prox_scale": 0.0, "rho_preset": "main",
+# The main job: RunConfig's defaults, what `flwr run .` (pyproject.toml's [tool.flwr.app.config.iadmm] table,
+# the `main` preset) and `dpadmm train` without flags run, budget-first: Poisson-subsampled Gaussian
+# objective perturbation, C = 1, T = 10 rounds of E = 10 steps (objpm's own), a constant rho and eta^t =
+# a / sqrt(t) (the kind of configuration the comparison with DP-SGD + FedAvg tunes, docs/results/compare/),
+# eps-bar calibrated so that the whole run is (8, 1e-5)-DP per agent for one sample added or removed. For
+# logistic regression a = 400, and q = 0.2 and rho = 0.001 were picked among eight settings by their test
+# error on the embedded data over seeds 0-2 (docs/getting-started.md says so); for a network a and rho
+# follow a rule (RunConfig.scale).
+#
+# The papers' configuration over those defaults (eps-bar per local step, full batches, Laplace noise on
+# L1-clipped gradients, T = 50, a = 1 and the eq. (24) presets): the `papers` preset
+# ([tool.flwr.app.config.iadmm-papers], `dpadmm train --preset papers`, :func:`papers`).
+PAPERS: dict[str, Any] = {
+    "epsilon": 1.0, "target_epsilon": 0.0, "rounds": 50, "mechanism": "laplace", "clip_norm": 200.0,
+    "sampling_rate": 1.0, "neighbouring": "replace-one", "prox_scale": 1.0, "rho_preset": "auto",
 }
 
 
 def main_job() -> RunConfig:
-    """The main job's configuration (:data:`MAIN_JOB` over the papers' defaults)."""
-    return RunConfig(**MAIN_JOB)
+    """The main job's configuration: RunConfig's defaults."""
+    return RunConfig()
+
+
+def papers(**values: Any) -> RunConfig:
+    """The papers' configuration (:data:`PAPERS` over the defaults) with ``values`` (field names) over it; a
+    ``target_epsilon`` given without ``epsilon`` calibrates eps-bar (the preset's eps-bar is left out)."""
+    if values.get("target_epsilon") and "epsilon" not in values:
+        values = {**values, "epsilon": 0.0}
+    return RunConfig(**{**PAPERS, **values})
 
 
 PRESETS = ("main", "papers")
 
 
 def preset_values(preset: str) -> dict[str, Any]:
-    """The kebab-case keys of a preset, every one written out: ``main`` (the main job, the plain defaults)
-    or ``papers`` (the papers' settings, the dataclass's defaults)."""
+    """The kebab-case keys of a preset, every one written out: ``main`` (the main job, the dataclass's
+    defaults) or ``papers`` (the papers' settings, :func:`papers`)."""
     allowed("preset", preset, PRESETS)
     # num-agents as written (0: the data set's own count), not as resolved for the default data set, so
     # that a preset with another data set gives that data set's count (195 FEMNIST writers)
-    return {**(main_job() if preset == "main" else RunConfig()).to_mapping(), "num-agents": 0}
+    return {**(main_job() if preset == "main" else papers()).to_mapping(), "num-agents": 0}
 
 
 def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
@@ -451,6 +506,8 @@ def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
     other value came from.
     """
     base = preset_values(preset)
+    if "target-epsilon" in given and "epsilon" not in given:  # a target calibrates the preset's eps-bar
+        base = {**base, "epsilon": 0.0}
     try:
         config = RunConfig.from_mapping({**base, **given})
     except ValueError as error:
@@ -463,7 +520,7 @@ def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
             raise
         raise ValueError(f"{error} (the main preset sets {', '.join(culprits)}; give it, or use the papers "
                          "preset)") from None
-    if "epsilon" in given and config.target_epsilon > 0:
+    if given.get("epsilon") not in (None, 0) and config.target_epsilon > 0:
         raise ValueError(
             f"epsilon={given['epsilon']!r} is not used while target-epsilon={config.target_epsilon:g} "
             "calibrates eps-bar for the whole run; give target-epsilon=0 with it, or use the papers "

@@ -25,7 +25,7 @@ from torch import nn
 
 from dpadmm.data import Dataset
 from dpadmm.iadmm import privacy, schedules
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.config import RunConfig, papers
 from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.iadmm.local import Tree, agent_round
@@ -329,7 +329,7 @@ def _load_checkpoint(path: str | Path | None, config: RunConfig, seeds: list[int
                      state: EngineState) -> int | None:
     """Restore the state from a checkpoint of the same configuration and seeds; its round, or None."""
     saved = checkpoint.load(path, {"config": config.to_mapping(), "seeds": seeds},
-                            defaults={"config": RunConfig().to_mapping()})
+                            defaults={"config": papers().to_mapping()})  # the defaults until keys were added
     if saved is None:
         return None
     for key in ("w", "z", "z_chain", "lam"):

@@ -149,12 +149,6 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     """
     rho_t = schedules.rho_at(config, t)
     steps = config.steps
-    if config.algorithm == "objt":
-        radius = schedules.trust_radius(t, config.scale, config.trust_radius)
-        step = lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)  # noqa: E731
-    else:
-        eta = schedules.eta(t, config.scale)
-        step = lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)  # noqa: E731
     draw = noise.gaussian if config.mechanism == "gaussian" else noise.laplace
     if not isinstance(w, Mapping):
         w = w.unsqueeze(-3)  # broadcast over the agents (a module's [...] broadcasts against [P, ...])
@@ -170,6 +164,8 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     magnitude = torch.zeros(runs_agents, dtype=first.dtype, device=first.device)
     for e in range(1, steps + 1):
         g, scale = oracle.gradient(z, t, e)
+        if e == 1:  # the step's scale a may shrink with the noise (schedules.noise_damping): known from here
+            step = _step(config, t, rho_t, scale, z)
         xi = no_noise
         if scale is not None and randomness is not None:
             noisy = _released(randomness, config.mechanism, g, scale, oracle.agents, t, e,
@@ -183,6 +179,20 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
         total = tree_map(torch.Tensor.add_, total, z)
     z_sent = tree_map(lambda v: v.div_(steps), total)
     return LocalResult(z_sent=z_sent, z_last=z, noise_magnitude=magnitude / steps)
+
+
+def _step(config: RunConfig, t: int, rho_t: float, scale: torch.Tensor | None,
+          z: Tree) -> Callable[..., torch.Tensor]:
+    """The elementwise local step of round t (eq. (8), or ObjT's trust region) with a = the configured scale
+    times :func:`dpadmm.iadmm.schedules.noise_damping` of this step's noise (``scale``, per agent)."""
+    num_params = (sum(v[0].numel() for v in z.values()) if isinstance(z, Mapping)
+                  else z.shape[-2] * z.shape[-1])
+    a = config.scale * schedules.noise_damping(config, scale, num_params)
+    if config.algorithm == "objt":
+        radius = schedules.trust_radius(t, a, config.trust_radius)
+        return lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)
+    eta = schedules.eta(t, a)
+    return lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)
 
 
 def output_perturbation_round(config: RunConfig, data: AgentData, w_prev: torch.Tensor,

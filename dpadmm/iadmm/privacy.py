@@ -14,43 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 
-from dpadmm.iadmm import schedules
+from dpadmm.iadmm.calibration import calibrated_epsilon, release_of
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.privacy.device import RunCost, RunRequest, config_digest
 from dpadmm.privacy.ledger import (
     Ledger,
-    Release,
-    calibrate_multiplier,
     clipped_sensitivity,
     composed_epsilon,
     single_release,
 )
 from dpadmm.privacy.ledger import ledger as account
-
-
-def outp_multiplier(epsilon: float, outp_delta: float, neighbouring: str) -> float:
-    """sigma / Delta_2 of OutP's Gaussian release: sqrt(2 ln(1.25/delta)) / eps.
-
-    OutP's sigma (``schedules.outp_sigma``) is Delta_2 sqrt(2 ln(1.25/delta))/eps with the
-    replace-one L2 sensitivity Delta_2 = 2 c1 / (I_p (rho + 1/eta)), c1 = I_p (Huang et al.,
-    as the reference code sets it); one sample added or removed moves z by half that.
-    """
-    base = schedules.outp_noise_multiplier(epsilon, outp_delta)
-    return base if neighbouring == "replace-one" else 2.0 * base
-
-
-def release_of(config: RunConfig) -> tuple[Release, int]:
-    """(the release, releases per round) of one agent under ``config``."""
-    if not 1.0 / config.epsilon < math.inf:
-        raise ValueError(f"epsilon={config.epsilon!r} is not allowed: the noise it calibrates (multiplier "
-                         f"1/epsilon) is beyond floating point; give epsilon >= {1 / sys.float_info.max:.3g}")
-    if config.algorithm == "outp":
-        return Release("gaussian", outp_multiplier(config.epsilon, config.outp_delta, config.neighbouring)), 1
-    # The objective perturbation: noise of scale Delta / epsilon, in the mechanism's norm; each step reads a
-    # Poisson sample at rate q of the agent's data (q = 1: all of it).
-    return Release(config.mechanism, 1.0 / config.epsilon, config.sampling_rate), config.steps
 
 
 def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | None = None) -> Ledger:
@@ -125,25 +99,9 @@ def calibrate(config: RunConfig) -> RunConfig:
     """
     if not config.target_epsilon:
         return config
-    known = _CALIBRATED.get(config)
-    if known is not None:
-        return known
-    release, per_round = release_of(config)
-    multiplier = calibrate_multiplier(release.mechanism, per_round * config.rounds, config.target_epsilon,
-                                      config.delta, release.sampling)
-    if config.algorithm == "outp":
-        epsilon = outp_multiplier(1.0, config.outp_delta, config.neighbouring) / multiplier
-    else:
-        epsilon = 1.0 / multiplier
-    result = dataclasses.replace(config, epsilon=epsilon)
-    # the result depends on every key but epsilon, so calibrating it again gives itself
-    _CALIBRATED[config] = _CALIBRATED[result] = result
-    return result
-
-
-# calibrate's results in this process (a second of the accountant each): the server, its strategy and a
-# long-lived node calibrate the same configuration more than once
-_CALIBRATED: dict[RunConfig, RunConfig] = {}
+    if config.epsilon > 0:  # calibrated already (RunConfig refuses any other eps-bar beside a target)
+        return config
+    return dataclasses.replace(config, epsilon=calibrated_epsilon(config))
 
 
 def device_request(config: RunConfig, data: str) -> RunRequest:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpadmm.iadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig
+from dpadmm.iadmm.config import ALGORITHMS, DEVICES, DTYPES, TRUST_RADII, RunConfig, papers
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit, evaluations
 from dpadmm.runs.estimate import estimate as estimate_units
@@ -135,7 +135,7 @@ class GridConfig:
                     variants = [{"local_steps": e} if e != 1 else {} for e in self.iadmm_steps]
                 for variant in variants:
                     for eps in ([math.inf] if algorithm == "iadmm" else self.eps):
-                        out.append(RunConfig(
+                        out.append(papers(
                             algorithm=algorithm, epsilon=eps, rounds=self.rounds, dataset=dataset,
                             data_dir=self.mnist_dir if dataset == "mnist" else self.femnist_dir,
                             dtype=self.dtype, device=self.device, eval_every=every,
@@ -197,7 +197,7 @@ def _cell(out: Path, config: RunConfig, seeds: list[int]) -> Cell:
     if done.exists():
         recorded = json.loads(done.read_text())
         # a cell recorded before a key existed ran with that key's default
-        recorded["config"] = {**_identity(RunConfig(), [])["config"], **recorded["config"]}
+        recorded["config"] = {**_identity(papers(), [])["config"], **recorded["config"]}
         if not config.private:  # recorded before non-private cells ran one seed: the same run
             recorded["seeds"] = recorded["seeds"][:1]
         if {k: recorded[k] for k in identity} != identity:

@@ -7,8 +7,13 @@ Rounds are numbered t = 1..T as in the papers. (The authors' reference code loop
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.calibration import outp_noise_multiplier
+from dpadmm.iadmm.config import NETWORK_NOISE_ROOM, RunConfig
+
+if TYPE_CHECKING:
+    import torch
 
 RHO_MAX = 1e9  # the upper bound of eq. (24)
 RHO_GROWTH = 1.2  # the base of eq. (24)
@@ -30,6 +35,24 @@ def rho_at(config: RunConfig, t: int) -> float:
     """rho^t for a run configuration (eq. (24) with the configured constants)."""
     c1, c2, tc = config.rho_constants
     return rho(t, c1, c2, tc, config.effective_epsilon)
+
+
+def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int) -> float:
+    """The factor on a network's scale a under the main job's rule (``prox-scale`` 0,
+    :attr:`RunConfig.scale`): min(1, NETWORK_NOISE_ROOM / r); 1 otherwise (logistic regression, a given
+    scale, no noise).
+
+    r = noise_scale sqrt(d) P / C is one step's noise over its largest clean gradient, in norm: the noise
+    has scale ``noise_scale`` (per agent: their mean) in each of the d parameters, and g is I_p / I (1 / P
+    on average) times a mean of gradients clipped to C. Up to r = NETWORK_NOISE_ROOM steps of rate
+    NETWORK_STEP / C learn; a larger model under the same budget (the LEAF CNN's 6.6 M parameters: r = 46
+    under the main job) needs steps that shrink as its noise grows, or the noise's random walk drowns what
+    the gradients teach.
+    """
+    if config.prox_scale > 0 or config.model == "logistic" or noise_scale is None:
+        return 1.0
+    ratio = float(noise_scale.mean()) * math.sqrt(num_params) * config.num_agents / config.clip_norm
+    return min(1.0, NETWORK_NOISE_ROOM / ratio)
 
 
 def eta(t: int, a: float) -> float:
@@ -61,11 +84,6 @@ def outp_inverse_eta(t: int, num_samples: float, num_params: int, epsilon: float
         base += 4.0 * math.sqrt(num_params * t * math.log(1.25 / delta)) / (
             epsilon * math.sqrt(4.0 * num_params))
     return base / a
-
-
-def outp_noise_multiplier(epsilon: float, delta: float) -> float:
-    """sigma / Delta_2 = sqrt(2 ln(1.25/delta)) / eps: the classical Gaussian calibration OutP uses."""
-    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
 def outp_sigma(epsilon: float, delta: float, rho_t: float, inverse_eta: float) -> float:
