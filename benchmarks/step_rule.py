@@ -47,9 +47,11 @@ from torch import nn
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.iadmm import engine, schedules
 from dpadmm.iadmm.config import LOGISTIC_RHO, LOGISTIC_SCALE, NETWORK_SHARE, RunConfig, main_job
+from dpadmm.runs import references as bibliography
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("logistic", "digits-mlp", "mlp", "tiny-cnn", "cnn")
+REFERENCES = ("003", "abadi2016")  # the algorithm, and the DP-SGD step the rule mimics
 RATES = (1.0, 16.0)  # the rule's form at a quarter and at four times its rate
 SEEDS = (0, 1, 2)
 
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}: the main job "
         "(eps = 8, delta = 1e-5 for the whole run per agent, T = 10, E = 10, q = 0.2, C = 1, float32), "
         f"seed 0 unless stated. Every model's untrained loss is about ln 10 = {math.log(10):.3f}.\n\n"
-        + table(runs))
+        + table(runs) + "\n" + "\n".join(bibliography.section(REFERENCES)) + "\n")
     print(f"wrote {out / 'table.md'}")
     return 0
 

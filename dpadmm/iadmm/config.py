@@ -43,7 +43,7 @@ RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
 OBJPM_DEFAULT_LOCAL_STEPS = 10
 
 # The main job's step for logistic regression: eta^t = 400 / sqrt(t) and a constant rho = 0.001 (the pair
-# picked on the embedded data, see PAPERS).
+# picked on the embedded data: the comment above PAPERS).
 LOGISTIC_SCALE, LOGISTIC_RHO = 400.0, 1e-3
 # The main job's rule for a network (RunConfig.scale and rho_constants): an agent's local step is DP-SGD on
 # its own mean loss with learning rate NETWORK_STEP / C, and the pull towards w is NETWORK_SHARE of the
@@ -274,8 +274,8 @@ class RunConfig(keys.Keyed):
         if not self.rho_c1 > 0:
             raise ValueError(f"rho-c1={self.rho_c1!r} is not allowed; it must be > 0")
         if not (self.prox_scale >= 0 and math.isfinite(self.prox_scale)):
-            raise ValueError(f"prox-scale={self.prox_scale!r} is not allowed; it must be > 0 (0 = the main "
-                             "job's rule)")
+            raise ValueError(f"prox-scale={self.prox_scale!r} is not allowed; it must be finite and >= 0 "
+                             "(0 = the main job's rule)")
         if self.beta < 0 or self.rho_c2 < 0:
             raise ValueError(f"beta={self.beta!r} and rho-c2={self.rho_c2!r} must be >= 0")
         for name in ("node_timeout", "round_timeout"):
@@ -413,10 +413,11 @@ class RunConfig(keys.Keyed):
           NETWORK_STEP / C on its own mean loss: a clean step of norm at most NETWORK_STEP, whatever the
           number of agents, their sizes, the clip norm or q. The noise enters the same step (its size
           relative to the signal is fixed by the budget, not by a). Measured on three networks of 2,000 to
-          51,000 parameters at eps = 8, the best rate sat within a factor of 2 of NETWORK_STEP for every
-          one (docs/families/iadmm.md). Where a step's noise exceeds NETWORK_NOISE_ROOM times its largest
-          clean gradient (a far larger model, a smaller budget or batch), the local steps use a smaller a,
-          :func:`dpadmm.iadmm.schedules.noise_damping`; rho stays NETWORK_SHARE over this a.
+          51,000 parameters at eps = 8, the rule beat rates of a quarter and of four times its own on each
+          (docs/results/step-rule, ``python -m benchmarks.step_rule``). Where a step's noise exceeds
+          NETWORK_NOISE_ROOM times its largest clean gradient (a far larger model, a smaller budget or
+          batch), the local steps use a smaller a, :func:`dpadmm.iadmm.schedules.noise_damping`; rho stays
+          NETWORK_SHARE over the a returned here.
         """
         if self.prox_scale > 0:
             return self.prox_scale
@@ -506,8 +507,8 @@ def requested(given: Mapping[str, Any], preset: str = "main") -> RunConfig:
     other value came from.
     """
     base = preset_values(preset)
-    if "target-epsilon" in given and "epsilon" not in given:  # a target calibrates the preset's eps-bar
-        base = {**base, "epsilon": 0.0}
+    if "epsilon" not in given and keys.coerce("target-epsilon", given.get("target-epsilon", 0), "float"):
+        base = {**base, "epsilon": 0.0}  # a target given calibrates eps-bar: the preset's is left out
     try:
         config = RunConfig.from_mapping({**base, **given})
     except ValueError as error:
