@@ -45,9 +45,9 @@ def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_param
     r = noise_scale sqrt(d) P / C is one step's noise over its largest clean gradient, in norm: the noise
     has scale ``noise_scale`` (per agent: their mean) in each of the d parameters, and g is I_p / I (1 / P
     on average) times a mean of gradients clipped to C. Up to r = NETWORK_NOISE_ROOM steps of rate
-    NETWORK_STEP / C learn; a larger model under the same budget (the LEAF CNN's 6.6 M parameters: r = 46
-    under the main job) needs steps that shrink as its noise grows, or the noise's random walk drowns what
-    the gradients teach.
+    NETWORK_STEP / C learn; a larger model under the same budget (the LEAF CNN's 6.5 M parameters for 10
+    classes: r = 46 under the main job) needs steps that shrink as its noise grows, or the noise's random
+    walk drowns what the gradients teach.
     """
     if config.prox_scale > 0 or config.model == "logistic" or noise_scale is None:
         return 1.0
