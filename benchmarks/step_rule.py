@@ -7,8 +7,9 @@ main job (budget-first, the whole run (8, 1e-5)-DP per agent, Gaussian noise, C 
 of E = 10 steps) with the rule and with a few other (a, rho), and writes what each reached:
 
 - ``logistic``: the papers' model on the embedded 5,000-image MNIST sample, 10 agents;
-- ``digits-mlp``: 64-32-10 ReLU MLP on scikit-learn's 8 x 8 digits (1,437 training and 360 test images,
-  a fixed shuffle), 5 agents: the kind of app a Flower user plugs the strategy into;
+- ``digits-mlp``: the task of ``examples/digits_app``, a 64-32-10 ReLU MLP on scikit-learn's 8 x 8 digits
+  (1,437 training and 360 test images, a fixed shuffle), 5 agents: the kind of app a Flower user plugs the
+  strategy into;
 - ``mlp``: dpadmm's ``model=mlp`` (784-64-10) on the embedded sample, 10 agents;
 - ``tiny-cnn``: the plug-in example's ``TinyCNN`` (about 2,000 parameters) on the embedded sample, 4 agents;
 - ``cnn``: the LEAF CNN (6.6 M parameters) on the embedded sample, 10 agents (about 9 minutes a run on 2
@@ -56,34 +57,21 @@ RATES = (1.0, 16.0)  # the rule's form at a quarter and at four times its rate
 SEEDS = (0, 1, 2)
 
 
-class DigitsMLP(nn.Module):
-    """64 -> 32 -> 10 with a ReLU: 2,410 parameters."""
+def digits() -> tuple[Dataset, nn.Module]:
+    """The digits example's task (``examples/digits_app``): its data (as float64, like the other data sets)
+    and its 64-32-10 MLP."""
+    sys.path.insert(0, str(ROOT / "examples" / "digits_app"))
+    from digits_app.task import Net, data
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(64, 32), nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def digits() -> Dataset:
-    """scikit-learn's digits (installed with mlxtend), pixels / 16, shuffled with seed 0: 1,437 / 360."""
-    from sklearn.datasets import load_digits
-
-    raw = load_digits()
-    x = torch.tensor(raw.data, dtype=torch.float64) / 16.0
-    y = torch.tensor(raw.target, dtype=torch.int64)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    x, y = x[order], y[order]
-    return Dataset("digits", x[:1437], y[:1437], x[1437:], y[1437:], 10)
+    x, y, x_test, y_test = data()
+    return Dataset("digits", x.double(), y, x_test.double(), y_test, 10), Net()
 
 
 def setting(model: str) -> tuple[RunConfig, Dataset, nn.Module | None]:
     """The main job for ``model``: its configuration, data and module (None: built from the config)."""
     base = dataclasses.replace(main_job(), dtype="float32")
     if model == "digits-mlp":
-        return dataclasses.replace(base, model="custom", num_agents=5), digits(), DigitsMLP()
+        return dataclasses.replace(base, model="custom", num_agents=5), *digits()
     if model == "tiny-cnn":
         sys.path.insert(0, str(ROOT / "examples" / "plugin_app"))
         from plugin_app.model import TinyCNN

@@ -164,9 +164,10 @@ def _flwr(argv: list[str], command: Command, monkeypatch: pytest.MonkeyPatch) ->
             server_app.configured(fused)
     elif app == ROOT:
         server_app.configured(fused)
-    else:  # the example app: its own split of the run config
+    else:  # an example app: its own split of the run config (settings.py, or task.py as Flower templates do)
         monkeypatch.syspath_prepend(str(app))
-        importlib.import_module(f"{app.name}.settings").settings(fused)
+        module = "settings" if (app / app.name / "settings.py").exists() else "task"
+        importlib.import_module(f"{app.name}.{module}").settings(fused)
 
 
 def _python(argv: list[str], command: Command, monkeypatch: pytest.MonkeyPatch) -> None:

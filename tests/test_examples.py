@@ -1,16 +1,20 @@
-"""The plug-in proof: examples/plugin_app, a separate Flower app with its own network, runs our strategy.
+"""The plug-in proof: the examples are separate Flower apps with their own networks that run our strategy.
 
-The example is what a user writes: its ServerApp builds ``strategies.DPIADMM`` with its own
-initial parameters and evaluates w itself; its ClientApp answers with ``clients.dpiadmm``'s
-helpers, its own module and its own data. These tests check that it uses only the public
-entry points (never dpadmm's own ServerApp or ClientApp) and that a real ``flwr run`` of it
-trains: every agent answers every round, w moves and the test accuracy rises above chance.
+An example is what a user writes: its ServerApp builds ``strategies.DPIADMM`` with its own
+initial parameters and evaluates the model itself; its ClientApp answers with ``clients.dpiadmm``'s
+helpers, its own module and its own data. ``examples/plugin_app`` is the minimal one;
+``examples/digits_app`` trains one task with DP-IADMM or with Flower's own FedAvg +
+``DifferentialPrivacyClientSideFixedClipping``. These tests check that the examples use only the public
+entry points (never dpadmm's own ServerApp or ClientApp) and that real ``flwr run``s of them train: every
+agent answers every round, the model moves and the test accuracy rises above chance, and the statements
+are what the clients ran.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -22,12 +26,13 @@ from tests.conftest import ROOT, flwr_run
 
 EXAMPLE = ROOT / "examples" / "plugin_app"
 PACKAGE = EXAMPLE / "plugin_app"
+DIGITS = ROOT / "examples" / "digits_app"
 
 # The project's packages, and which of their modules an app may import: the strategy, the client
 # helpers and the core library. server.server_app and clients.client_app are our own app.
 PROJECT = {"dpadmm", "strategies", "clients", "server", "benchmarks", "tests"}
 PUBLIC = ("dpadmm", "strategies", "clients.dpiadmm")
-THIRD_PARTY = {"torch", "flwr", "numpy"}
+THIRD_PARTY = {"torch", "flwr", "numpy", "sklearn"}
 
 
 def _imports(path: Path) -> list[str]:
@@ -46,19 +51,26 @@ def _is_public(name: str) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in PUBLIC)
 
 
-def test_the_example_imports_only_public_entry_points() -> None:
-    sources = sorted(PACKAGE.glob("*.py"))
-    assert {p.name for p in sources} >= {"__init__.py", "model.py", "client_app.py", "server_app.py"}
+def _checked_imports(package: Path) -> set[str]:
+    """The project modules the files of ``package`` import, each asserted public; other imports must be
+    the standard library, a declared dependency or the app's own package."""
     used = set()
-    for path in sources:
+    for path in sorted(package.glob("*.py")):
         for name in _imports(path):
             root = name.split(".")[0]
             if root in PROJECT:
                 assert _is_public(name), f"{path.name} imports {name}, which is not a public entry point"
                 used.add(name)
             else:
-                allowed = root in sys.stdlib_module_names or root in THIRD_PARTY or root == "plugin_app"
+                allowed = root in sys.stdlib_module_names or root in THIRD_PARTY or root == package.name
                 assert allowed, f"{path.name} imports {name}: a dependency the example does not declare"
+    return used
+
+
+def test_the_example_imports_only_public_entry_points() -> None:
+    files = {p.name for p in PACKAGE.glob("*.py")}
+    assert files >= {"__init__.py", "model.py", "client_app.py", "server_app.py"}
+    used = _checked_imports(PACKAGE)
     # It really plugs in our strategy and helpers (and not by copying them).
     assert {"strategies.DPIADMM", "clients.dpiadmm.answer_query", "clients.dpiadmm.train_reply",
             "dpadmm.models.modules.initial_parameters", "dpadmm.models.modules.logits_of"} <= used
@@ -100,3 +112,76 @@ def test_the_example_app_trains_through_a_real_flower_run(flwr_env: dict[str, st
     assert accuracy[0] > 0.3 and accuracy[2] > max(0.6, accuracy[0]), accuracy  # 10 classes: chance is 0.1
     # its statement, with the randomness its agents reported, in one line at the end
     assert "plugin_app: test error" in output and "simulation randomness" in output
+
+
+def test_the_digits_app_imports_only_public_entry_points_and_each_method_its_own() -> None:
+    """Its DP-IADMM module plugs in our strategy and helpers; its DP-FedAvg module uses Flower's classes and
+    nothing of dpadmm's training; the network is the app's own."""
+    used = _checked_imports(DIGITS / "digits_app")
+    assert {"strategies.DPIADMM", "clients.dpiadmm.answer_query", "clients.dpiadmm.train_reply"} <= used
+    flower = set(_imports(DIGITS / "digits_app" / "dpfedavg.py"))
+    assert {"flwr.serverapp.strategy.DifferentialPrivacyClientSideFixedClipping",
+            "flwr.serverapp.strategy.FedAvg", "flwr.serverapp.RdpAccountant"} <= flower
+    assert not {n for n in flower if n.startswith(("strategies", "clients"))}
+    assert "flwr.clientapp.mod.fixedclipping_mod" in _imports(DIGITS / "digits_app" / "client_app.py")
+    task = ast.parse((DIGITS / "digits_app" / "task.py").read_text())
+    assert "Net" in [n.name for n in task.body if isinstance(n, ast.ClassDef)]
+    app = tomllib.loads((DIGITS / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert set(app["config"]) - set(papers().to_mapping()) == {
+        "method", "fedavg-clip", "fedavg-lr", "fedavg-epochs", "fedavg-batch"}
+
+
+def test_the_digits_app_refuses_a_method_it_does_not_have() -> None:
+    sys.path.insert(0, str(DIGITS))
+    try:
+        from digits_app.task import settings
+    finally:
+        sys.path.remove(str(DIGITS))
+    with pytest.raises(ValueError, match=r"method='fedprox' is not one of dpiadmm, dp-fedavg"):
+        settings({"method": "fedprox"})
+    config, own = settings({"method": "dp-fedavg", "fedavg-clip": 0.3, "rounds": 4})
+    assert (own.method, own.fedavg_clip, config.rounds) == ("dp-fedavg", 0.3, 4)
+
+
+@pytest.mark.slow
+def test_a_third_party_app_learns_with_dpiadmm_and_states_what_its_clients_ran(
+        flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """The digits app copied outside the repository (its own model and data, the public API alone), run by
+    `flwr run` on the simulation engine with RunConfig's defaults: the model after each round is evaluated
+    (round 1's has learnt), it reaches 0.70 test accuracy in 10 rounds, and its statement is the one its
+    clients ran (every reply states its mechanism, and the strategy accepted all of them), with the run's
+    randomness and trust model in its one line."""
+    app = shutil.copytree(DIGITS, tmp_path / "digits-app", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "results.json"
+    output = flwr_run(flwr_env, f"out='{out}'", supernodes=5, app=app, timeout=600)
+    results = json.loads(out.read_text())
+    rounds = results["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, 11))
+    assert all(r["replied"] == [0, 1, 2, 3, 4] and r["rejected"] == [] for r in rounds)  # all ran it
+    accuracy = [r["accuracy"] for r in rounds]
+    assert accuracy[0] > 0.2 and accuracy[-1] >= 0.70, accuracy
+    assert results["epsilon"] == pytest.approx(8.0, rel=0.01) and results["delta"] == 1e-5
+    assert results["mechanism"].startswith("gaussian, noise multiplier")
+    assert "(eps = 8, delta = 1e-05) for the whole run" in results["line"]
+    assert "simulation randomness" in results["line"] and "the server included" in results["line"]
+    assert f"digits_app: {results['line']}" in output
+
+
+@pytest.mark.slow
+def test_the_digits_app_runs_flowers_dp_fedavg_at_the_target_flowers_accountant_reports(
+        flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """method = dp-fedavg: Flower's wrapper with its accountant, z calibrated to the target for the rounds
+    run, reports that target; the global model moves from the initial one (round 0 is the initial model)
+    and the statement names its unit and whom it does not cover."""
+    out = tmp_path / "results.json"
+    output = flwr_run(flwr_env, f"method='dp-fedavg' rounds=3 out='{out}'", supernodes=5, app=DIGITS,
+                      timeout=300)
+    results = json.loads(out.read_text())
+    assert [r["round"] for r in results["rounds"]] == [0, 1, 2, 3]
+    assert results["epsilon"] == pytest.approx(8.0, rel=0.002) and results["delta"] == 1e-5
+    assert results["noise_multiplier"] > 0
+    accuracy = [r["accuracy"] for r in results["rounds"]]
+    assert accuracy[1:] != [accuracy[0]] * 3, accuracy
+    assert "per client for its whole data set" in results["line"]
+    assert "the server sees each client's clipped update without noise" in results["line"]
+    assert f"digits_app: {results['line']}" in output

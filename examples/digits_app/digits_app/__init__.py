@@ -1,0 +1,1 @@
+"""One task, two private strategies: dpadmm's DP-IADMM beside Flower's DP-FedAvg (an example app)."""

@@ -1,0 +1,120 @@
+"""The task both methods train, and the run config both read.
+
+A 2-layer MLP (64 -> 32 -> 10, ReLU; 2,410 parameters) on scikit-learn's 8 x 8 digits: 1,437
+training images cut into one contiguous block per client, 360 test images held by the server.
+Everything here is the app's own (dpadmm knows neither the network nor the data); the two methods'
+modules (:mod:`digits_app.dpiadmm`, :mod:`digits_app.dpfedavg`) hold only what differs between them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord
+from sklearn.datasets import load_digits
+from torch import nn
+
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.models.modules import logits_of
+
+METHODS = ("dpiadmm", "dp-fedavg")
+
+
+class Net(nn.Module):
+    """64 -> 32 -> 10 with a ReLU: no buffers, so that per-sample gradients are well defined."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 32), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@lru_cache(maxsize=1)
+def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x_train, y_train, x_test, y_test): pixels / 16, shuffled once with seed 0, 1,437 / 360."""
+    raw = load_digits()
+    x = torch.tensor(raw.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(raw.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
+    return x[:1437], y[:1437], x[1437:], y[1437:]
+
+
+def client_block(partition_id: int, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training samples of client ``partition_id``: its contiguous block of the shuffled set."""
+    x, y, _, _ = data()
+    block = torch.tensor_split(torch.arange(len(y)), num_partitions)[partition_id]
+    return x[block], y[block]
+
+
+def accuracy(arrays: ArrayRecord) -> float:
+    """Test accuracy of the model ``arrays`` on the server's 360 images."""
+    _, _, x_test, y_test = data()
+    w = {name: torch.from_numpy(array.numpy()) for name, array in arrays.items()}
+    with torch.no_grad():
+        return (logits_of(Net(), w, x_test).argmax(dim=1) == y_test).float().mean().item()
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """This app's own keys (the ``[tool.flwr.app.config]`` entries that are not dpadmm's)."""
+
+    method: str = "dpiadmm"
+    fedavg_clip: float = 1.0
+    fedavg_lr: float = 0.1
+    fedavg_epochs: int = 5
+    fedavg_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
+
+
+APP_KEYS = {"method": str, "fedavg-clip": float, "fedavg-lr": float, "fedavg-epochs": int,
+            "fedavg-batch": int}
+
+
+def settings(run_config: Mapping[str, Any]) -> tuple[RunConfig, AppSettings]:
+    """(dpadmm's RunConfig, this app's settings): RunConfig rejects keys it does not know, so ours go first.
+
+    Both methods read the budget (``target-epsilon``, ``delta``), ``rounds``, ``num-agents`` and ``seed``
+    from RunConfig, so that they are held to the same figures.
+    """
+    own = {key.replace("-", "_"): kind(run_config[key])
+           for key, kind in APP_KEYS.items() if key in run_config}
+    config = RunConfig.from_mapping({k: v for k, v in run_config.items() if k not in APP_KEYS})
+    return config, AppSettings(**own)
+
+
+class Results:
+    """The run's results file: the settings, per round the test accuracy and the seconds elapsed since the
+    server started, and the privacy statement; rewritten after every round, so that an interrupted run
+    keeps its rounds."""
+
+    def __init__(self, config: RunConfig, own: AppSettings) -> None:
+        self.path = Path(config.out or f"runs/digits_app/{own.method}-seed{config.seed}.json").resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.started = time.perf_counter()
+        self.record: dict[str, Any] = {"method": own.method, "app": asdict(own),
+                                       "config": config.to_mapping(), "rounds": []}
+
+    def add_round(self, server_round: int, arrays: ArrayRecord, **extra: Any) -> float:
+        """Evaluate the model after ``server_round`` and record it; returns its test accuracy."""
+        value = accuracy(arrays)
+        self.record["rounds"].append({"round": server_round, "accuracy": value,
+                                      "elapsed": time.perf_counter() - self.started, **extra})
+        self.write()
+        return value
+
+    def write(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self.path.write_text(json.dumps(self.record, indent=1))
