@@ -73,7 +73,6 @@ import csv
 import json
 import logging
 import math
-import os
 import shlex
 import statistics
 import subprocess
@@ -88,6 +87,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from benchmarks.flower_overhead import flwr_env
 from dpadmm.data import Dataset
 from dpadmm.data.libsvm import load_binary, normalise_rows
 from dpadmm.iadmm import engine
@@ -95,7 +95,7 @@ from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
 from dpadmm.runs import references as bibliography  # write_table has its own `references`
-from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
+from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "benchmarks" / "dpfedavg_app"
@@ -418,12 +418,7 @@ def _flwr_run(ctx: Context, specs: list[dict[str, Any]], run_config: dict[str, A
         command = [str(flwr) if flwr.exists() else "flwr", "run", str(APP), "--stream", "--run-config",
                    " ".join(f"{k}={toml_value(v)}" for k, v in config.items()),
                    "--federation-config", f"num-supernodes={ctx.num_agents}"]
-        superlink_port, control_port = free_ports(2)
-        env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
-                   FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                   FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
-                   FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-                   PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        env = flwr_env(home)
         tqdm.write(f"flwr run: {' '.join(map(shlex.quote, command))}")
         log_path = ROOT / "runs" / "compare-dp-logs" / f"flwr-run-{ctx.dataset}.log"  # runs/ is not tracked
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,22 @@ VARIANTS = ("ours", "fedavg-same-work", "fedavg-echo")
 LABELS = {"ours": "OURS (DP-IADMM)", "fedavg-same-work": "FEDAVG-SAME-WORK", "fedavg-echo": "FEDAVG-ECHO"}
 REFERENCE = "fedavg-same-work"
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+
+
+def flwr_env(home: Path) -> dict[str, str]:
+    """The environment of a `flwr run` with its own FLWR_HOME, in this Python's environment, on private ports.
+
+    `flwr run` starts its local SuperLink on a fixed port (39091) and reuses whatever SuperLink answers
+    there, with that one's home and settings. Private ports keep this run apart from SuperLinks started
+    elsewhere on a shared machine (flwr.cli.constant reads these variables); the runtime dependency
+    installation is off so that the app runs here rather than in a new environment.
+    """
+    superlink_port, control_port = free_ports(2)
+    env = dict(os.environ, FLWR_HOME=str(home), **FLWR_ENV,
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
+               FLWR_LOCAL_CONTROL_API_PORT=str(control_port))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return env
 # Ray's own agents carry a "ray::" process title like the workers; they are services, not clients.
 RAY_SERVICE_TITLES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
@@ -374,14 +390,7 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path) -> RunResult
     """One `flwr run`, watched until it exits; every process it started is stopped before returning."""
     work.mkdir(parents=True)
     command, watched, home = variant_command(variant, args, work)
-    # `flwr run` starts its local SuperLink on a fixed port (39091) and reuses whatever SuperLink
-    # answers there, with that one's home and settings. Private ports keep this run apart from
-    # SuperLinks started elsewhere on a shared machine (flwr.cli.constant reads these variables).
-    superlink_port, control_port = free_ports(2)
-    env = dict(os.environ, FLWR_HOME=str(home), **FLWR_ENV,
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
-               FLWR_LOCAL_CONTROL_API_PORT=str(control_port))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env = flwr_env(home)
     shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in (
         "FLWR_HOME", *FLWR_ENV, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT"))
     result = RunResult(variant, f"cd {shlex.quote(str(ROOT))} && {shown} {' '.join(map(_quote, command))}")

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.flower_overhead import FLWR_ENV, ROOT
+from benchmarks.flower_overhead import ROOT, flwr_env
 from benchmarks.speed_linadmm import _median_seconds, gemm_rate
 from dpadmm.runs.results import read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.sharing.reproduce import FOLDERS, PAPER_PARTIES
-from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
+from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 
 def config_for(dataset: str, data_root: str, rounds: int, noise: str) -> SharingConfig:
@@ -76,11 +76,7 @@ def flower_seconds(config: SharingConfig, work: Path, timeout: float) -> list[fl
     run_config = "algorithm='admm-sharing' " + " ".join(f"sharing.{k}={toml_value(v)}"
                                                        for k, v in keys.items())
     home = work / "flwr-home"
-    superlink_port, control_port = free_ports(2)
-    env = dict(os.environ, FLWR_HOME=str(home), **FLWR_ENV,
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
-               FLWR_LOCAL_CONTROL_API_PORT=str(control_port))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env = flwr_env(home)
     command = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config, "--federation-config",
                f"num-supernodes={len(config.widths)} client-resources-num-cpus=1"]
     print(f"[flower] {shlex.join(command)}", file=sys.stderr, flush=True)
