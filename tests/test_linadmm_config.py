@@ -46,5 +46,7 @@ def test_the_mapping_round_trips_and_unknown_keys_are_named() -> None:
     assert not config.private and config.accelerated and config.rounds == 50
     assert LinAdmmConfig.from_mapping(config.to_mapping()) == config
     assert config.default_out() == "runs/dp-accadmm-a9a-epsinf-seed0"
+    private = LinAdmmConfig.from_mapping({"algorithm": "dp-admm", "dataset": "a9a", "target-epsilon": 0.05})
+    assert private.default_out() == "runs/dp-admm-a9a-eps0.05-delta0.001-seed0"  # the whole run's figure
     with pytest.raises(ValueError, match="unknown configuration key 'local-steps'; known keys: algorithm"):
         LinAdmmConfig.from_mapping({"local-steps": 3})

@@ -34,6 +34,13 @@ def test_the_mapping_round_trips_and_the_split_parses() -> None:
         SharingConfig.from_mapping({"party": "1"})
 
 
+def test_the_run_folder_says_its_epsilon_is_per_round() -> None:
+    """The run is given (eps, delta) per round of one party, not for the whole run: its folder says so."""
+    config = SharingConfig(epsilon=0.5, delta=1e-5, dataset="a9a")
+    assert config.default_out() == "runs/admm-sharing-a9a-eps0.5-delta1e-05-per-round-seed0"
+    non_private = SharingConfig(epsilon=math.inf, dataset="a9a")
+    assert non_private.default_out() == "runs/admm-sharing-a9a-epsinf-seed0"
+
 
 def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
     """[tool.flwr.app.config.sharing] is every key but `algorithm`, which is the app's top-level one."""

@@ -135,5 +135,6 @@ class LinAdmmConfig(keys.Keyed):
         return self.algorithm == "dp-accadmm"
 
     def default_out(self) -> str:
-        eps = f"{self.target_epsilon:g}" if self.private else "inf"
-        return f"runs/{self.algorithm}-{self.dataset}-eps{eps}-seed{self.seed}"
+        """runs/<algorithm>-<data>-<privacy>-seed<seed>, named after the whole-run (eps, delta)."""
+        label = f"eps{self.target_epsilon:g}-delta{self.delta:g}" if self.private else "epsinf"
+        return f"runs/{self.algorithm}-{self.dataset}-{label}-seed{self.seed}"

@@ -129,5 +129,7 @@ class SharingConfig(keys.Keyed):
         return self.rho or 1 / (2 * num_samples)
 
     def default_out(self) -> str:
-        eps = f"{self.epsilon:g}" if self.private else "inf"
-        return f"runs/{self.algorithm}-{self.dataset}-eps{eps}-seed{self.seed}"
+        """runs/<algorithm>-<data>-<privacy>-seed<seed>: the run is given (eps, delta) per round of one party
+        (Theorem 3), so the folder says per round; the whole run's figure is the ledger's."""
+        label = f"eps{self.epsilon:g}-delta{self.delta:g}-per-round" if self.private else "epsinf"
+        return f"runs/{self.algorithm}-{self.dataset}-{label}-seed{self.seed}"
