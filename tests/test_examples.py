@@ -131,16 +131,21 @@ def test_the_digits_app_imports_only_public_entry_points_and_each_method_its_own
         "method", "fedavg-clip", "fedavg-lr", "fedavg-epochs", "fedavg-batch"}
 
 
-def test_the_digits_app_refuses_a_method_it_does_not_have() -> None:
+def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_another_size() -> None:
     sys.path.insert(0, str(DIGITS))
     try:
-        from digits_app.task import settings
+        from digits_app.task import client_block, settings
     finally:
         sys.path.remove(str(DIGITS))
     with pytest.raises(ValueError, match=r"method='fedprox' is not one of dpiadmm, dp-fedavg"):
         settings({"method": "fedprox"})
-    config, own = settings({"method": "dp-fedavg", "fedavg-clip": 0.3, "rounds": 4})
+    config, own = settings({"method": "dp-fedavg", "fedavg-clip": 0.3, "rounds": 4, "num-agents": 5})
     assert (own.method, own.fedavg_clip, config.rounds) == ("dp-fedavg", 0.3, 4)
+    partition, x, y = client_block({"partition-id": 4, "num-partitions": 5}, config)
+    assert partition == 4 and x.shape == (287, 64) and len(y) == 287
+    with pytest.raises(ValueError, match='3 SuperNodes but num-agents=5; run with --federation-config '
+                                         '"num-supernodes=5"'):
+        client_block({"partition-id": 0, "num-partitions": 3}, config)
 
 
 @pytest.mark.slow

@@ -86,16 +86,15 @@ def serve(grid: Grid, context: Context) -> None:
 
 def train(msg: Message, context: Context) -> Message:
     """Local SGD from the received model; ``fixedclipping_mod`` (around this function) clips the update."""
-    settings_ = msg.content["config"]
-    partition_id = int(context.node_config["partition-id"])
-    x, y = client_block(partition_id, int(context.node_config["num-partitions"]))
+    round_config = msg.content["config"]
+    partition_id, x, y = client_block(context.node_config, settings(context.run_config)[0])
     net = Net()
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     generator = torch.Generator().manual_seed(
-        int(settings_["seed"]) * 1_000_003 + int(settings_["server-round"]) * 1_009 + partition_id)
-    optimizer = torch.optim.SGD(net.parameters(), lr=float(settings_["lr"]))
-    for _ in range(int(settings_["epochs"])):
-        for batch in torch.randperm(len(y), generator=generator).split(int(settings_["batch"])):
+        int(round_config["seed"]) * 1_000_003 + int(round_config["server-round"]) * 1_009 + partition_id)
+    optimizer = torch.optim.SGD(net.parameters(), lr=float(round_config["lr"]))
+    for _ in range(int(round_config["epochs"])):
+        for batch in torch.randperm(len(y), generator=generator).split(int(round_config["batch"])):
             optimizer.zero_grad()
             nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
             optimizer.step()

@@ -51,8 +51,7 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """E noisy local updates on this client's block; reply z_p^{t+1}."""
     config, _ = settings(context.run_config)
-    partition_id = int(context.node_config["partition-id"])
-    x, y = client_block(partition_id, int(context.node_config["num-partitions"]))
+    partition_id, x, y = client_block(context.node_config, config)
     mine = AgentData.from_blocks([x], [y], num_classes=10, total=len(data()[1]), agents=[partition_id],
                                  dtype=torch.float32)
     return train_reply(msg, config, mine, partition_id, module=Net(), node_config=context.node_config)

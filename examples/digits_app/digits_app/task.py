@@ -49,11 +49,20 @@ def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[:1437], y[:1437], x[1437:], y[1437:]
 
 
-def client_block(partition_id: int, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training samples of client ``partition_id``: its contiguous block of the shuffled set."""
+def client_block(node_config: Mapping[str, Any], config: RunConfig) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(partition id, x, y) of this client: its contiguous block of the shuffled training set.
+
+    Flower's simulation gives each SuperNode ``partition-id`` and ``num-partitions``; the blocks must be
+    the ``num-agents`` the server plans for, or both methods would train and account for other clients.
+    """
+    partition_id, num_partitions = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    if num_partitions != config.num_agents:
+        agents = config.num_agents
+        raise ValueError(f"the federation has {num_partitions} SuperNodes but num-agents={agents}; run "
+                         f"with --federation-config \"num-supernodes={agents}\"")
     x, y, _, _ = data()
     block = torch.tensor_split(torch.arange(len(y)), num_partitions)[partition_id]
-    return x[block], y[block]
+    return partition_id, x[block], y[block]
 
 
 def accuracy(arrays: ArrayRecord) -> float:
