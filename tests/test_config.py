@@ -82,6 +82,9 @@ def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
         ({"seed": -1}, "seed=-1 is not allowed"),
         ({"device": "tpu"}, "device='tpu' is not allowed"),
         ({"dataset": "cifar"}, "dataset='cifar' is not allowed"),
+        # a folder the embedded sample would not read: refused, never recorded in config.json and ignored
+        ({"data-dir": "/data/mnist"}, "data-dir='/data/mnist' is not read by dataset='default' (the embedded "
+                                      "5,000-image MNIST sample); give dataset='mnist'"),
         ({"outp-delta": 1.0}, "outp-delta=1.0 is not allowed"),
         ({"epochs": 3}, "unknown configuration key 'epochs'"),
     ],

@@ -329,7 +329,7 @@ def test_default_contiguous_blocks_are_iid(default: Dataset) -> None:
 
 
 def test_default_repeated_loads_are_equal_and_independent(default: Dataset) -> None:
-    again = load_dataset("default", data_dir="ignored")
+    again = load_dataset("default")
     for field in ("x_train", "y_train", "x_test", "y_test"):
         assert torch.equal(getattr(again, field), getattr(default, field))
         assert getattr(again, field).data_ptr() != getattr(default, field).data_ptr()

@@ -223,6 +223,15 @@ def _dataset_from_pixels(
     )
 
 
+def refuse_unread_folder(name: str, data_dir: str | os.PathLike | None) -> None:
+    """The embedded sample reads no folder: a ``data_dir`` given with it would be ignored while the run
+    trained on other data than its owner meant, and config.json recorded the folder. Refused instead."""
+    if name == "default" and data_dir:
+        raise ValueError(f"data-dir={str(data_dir)!r} is not read by dataset='default' (the embedded "
+                         "5,000-image MNIST sample); give dataset='mnist' to train on the MNIST files in "
+                         "that folder, or leave data-dir empty")
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
                  num_agents: int | None = None) -> Dataset:
     """Load a data set by name.
@@ -230,7 +239,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
     ``num_agents`` matters only for FEMNIST, whose agents are its first ``num_agents``
     writers (the test set is theirs too); the other data sets are the same for any P.
 
-    - ``"default"``: the embedded 5,000-image MNIST sample (``data_dir`` is ignored).
+    - ``"default"``: the embedded 5,000-image MNIST sample; a ``data_dir`` given with it is refused
+      (:func:`refuse_unread_folder`) rather than silently not read.
     - ``"mnist"``: the four MNIST IDX files (raw or ``.gz``) in ``data_dir`` when it holds
       them (no network). With ``data_dir`` ``None`` or ``""``, or an existing folder that
       lacks files (logged as a warning), they come from the cache folder
@@ -246,6 +256,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
     if name == "default":
         from dpadmm.data.embedded import load_embedded
 
+        refuse_unread_folder(name, data_dir)
         return load_embedded()
     if name == "mnist":
         from dpadmm.data.download import mnist_folder
@@ -266,6 +277,7 @@ def train_size(name: str, data_dir: str | os.PathLike | None = None, num_agents:
     if name == "default":
         from dpadmm.data.embedded import _embedded_arrays
 
+        refuse_unread_folder(name, data_dir)
         return int(_embedded_arrays()[1].shape[0])
     if name == "mnist":
         from dpadmm.data.download import mnist_folder

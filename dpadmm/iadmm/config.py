@@ -22,6 +22,7 @@ from typing import Any
 from dpadmm import keys
 from dpadmm.catalog import DATASET_NAMES as DATASETS
 from dpadmm.catalog import DEFAULT_AGENTS, GENERATORS, MODELS
+from dpadmm.data import refuse_unread_folder
 from dpadmm.data.partition import parse_scheme
 from dpadmm.keys import allowed, key
 
@@ -223,6 +224,7 @@ class RunConfig(keys.Keyed):
     def __post_init__(self) -> None:
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("dataset", self.dataset, DATASETS)
+        refuse_unread_folder(self.dataset, self.data_dir)
         if self.num_agents == 0:  # resolved here, so every reader sees the actual P
             object.__setattr__(self, "num_agents", DEFAULT_AGENTS[self.dataset])
         if parse_scheme(self.partition).skewed and self.dataset == "femnist":
