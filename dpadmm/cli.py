@@ -16,9 +16,11 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tomllib
 import warnings
@@ -100,6 +102,11 @@ def build_parser(family: Family = DEFAULT, paper: str = "003") -> argparse.Argum
     )
     _add_config_flags(train, family)
     train.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    if family is DEFAULT:
+        train.add_argument("--checkpoint-minutes", type=float, default=5.0,
+                           help="save the run's state into its folder this often (at an evaluated round); "
+                                "interrupted (Ctrl-C, SIGTERM), the same command resumes from there; 0 = "
+                                "never, and an interrupted run starts again from round 1 (default: 5)")
     ledger = commands.add_parser(
         "privacy",
         help="print the privacy ledger of a configuration without training",
@@ -352,6 +359,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main makes it the same): no traceback
+        print(f"dpadmm: interrupted; the cells completed so far are kept in {Path(args.out).resolve()}, and "
+              "the same command runs the others (a cell in progress resumes from its last checkpoint)",
+              file=sys.stderr)
+        return 130
     print(f"report: {(out / 'summary.md').resolve()}")
     return 0
 
@@ -529,7 +541,6 @@ def _supernode(command: list[str], port: int) -> int:
     """Run ``command`` (flower-supernode with ``--isolation process``) and the device's runtime beside it, in
     this process (:func:`clients.runtime.serve`), until either ends: one process for a supervisor to keep
     (a systemd unit's ``ExecStart``). Ends with the SuperNode's exit code; SIGTERM ends both."""
-    import signal
     import subprocess
     import threading
 
@@ -722,6 +733,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if argv_given is None and args.command in ("train", "reproduce"):
         keep_freed_memory()  # the dpadmm command's own process runs engines; a caller's is left as it is
+        # SIGTERM (a scheduler, `kill`, systemd) ends the run as Ctrl-C does: its folder marked failed with
+        # what it spent, and resumable, instead of a process killed between two files.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.command == "reproduce":
         return _reproduce(args)
     if args.command == "deploy":
@@ -754,11 +768,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         from dpadmm.iadmm import engine
 
+        if not (args.checkpoint_minutes >= 0 and math.isfinite(args.checkpoint_minutes)):
+            parser.error(f"--checkpoint-minutes {args.checkpoint_minutes!r} is not allowed; it must be >= 0 "
+                         "(0 = no checkpoints)")
+        folder, resuming = _train_folder(config)
+        # weights.npz holds every round's model and is written when a run ends: such a run cannot resume
+        saving = args.checkpoint_minutes > 0 and not config.save_weights
+        if resuming:
+            print(f"dpadmm: resuming the interrupted run in {folder} from its checkpoint", file=sys.stderr)
         try:
-            result = engine.run(config, progress=not args.no_progress)
+            saved_state = (folder / CHECKPOINT) if saving else None
+            result = engine.run_seeds(config, [config.seed], progress=not args.no_progress,
+                                      directories=[folder], checkpoint=saved_state,
+                                      checkpoint_seconds=60 * args.checkpoint_minutes)[0]
         except (ValueError, OSError) as err:  # OSError: missing or unreadable files
             print(f"dpadmm: error: {err}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main makes it the same): no traceback
+            print(_interrupted(folder, saving), file=sys.stderr)
+            return 130
+        (folder / CHECKPOINT).unlink(missing_ok=True)  # the run is complete: its state is in its files
         from dpadmm.iadmm.privacy import headline, step_line
 
         last = result.records[-1]
@@ -773,6 +802,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         if result.ledger:
             print(headline(result.ledger, last["test-error"]))
     return 0
+
+
+# The state of an interrupted `dpadmm train`, in its run folder (removed when the run completes).
+CHECKPOINT = "checkpoint.pt"
+
+
+def _train_folder(config: Any) -> tuple[Path, bool]:
+    """(the folder `dpadmm train` writes, whether it resumes the run there).
+
+    The run's folder (``out``, or the default named after its privacy) when it holds an interrupted run
+    with a checkpoint: the same command resumes it (a checkpoint of another configuration is refused by
+    the engine, naming what differs). Otherwise a fresh folder, never overwriting a run."""
+    from dpadmm.runs.results import failure, fresh_path
+
+    base = Path(config.out or config.default_out())
+    if failure(base) is not None and (base / CHECKPOINT).exists() and not config.save_weights:
+        return base, True
+    return fresh_path(base), False
+
+
+def _interrupted(folder: Path, saving: bool) -> str:
+    """What an interrupted `dpadmm train` says: which rounds its folder holds, and how to go on."""
+    import torch
+
+    from dpadmm.runs.results import failure
+
+    if failure(folder) is None:  # before the run's folder was written (loading the data, calibrating)
+        return "dpadmm: interrupted before the run started; nothing was written"
+    done = failure(folder)["completed-rounds"]
+    said = (f"dpadmm: interrupted after {done} completed round(s); {folder} is marked failed (failed.json) "
+            f"and its privacy.json states what those rounds spent")
+    path = folder / CHECKPOINT
+    if saving and path.exists():  # mmap: the round without reading the whole state
+        saved = int(torch.load(path, weights_only=True, mmap=True)["round"])
+        return f"{said}. Run the same command again to resume from round {saved + 1} (its checkpoint)"
+    when = ("the first comes after --checkpoint-minutes" if saving
+            else "--checkpoint-minutes is 0, or --save-weights, whose file is written when a run ends")
+    return f"{said}. No checkpoint was saved ({when}): the same command starts a new run from round 1"
 
 
 def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +54,50 @@ def test_train_writes_metrics_and_reports(tmp_path: Path) -> None:
     assert [r["round"] for r in lines] == [1, 2, 3]
     assert "round 3 test error" in done.stdout and str(out / "metrics.jsonl") in done.stdout
     assert "round" in done.stderr  # the progress bar
+
+
+@pytest.mark.slow
+def test_a_signalled_train_marks_what_it_spent_and_the_same_command_resumes(tmp_path: Path) -> None:
+    """SIGTERM is Ctrl-C for `dpadmm train`: one line and no traceback, exit 130, failed.json with the rounds
+    completed, privacy.json with what those rounds spent (not the planned run's), and the same command
+    resumes from the checkpoint and ends with the metrics an uninterrupted run writes."""
+    args = ["train", "--rounds", "60", "--eval-every", "1", "--checkpoint-minutes", "0.001", "--no-progress",
+            "--out", "run"]
+    script = Path(sys.executable).with_name("dpadmm")
+    proc = subprocess.Popen([str(script), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and (
+            not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    failed = json.loads((tmp_path / "run" / "failed.json").read_text())
+    done = failed["completed-rounds"]
+    assert 3 <= done < 60 and failed["error"] == "KeyboardInterrupt"
+    spent = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert spent["stopped-after-round"] == done and spent["whole_run"]["releases"] == 10 * done
+    assert spent["whole_run"]["epsilon_pld"] < 8.0  # the planned run's whole budget is 8
+    assert f"interrupted after {done} completed round(s)" in err and "resume from round" in err
+
+    again = _script(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming the interrupted run" in again.stderr
+    run = tmp_path / "run"
+    assert not (run / "failed.json").exists() and not (run / "checkpoint.pt").exists()
+    whole = _script(*[a if a != "run" else "whole" for a in args], cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    resumed = [json.loads(x) for x in metrics.read_text().splitlines()]
+    straight = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in resumed] == list(range(1, 61))
+    drop = ("seconds",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in straight]
+    planned = json.loads((run / "privacy.json").read_text())["whole_run"]  # the complete run's again
+    assert planned["epsilon_pld"] == pytest.approx(8.0, rel=0.01) and planned["releases"] == 600
 
 
 def test_one_round_reports_the_model_it_trained(tmp_path: Path, dpadmm: Run) -> None:

@@ -172,7 +172,7 @@ def test_a_cell_whose_run_fails_is_not_complete_and_runs_again(tmp_path: Path, m
     with pytest.raises(RuntimeError, match="out of memory"):
         run_grid(grid, GridOptions(progress=False), log=lambda _: None)
     assert failure(cell / "seed-0") == {"reason": "the device ran out of memory in round 3",
-                                        "error": "RuntimeError", "last-round": 2}
+                                        "error": "RuntimeError", "last-round": 2, "completed-rounds": 2}
     assert [r["round"] for r in read_metrics(cell / "seed-0")] == [2]
     assert not (cell / "cell.json").exists() and collect(out) == []
 

@@ -23,7 +23,7 @@ def test_a_run_that_raises_in_round_3_is_marked_failed_with_its_reason(tmp_path:
                      progress=False)
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [1, 2]  # what it computed is kept
     assert failure(tmp_path / "run") == {"reason": "agent 2's data: a value is not finite",
-                                         "error": "ValueError", "last-round": 2}
+                                         "error": "ValueError", "last-round": 2, "completed-rounds": 2}
 
 
 def test_an_interrupt_marks_the_run_failed_and_a_finished_run_is_not(tmp_path: Path) -> None:
@@ -34,8 +34,9 @@ def test_an_interrupt_marks_the_run_failed_and_a_finished_run_is_not(tmp_path: P
     with pytest.raises(KeyboardInterrupt):
         timed_rounds(2, interrupted, lambda t: [{"round": t}], eval_every=1, writers=[writer], runs=1,
                      progress=False)
-    assert failure(tmp_path / "run") == {"reason": "KeyboardInterrupt", "error": "KeyboardInterrupt",
-                                         "last-round": None}
+    expected = {"reason": "interrupted (SIGINT or SIGTERM)", "error": "KeyboardInterrupt", "last-round": None,
+                "completed-rounds": 0}
+    assert failure(tmp_path / "run") == expected
 
     # the same folder resumed (a caller's own folder, as a checkpointed run's) and finished: no longer failed
     writer = RunWriter({}, engine="batched", directory=tmp_path / "run", resume_round=0)

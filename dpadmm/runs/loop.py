@@ -65,6 +65,8 @@ def timed_rounds(rounds: int, step: Callable[[int], None], evaluate: Callable[[i
                         records[i].append(metrics)
                         if writers:
                             writers[i].record(metrics)
+                for writer in writers:
+                    writer.completed = t
                 if bar is not None:
                     bar.update(1)
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,20 @@ from dpadmm.privacy.ledger import Ledger
 FAILED = "failed.json"
 
 
-def fresh_directory(path: str | Path) -> Path:
-    """``path`` if it holds no metrics yet, else ``path_1``, ``path_2``, ...: never overwrite a run."""
+def fresh_path(path: str | Path) -> Path:
+    """``path`` if it holds no metrics yet, else ``path_1``, ``path_2``, ...: never overwrite a run (nothing
+    is made: a run refused before it starts leaves no folder)."""
     base = Path(path)
     candidate, n = base, 0
     while (candidate / "metrics.jsonl").exists():
         n += 1
         candidate = base.with_name(f"{base.name}_{n}")
+    return candidate
+
+
+def fresh_directory(path: str | Path) -> Path:
+    """:func:`fresh_path`, made."""
+    candidate = fresh_path(path)
     candidate.mkdir(parents=True, exist_ok=True)
     return candidate
 
@@ -100,6 +107,10 @@ class RunWriter:
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
         (self.directory / FAILED).unlink(missing_ok=True)  # a resumed or restarted run has not failed (yet)
         self.last_round: int | None = resume_round
+        # Rounds finished (evaluated or not), set by the engine's loop; with ``spent`` (the ledger of the
+        # first k rounds), a run that stops early rewrites privacy.json with what it spent.
+        self.completed = resume_round or 0
+        self.spent: Callable[[int], Ledger] | None = None
         self._resume_round = resume_round
         self._metrics, self.kept = self._open_log("metrics.jsonl")
         self._rounds: Any = None
@@ -152,9 +163,25 @@ class RunWriter:
         if self._weights:
             np.savez(self.directory / "weights.npz", **self._weights)
         if error is not None:
-            failed = {"reason": str(error) or type(error).__name__, "error": type(error).__name__,
-                      "last-round": self.last_round}
+            reason = str(error) or ("interrupted (SIGINT or SIGTERM)" if isinstance(error, KeyboardInterrupt)
+                                    else type(error).__name__)
+            failed = {"reason": reason, "error": type(error).__name__, "last-round": self.last_round,
+                      "completed-rounds": self.completed}
             (self.directory / FAILED).write_text(json.dumps(failed, indent=2) + "\n")
+            if self.spent is not None:
+                self._write_spent()
+
+    def _write_spent(self) -> None:
+        """privacy.json of a run that stopped after ``completed`` rounds: the ledger of those rounds, not of
+        the rounds planned (nothing was released before round 1 finished)."""
+        if self.completed:
+            assert self.spent is not None
+            self.write_ledger(self.spent(self.completed))
+            data = json.loads((self.directory / "privacy.json").read_text())
+        else:
+            data = {"released": "nothing: the run stopped before round 1 finished"}
+        data["stopped-after-round"] = self.completed
+        (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=json_value) + "\n")
 
 
 @contextmanager
