@@ -26,18 +26,13 @@ from dpadmm.data.checks import (
     require_nonempty,
     require_width,
 )
-from tests.conftest import SHARED_DATA
+from tests.conftest import data_root
 from tests.corrupt import flipped, head, not_utf8, truncated, write_gz
-
-A9A = SHARED_DATA / "a9a" / "a9a.gz"
-LABELS = SHARED_DATA / "mnist" / "t10k-labels-idx1-ubyte.gz"
 
 
 @pytest.fixture
 def a9a_head() -> list[bytes]:
-    if not A9A.is_file():
-        pytest.skip(f"real a9a not found at {A9A}")
-    return head(A9A, 200)
+    return head(data_root(("a9a", "a9a/a9a.gz")) / "a9a" / "a9a.gz", 200)
 
 
 def _refused(call: object, *args: object, match: str) -> DataError:
@@ -81,10 +76,9 @@ def test_a_damaged_gzip_file_is_named(tmp_path: Path, a9a_head: list[bytes], fau
     _refused(read_bytes, path, match=message)
 
 
-def test_a_real_truncated_download_is_named(tmp_path: Path) -> None:
-    if not LABELS.is_file():
-        pytest.skip(f"real MNIST not found at {LABELS}")
-    path = truncated(Path(shutil.copy(LABELS, tmp_path / LABELS.name)))
+def test_a_real_truncated_download_is_named(tmp_path: Path, mnist_dir: Path) -> None:
+    labels = mnist_dir / "t10k-labels-idx1-ubyte.gz"
+    path = truncated(Path(shutil.copy(labels, tmp_path / labels.name)))
     _refused(read_bytes, path, match=re.escape(f"{path}: cannot decompress the gzip data (it ends early)"))
 
 

@@ -28,7 +28,6 @@ from dpadmm.data.mnist import MNIST_FILES, IdxFormatError, MnistFilesMissing, lo
 from tests.corrupt import flipped, head, not_utf8, truncated, write_gz
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-MNIST_DIR = PROJECT_ROOT.parent / "shared" / "data" / "mnist"
 
 # From ../shared/data/README.md: MD5 of the uncompressed files, training label counts.
 MNIST_MD5 = {
@@ -45,13 +44,6 @@ MNIST_SHAPES = {
 }
 MNIST_TRAIN_LABEL_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_FIRST_TRAIN_LABELS = [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
-
-
-@pytest.fixture(scope="module")
-def mnist_dir() -> Path:
-    if not all((MNIST_DIR / f"{name}.gz").is_file() for name in MNIST_FILES):
-        pytest.skip(f"the MNIST IDX files are not in {MNIST_DIR} (expected ../shared/data/mnist/*.gz)")
-    return MNIST_DIR
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,8 @@ from dpadmm.data import Dataset
 from dpadmm.data.checks import DataError
 from dpadmm.data.femnist import Writer, read_leaf, sample_folders
 from dpadmm.data.flwr_femnist import load_flwr_femnist
-from tests.conftest import SHARED_DATA
+from tests.conftest import data_root
 
-SAMPLE = SHARED_DATA / "femnist" / "leaf-sample-a"
 # One LEAF file pair (its writers' train and test parts) keeps reading fast; file 3 has six
 # writers, one of them small (f3915_05: 3 train samples in LEAF).
 FILE_INDEX = 3
@@ -39,13 +38,12 @@ SINGLE = "zz_single"
 @pytest.fixture(scope="module")
 def leaf_writers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Writer]:
     """NUM_WRITERS real LEAF writers (train and test joined) plus SINGLE, in LEAF order."""
-    if not (SAMPLE / "train").is_dir():
-        pytest.skip(f"real LEAF FEMNIST sample not found in {SAMPLE}")
+    real = data_root(("femnist", "femnist/leaf-sample-a/train")) / "femnist" / "leaf-sample-a"
     sample = tmp_path_factory.mktemp("leaf") / "sample"
     for split in ("train", "test"):
         (sample / split).mkdir(parents=True)
         name = f"all_data_{FILE_INDEX}_niid_05_keep_0_{split}_9.json.gz"
-        shutil.copy(SAMPLE / split / name, sample / split / name)
+        shutil.copy(real / split / name, sample / split / name)
     folders = sample_folders(sample)
     train, test = read_leaf(folders, "train"), read_leaf(folders, "test")
     names = list(train)[:NUM_WRITERS]
