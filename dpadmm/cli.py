@@ -324,7 +324,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     else:
         from dpadmm.iadmm import reproduce
 
-    from dpadmm.runs.grid import CellsFailed, GridOptions
+    from dpadmm.runs.grid import CellsFailed, GridOptions, mark_report
 
     runner = ("workers", "ray_address", "threads", "checkpoint_minutes")
     options = {k: v for k, v in vars(args).items()
@@ -340,6 +340,13 @@ def _reproduce(args: argparse.Namespace) -> int:
                 if not (out / "runs").is_dir():
                     raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
                 reproduce.write_report(out, args.delta)
+            failed = mark_report(out)  # those of the last call that ran cells
+            if failed:
+                print(f"dpadmm: error: {len(failed)} cell(s) of {out} failed: "
+                      + "; ".join(f"{f['cell']}: {f['error']}" for f in failed)
+                      + "; the report says so first; run the grid again to retry them", file=sys.stderr)
+                print(f"report of the completed cells: {(out / 'summary.md').resolve()}")
+                return 1
         else:
             grid = reproduce.grid_from_args(**options)
             how = GridOptions(workers=args.workers, ray_address=args.ray_address, threads=args.threads,
@@ -352,7 +359,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                 torch.set_num_threads(how.threads)  # probes at the cells' threads
                 print(reproduce.estimate(grid).line(how.parallel()), flush=True)
             out = reproduce.run_grid(grid, how)
-    except CellsFailed as err:  # the other cells completed and are in the report
+    except CellsFailed as err:  # the others completed and are in the report, which names the failed first
+        mark_report(args.out)
         print(f"dpadmm: error: {err}", file=sys.stderr)
         print(f"report of the completed cells: {(Path(args.out) / 'summary.md').resolve()}")
         return 1

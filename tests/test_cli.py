@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.corrupt import truncated
 
 Run = Callable[..., subprocess.CompletedProcess]
 
@@ -247,6 +250,37 @@ def test_reproduce_001_runs_a_small_grid_and_rebuilds_its_report(tmp_path: Path,
     (tmp_path / "r" / "summary.md").unlink()
     done = dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
     assert done.returncode == 0 and "## The paper's claims" in (tmp_path / "r" / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_grid_whose_cells_failed_says_so_first_and_its_report_only_fails(tmp_path: Path, binary_dir: Path,
+                                                                           dpadmm: Run) -> None:
+    """Every cell failing (a damaged a9a) leaves a report whose first line names the failed cells, and
+    `--report-only` on that folder exits 1; the same command with the data repaired completes and clears
+    it."""
+    data = tmp_path / "data" / "a9a"
+    data.mkdir(parents=True)
+    for name in ("a9a.gz", "a9a.t.gz"):
+        shutil.copy(binary_dir / "a9a" / name, data / name)
+    truncated(data / "a9a.gz")
+    small = ("--data-dir", str(tmp_path / "data"), "--datasets", "a9a", "--epochs", "2", "--sigmas", "1",
+             "--seeds", "1", "--rates", "1", "--rhos", "2", "--out", "r", "--no-progress", "--no-estimate")
+    done = dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
+    assert done.returncode == 1 and "a9a/problem" in done.stderr, done.stderr
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    first = summary.splitlines()[0]
+    assert first.startswith("> **Incomplete: 5 cells failed**") and "`a9a/problem`: " in first  # every cell
+    assert "cannot decompress the gzip data" in first
+    again = dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path)
+    assert again.returncode == 1 and "5 cell(s) of r failed: a9a/problem" in again.stderr, again.stderr
+    assert (tmp_path / "r" / "summary.md").read_text().startswith("> **Incomplete")
+
+    shutil.copy(binary_dir / "a9a" / "a9a.gz", data / "a9a.gz")  # repaired: the failed cells run again
+    done = dpadmm("reproduce", "--paper", "001", *small, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "r" / "failed-cells.json").exists()
+    assert not (tmp_path / "r" / "summary.md").read_text().startswith("> **Incomplete")
+    assert dpadmm("reproduce", "--paper", "001", "--out", "r", "--report-only", cwd=tmp_path).returncode == 0
 
 
 def test_admm_sharing_trains_and_states_its_privacy(tmp_path: Path, binary_dir: Path, dpadmm: Run) -> None:

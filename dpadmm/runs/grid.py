@@ -52,6 +52,7 @@ from dpadmm.files import write_atomic
 from dpadmm.runs.memory import WORKER_ENV
 
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
+FAILED_CELLS = "failed-cells.json"  # the cells that failed in the last call, with their errors
 SCRATCH = "dpadmm-cell-"  # a running cell's folder, in the temp dir of its machine: dpadmm-cell-<pid>-...
 POLL_SECONDS = 1.0  # how often a running cell's folder is looked at (checkpoint, rounds done)
 ATTEMPT_SECONDS = 10.0  # how often a cell on Ray asks the driver whether its attempt is still the current one
@@ -147,6 +148,29 @@ class CellsFailed(RuntimeError):
         listed = "; ".join(f"{f.key}: {f.error}" for f in self.failures)
         super().__init__(f"{len(self.failures)} cell{'s' if len(self.failures) > 1 else ''} failed "
                          f"(the others completed; run the same command again to retry them): {listed}")
+
+
+def failed_cells(out: str | Path) -> list[dict[str, str]]:
+    """The cells that failed in the last call on the grid folder ``out`` (empty when all completed)."""
+    path = Path(out) / FAILED_CELLS
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+
+
+def mark_report(out: str | Path, report: str = "summary.md") -> list[dict[str, str]]:
+    """Put the failed cells (:func:`failed_cells`) at the top of ``out/report``, so that nobody reads a grid
+    whose cells failed as a finished reproduction; returns them. A report built from no completed cell says
+    so first."""
+    failed = failed_cells(out)
+    path = Path(out) / report
+    if failed and path.exists():
+        listed = "; ".join(f"`{f['cell']}`: {f['error']}" for f in failed)
+        cells = f"{len(failed)} cell{'s' if len(failed) > 1 else ''}"
+        banner = (f"> **Incomplete: {cells} failed**, so the tables below lack their rows (run the same "
+                  f"command again to retry them): {listed}\n\n")
+        text = path.read_text(encoding="utf-8")
+        if not text.startswith("> **Incomplete"):
+            write_atomic(path, banner + text)
+    return failed
 
 
 # ----- a cell, wherever it runs -----
@@ -389,9 +413,15 @@ class GridRunner:
             self._log(line)
 
     def raise_failures(self) -> None:
-        """Raise :class:`CellsFailed` if any cell failed."""
+        """Raise :class:`CellsFailed` if any cell failed, after listing them in ``out/failed-cells.json``
+        (which :func:`mark_report` puts at the top of the report); a grid whose cells all completed removes
+        it."""
+        path = self.out / FAILED_CELLS
         if self.failures:
+            listed = [{"cell": f.key, "error": f.error} for f in self.failures]
+            write_atomic(path, json.dumps(listed, indent=1) + "\n")
             raise CellsFailed(self.failures)
+        path.unlink(missing_ok=True)
 
     # ----- stages -----
 
