@@ -80,7 +80,7 @@ class GraphRouter(Strategy):
         self.adjacency = agents.adjacency[0]
         self.n = int(self.adjacency.shape[0])
         self.state = engine.initial_state(agents, [config.seed])
-        self.roster = Roster(self.n, config.node_timeout, config.round_timeout)
+        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}")
         self.rejected: list[tuple[int, int, str]] = []  # (iteration, agent, reason)
         self.seconds = 0.0  # of the last iteration, from sending the iterates to the last reply
         self.elapsed = 0.0  # of iterations 1..k, as the engine's ``elapsed``
@@ -206,7 +206,7 @@ class SecureSum(LegacyStrategy):
         self.config = config
         self.evaluate_fn = evaluate_fn
         # the federation's check before iteration 1 (Roster.admit); SecAgg+ then samples the connected nodes
-        self.roster = Roster(self.n, config.node_timeout, config.round_timeout)
+        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}")
         self.total = engine.initial_state(agents, [config.seed]).x[0].sum(dim=0)  # S^0
         self.summed = 0  # the last iteration whose sum arrived
         self.started = 0.0

@@ -72,15 +72,18 @@ def refused(replies: Iterable[Message]) -> list[Message]:
 
 class Roster:
     """node id -> partition id of the connected agents, for ``num_agents`` agents of which a run can start
-    with ``needed`` (default: all of them)."""
+    with ``needed`` (default: all of them). ``source`` says where the family's configuration sets that
+    number, for the messages (``num-agents=10``; ADMM sharing's ``parties='66,57'``)."""
 
     def __init__(self, num_agents: int, node_timeout: float, round_timeout: float,
-                 needed: int | None = None) -> None:
+                 needed: int | None = None, source: str | None = None) -> None:
         self.num_agents = num_agents
+        self.source = source or f"num-agents={num_agents}"
         self.needed = num_agents if needed is None else needed
         self.node_timeout = node_timeout
         self.round_timeout = round_timeout
         self.nodes: dict[int, int] = {}
+        self.duplicates: list[tuple[int, int, int]] = []  # (node, partition it claimed, the node holding it)
         self.waited = False
 
     def admit(self, grid: Grid) -> None:
@@ -111,9 +114,11 @@ class Roster:
             if time.monotonic() > deadline:
                 if len(holders) < self.needed:
                     raise TimeoutError(
-                        f"only {len(holders)} of num-agents={self.num_agents} nodes connected within "
-                        f"node-timeout={self.node_timeout:g} s ({len(connected)} nodes in all). In "
-                        "simulation, size the federation to match: flwr run . --federation-config "
+                        f"only {len(holders)} of the {self.num_agents} nodes of {self.source} connected "
+                        f"within node-timeout={self.node_timeout:g} s ({len(connected)} nodes in all)"
+                        + "".join(f"; node {n} claimed partition {p}, which node {h} holds: give each "
+                                  "SuperNode its own partition-id" for n, p, h in self.duplicates)
+                        + ". In simulation, size the federation to match: flwr run . --federation-config "
                         f"'num-supernodes={self.num_agents}'")
                 missing = sorted(set(range(self.num_agents)) - set(holders))
                 log(WARNING, "starting without partitions %s: no node holds them after node-timeout", missing)
@@ -145,6 +150,7 @@ class Roster:
             elif holder is not None:
                 log(WARNING, "node %s claims partition %d, which connected node %s holds; not bound", node,
                     claimed, holder)
+                self.duplicates.append((node, claimed, holder))
             else:
                 for old in [n for n, p in self.nodes.items() if p == claimed]:
                     log(INFO, "partition %d moves from node %s (gone) to node %s", claimed, old, node)

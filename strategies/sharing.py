@@ -78,7 +78,8 @@ class ADMMSharing(Strategy):
         self.y = labels.new_zeros((1, n))
         self.held = [0] * self.parties  # the round of each party's message the server holds (0: the start)
         self.resend = [False] * self.parties  # whether the party must be sent the message the server holds
-        self.roster = Roster(self.parties, config.node_timeout, config.round_timeout)
+        self.roster = Roster(self.parties, config.node_timeout, config.round_timeout,
+                             source=f"parties={config.parties!r}")
         self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
         self.seconds = 0.0  # of the last round: from sending s - z and y to the new z and y
         self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``

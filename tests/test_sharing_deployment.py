@@ -131,3 +131,23 @@ def test_a_party_file_one_column_short_ends_the_run_with_its_reason(deployment: 
     assert "[ROUND 1" not in log and not out.exists()
     status, details = last_run_status(deployment.env, deployment.connection)
     assert status == "finished:failed" and reason in details
+
+
+def test_two_nodes_claiming_one_party_end_the_run_naming_the_claim(deployment: Deployment) -> None:
+    """Party 1's SuperNode is replaced by one that also says partition 0: the server binds the first, and when
+    node-timeout passes without party 1 it ends the run naming the double claim and the family's own key
+    (parties), not a num-agents this family does not have."""
+    d = deployment
+    for name in [n for n in d.processes if n.startswith("supernode-") and n != "supernode-0"]:
+        d.stop(name)
+    d.wait_online(1, "party 1's SuperNode to leave")
+    d.start_supernode(2, _node_config(d.root / "files" / "party-0.npz", 0))
+    d.wait_online(2, "the second SuperNode of party 0 online")
+    labels = str(d.root / "files" / "labels.npz")
+    config = dataclasses.replace(_config(d.root / "duplicate", labels_path=labels), node_timeout=10)
+    d.submit(run_config_of(config), "duplicate.log").wait(timeout=600)
+    status, details = last_run_status(d.env, d.connection)
+    assert status == "finished:failed", (status, details)
+    assert "only 1 of the 2 nodes of parties='66,57' connected" in details, details
+    assert "claimed partition 0, which node" in details and "its own partition-id" in details
+    assert "num-agents" not in details
