@@ -50,10 +50,12 @@ def missing_data(reason: str) -> None:
 
 @functools.cache
 def _fetched(name: str) -> bool:
-    """Whether data set ``name`` is in this machine's cache, after fetching it from its public sources if
-    it was not (once per test process; False offline, or for a set that a person must fetch)."""
-    from dpadmm.data.download import DownloadError, fetch
+    """Whether every file of data set ``name`` is in this machine's cache, after fetching the missing ones
+    from its public sources (once per test process; False offline, or for a set that a person must fetch)."""
+    from dpadmm.data.download import DownloadError, dataset_cache_dir, fetch, missing_files
 
+    if not missing_files(name, dataset_cache_dir(name)):
+        return True
     try:
         fetch(name, progress=False, timeout=30)
     except DownloadError:
@@ -70,12 +72,11 @@ def data_root(*wanted: tuple[str, str]) -> Path:
         return SHARED_DATA
     from dpadmm.data.download import cache_dir
 
-    missing = [name for name, path in wanted if not (cache_dir() / path).exists()
-               and not (_fetched(name) and (cache_dir() / path).exists())]
+    missing = list(dict.fromkeys(name for name, _ in wanted if not _fetched(name)))
     if missing:
-        missing_data(f"needs {', '.join(missing)}, which is neither in ../shared/data nor in the cache "
-                     f"{cache_dir()}, and could not be downloaded here: `dpadmm data fetch "
-                     f"{' '.join(dict.fromkeys(missing))}` gets it (see docs/getting-started.md)")
+        missing_data(f"needs the data set(s) {', '.join(missing)}, in neither ../shared/data nor the cache "
+                     f"{cache_dir()}, and not downloadable here: `dpadmm data fetch {' '.join(missing)}` "
+                     "gets them")
     return cache_dir()
 
 
