@@ -18,6 +18,7 @@ import importlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -733,9 +734,22 @@ def _deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _negative_values_attached(argv: list[str]) -> list[str]:
+    """``--flag -1,124`` as ``--flag=-1,124``: argparse takes a value that starts with '-' and is not a plain
+    number for another flag and answers "expected one argument"; attached, the value reaches the check
+    that names it and what is allowed."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"-[\d.]", word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv_given = argv
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _negative_values_attached(sys.argv[1:] if argv is None else list(argv))
     family = _family_in(argv)
     parser = build_parser(family, _paper_in(argv))
     args = parser.parse_args(argv)
@@ -850,11 +864,17 @@ def _interrupted(folder: Path, saving: bool) -> str:
     return f"{said}. No checkpoint was saved ({when}): the same command starts a new run from round 1"
 
 
+# The most releases per neighbour `dpadmm audit` observes: they are held in memory (up to 2 x 16 floats each),
+# so 10**7 take a few GB; the default 200,000 already bounds epsilon within a few hundredths.
+MAX_TRIALS = 10_000_000
+
+
 def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:
     """``dpadmm audit``: each family's attacks (``dpadmm.<family>.audit.audits``), one line or one JSON object
     per release kind."""
-    if args.trials < 100:
-        print(f"dpadmm: error: --trials {args.trials} is not allowed; it must be >= 100", file=sys.stderr)
+    if not 100 <= args.trials <= MAX_TRIALS:
+        print(f"dpadmm: error: --trials {args.trials} is not allowed; it must be in 100..{MAX_TRIALS:,} "
+              "(each trial keeps its releases in memory, a few hundred bytes)", file=sys.stderr)
         return 2
     if not 0 < args.alpha < 1:
         print(f"dpadmm: error: --alpha {args.alpha!r} is not allowed; it must be in (0, 1)", file=sys.stderr)

@@ -137,6 +137,11 @@ def test_bad_input_is_named(tmp_path: Path, dpadmm: Run) -> None:
     assert done.returncode == 2 and "algorithm='sgd' is not allowed" in done.stderr
     done = dpadmm("train", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert done.returncode == 2 and "nowhere" in done.stderr
+    # a value that starts with '-' reaches its check (argparse alone says "expected one argument")
+    done = dpadmm("privacy", "--algorithm", "admm-sharing", "--parties", "-1,124", cwd=tmp_path)
+    assert done.returncode == 2 and "parties='-1,124' is not allowed; give comma-separated" in done.stderr
+    done = dpadmm("train", "--rounds", "-3", cwd=tmp_path)
+    assert done.returncode == 2 and "rounds=-3 is not allowed; it must be >= 1" in done.stderr
 
 
 def test_privacy_prints_the_ledger_without_training(tmp_path: Path, dpadmm: Run) -> None:
@@ -425,6 +430,8 @@ def test_audit_refuses_what_it_cannot_audit(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["audit", "--trials", "10"]) == 2
     assert "--trials 10 is not allowed" in capsys.readouterr().err
+    assert main(["audit", "--trials", str(10**12)]) == 2  # not a memory error after minutes
+    assert "--trials 1000000000000 is not allowed; it must be in 100..10,000,000" in capsys.readouterr().err
     assert main(["audit", "--alpha", "1.5"]) == 2
     assert "--alpha 1.5 is not allowed" in capsys.readouterr().err
     assert main(["audit", "--preset", "papers", "--algorithm", "iadmm"]) == 2
