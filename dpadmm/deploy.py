@@ -236,8 +236,8 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
     the code of the run's FAB (:mod:`clients.runtime`).
     """
     _check_port(port)
-    if not superlink:
-        raise ValueError("superlink is empty: give the SuperLink's host:port, e.g. 192.168.1.10:9093")
+    _check_superlink(superlink)
+    _check_node_config(node_config)
     command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
                "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
     if insecure:
@@ -289,6 +289,34 @@ def _toml_string(value: str) -> str:
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     escaped = "".join(f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped)
     return f'"{escaped}"'
+
+
+_ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})")
+
+
+def _check_superlink(address: str) -> None:
+    """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode would only
+    refuse after it started, on the device, or keep retrying."""
+    match = _ADDRESS.fullmatch(address or "")
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        raise ValueError(f"superlink={address!r} is not allowed; give the SuperLink's HOST:PORT, e.g. "
+                         "192.168.1.10:9092, superlink.example.org:9092 or [fd00::1]:9092")
+
+
+def _check_node_config(text: str) -> None:
+    """The node config as Flower parses it (space-separated TOML ``key=value`` pairs), with the agent's
+    ``partition-id`` a whole number >= 0: each dpadmm client answers the server with it."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        config = parse_config_args([text])
+    except Exception as err:  # noqa: BLE001 - click's exception (a TOML error below it): said as ours
+        raise ValueError(f"node-config={text!r} is not allowed: Flower reads it as space-separated TOML "
+                         "key=value pairs, e.g. \"partition-id=0 data-path='/data/agent-0.npz'\"") from err
+    partition = config.get("partition-id")
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"node-config={text!r} is not allowed: partition-id={partition!r} must be the "
+                         "agent's number, a whole number >= 0 (e.g. partition-id=0)")
 
 
 def _check_port(port: int) -> None:

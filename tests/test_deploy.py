@@ -192,6 +192,24 @@ def test_supernode_command_is_secure_by_default(certs: deploy.Certificates, tmp_
         deploy.supernode_command("10.0.0.1:9093", NODE_CONFIG, ca_cert=tmp_path / "nowhere", private_key=key)
 
 
+@pytest.mark.parametrize(("superlink", "node_config", "message"), [
+    ("foo", NODE_CONFIG, "superlink='foo' is not allowed; give the SuperLink's HOST:PORT"),
+    ("host:99999", NODE_CONFIG, "superlink='host:99999' is not allowed"),
+    (":9092", NODE_CONFIG, "superlink=':9092' is not allowed"),
+    ("10.0.0.1:9093", "partition-id=abc", "node-config='partition-id=abc' is not allowed: Flower reads"),
+    ("10.0.0.1:9093", "data-path='/x.npz'", "partition-id=None must be the agent's number"),
+    ("10.0.0.1:9093", "partition-id=-1", "partition-id=-1 must be the agent's number, a whole number >= 0"),
+])
+def test_a_supernode_command_names_a_bad_address_or_node_config(superlink: str, node_config: str,
+                                                                message: str) -> None:
+    """Checked before the command is printed or run: on the device flower-supernode would retry a bad
+    address forever, and the agent would refuse its partition only once the server asked."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        deploy.supernode_command(superlink, node_config, insecure=True)
+    with pytest.warns(UserWarning, match="INSECURE deployment"):
+        assert deploy.supernode_command("[fd00::1]:9092", NODE_CONFIG, insecure=True)[2] == "[fd00::1]:9092"
+
+
 def test_insecure_is_explicit_and_warned() -> None:
     with pytest.warns(UserWarning, match="INSECURE deployment"):
         link = deploy.superlink_command(None, insecure=True)
@@ -311,7 +329,7 @@ def test_cli_insecure_warns_once_on_stderr(capsys: pytest.CaptureFixture[str]) -
     out, err = capsys.readouterr()
     assert shlex.split(out)[-1] == "--insecure"
     assert err.count(deploy.INSECURE_WARNING) == 1 and err.startswith("dpadmm: warning: INSECURE")
-    assert main(["deploy", "supernode", "--superlink", "h:1", "--node-config", "a=1", "--insecure",
+    assert main(["deploy", "supernode", "--superlink", "h:1", "--node-config", "partition-id=1", "--insecure",
                  "--print"]) == 0
     assert capsys.readouterr().err.count(deploy.INSECURE_WARNING) == 1
 
@@ -321,7 +339,7 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["deploy", "superlink", "--print"], "certs missing"),
         (["deploy", "superlink", "--certs", str(tmp_path / "none"), "--print"], "ca.crt"),
         (["deploy", "superlink", "--certs", str(tmp_path), "--port", "70000", "--print"], "port=70000"),
-        (["deploy", "supernode", "--superlink", "h:1", "--node-config", "a=1", "--print"],
+        (["deploy", "supernode", "--superlink", "h:1", "--node-config", "partition-id=1", "--print"],
          "--ca-cert and --key missing"),
         (["deploy", "connection", "--name", "x", "--address", "a:1", "--flwr-home", str(tmp_path)],
          "ca_cert missing"),
