@@ -21,12 +21,12 @@ of randomness (each node does, :mod:`clients.randomness`); it records the kind e
 (:attr:`GraphRouter.kinds`), which the privacy statement states. The router holds no checkpoint: a new
 run is a new identity.
 
-With ``exchange=secret`` the server does not route but sums, by Flower's SecAgg+ (:class:`SecureSum`
-under :func:`secure_workflow`): the server-based form of Algorithm 1 on the complete graph (NOTES-004,
-section 7), a star whose centre needs only S^k = sum_j x_j^k. Each agent's neighbour sum is S^k - x_i^k,
-so the agents run exactly the engine's ``exchange=secret`` updates, with the sum computed by SecAgg+
-(pairwise masks, Shamir-shared seeds, stochastic quantisation) instead of the paper's Algorithm 3. The
-server learns S^k and no single iterate; every agent learns S^k too (it needs it), so against all other
+With ``exchange=secret`` the server does not route but sums, by Flower's SecAgg+ (:class:`SecureSum` under
+:func:`secure_workflow`): the server-based form of Algorithm 1 on the complete graph, where each agent needs
+only S^k = sum_j x_j^k (Appendix A's secret-sharing exchange computes the same sum). Each agent's neighbour
+sum is S^k - x_i^k, so the agents run exactly the engine's ``exchange=secret`` updates, with the sum computed
+by SecAgg+ (pairwise masks, Shamir-shared seeds, stochastic quantisation) instead of the paper's Algorithm 3.
+The server learns S^k and no single iterate; every agent learns S^k too (it needs it), so against all other
 agents colluding the view, and the guarantee, are the plain exchange's.
 """
 

@@ -61,7 +61,7 @@ def test_a_private_run_states_its_a_priori_loss_and_the_noise_costs_accuracy(adu
     paper = _config(eval_every=100, sensitivity=0.01)
     private = engine.run(paper, seeds=[0], dataset=adult, write=False, progress=False)
     last = private.records[0][-1]
-    assert last["epsilon"] == pytest.approx(4.4587, abs=1e-4)  # NOTES-004: d alpha B sum_{k=1}^{100} 1.02^k
+    assert last["epsilon"] == pytest.approx(4.4587, abs=1e-4)  # d alpha B sum_{k=1}^{100} 1.02^k
     assert "NOT COVERED: B_inf = 0.01 is below 2/b_i = 0.02" in private.ledger.summary()
     assert privacy.statement(_config(), 14).epsilon == pytest.approx(2 * 4.4587, abs=2e-4)
     # the random aggregator's ex-post loss is below the a-priori one (the paper: about 30% below), the

@@ -1,5 +1,6 @@
 """dpadmm.decentral.privacy: 004's a-priori guarantee and its calibrations, the ex-post loss of eq. (10),
-gamma of Theorem 2.3 against NOTES-004's table, and footnote 1's relaxed composition."""
+gamma of Theorem 2.3 against a table of eq. (10) integrated numerically apart from this code, and footnote
+1's relaxed composition."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dpadmm.privacy.secure import laplace_epsilon_cost
 
 
 def test_example_a_worst_case_is_the_notes_total_for_both_index_conventions() -> None:
-    """NOTES-004 section 4: d = 14, alpha = 1/D = 0.1, B = 0.01, beta_k = 1.02^k, K = 100: 4.4587 for
+    """Example (a) of Sec. 5: d = 14, alpha = 1/D = 0.1, B = 0.01, beta_k = 1.02^k, K = 100: 4.4587 for
     k = 1..100 (the convention here), 4.3713 for k = 0..99; beta_100 = 7.2446."""
     betas = privacy.rates(100)
     assert betas[0] == pytest.approx(1.02) and betas[-1] == pytest.approx(7.2446, abs=1e-4)
@@ -185,7 +186,8 @@ def test_no_shift_no_loss() -> None:
 
 OMEGAS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 BETAS = (2, 4, 6, 8, 10)
-# NOTES-004 section 3, alpha B = 0.001: rows omega, columns beta = 2..10
+# gamma from eq. (10) of Theorem 2.3 by numerical integration (worked out apart from this code), alpha B =
+# 0.001: rows omega, columns beta = 2..10
 EXACT = (
     (0.9526, 0.9081, 0.8664, 0.8273, 0.7906),
     (0.9072, 0.8257, 0.7540, 0.6908, 0.6348),

@@ -146,7 +146,7 @@ def _run_admm(graph: graphs.Graph, printed: bool, rounds: int) -> float:
 @pytest.mark.parametrize("graph", [graphs.complete(10), graphs.random_connected(10, 20, seed=15)])
 def test_algorithm_1_converges_linearly_with_the_corrected_dual_sign_and_diverges_as_printed(
         graph: graphs.Graph) -> None:
-    """NOTES-004 G1: the printed sign of the dual update diverges; the corrected one converges linearly."""
+    """Algorithm 1's dual update as printed (a minus) diverges; the corrected sign converges linearly."""
     assert _run_admm(graph, printed=False, rounds=600) < 1e-10
     assert _run_admm(graph, printed=False, rounds=300) < 1e3 * _run_admm(graph, printed=False, rounds=600)
     assert _run_admm(graph, printed=True, rounds=300) > 1e3

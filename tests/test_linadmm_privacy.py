@@ -10,7 +10,8 @@ from dpadmm.linadmm import privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.privacy.ledger import Release, rdp_epsilon
 
-# NOTES-002 section 3, "Worked values for tests" (c = 1, delta = 1e-3, mu = 0.5): eps, alpha, n, T, sigma.
+# Theorem 1 (eq. (8)) worked out apart from this code (c = 1, delta = 1e-3, mu = 0.5): eps, alpha, n, T,
+# sigma.
 WORKED = [
     (0.01, 1382.551056, 32561, 100, 1.141939e-01),
     (0.02, 691.775528, 32561, 100, 5.711759e-02),
@@ -35,7 +36,8 @@ def test_eq_8_gives_the_worked_sigma_and_its_rdp_conversion_returns_epsilon(
 
 
 def test_sigma_is_the_worked_value_and_replace_one_doubles_it() -> None:
-    """NOTES-002's worked value: eps 0.1, delta 1e-3, mu 0.5, T 100, n 32,561 (a9a), c 1: sigma
+    """Theorem 1 (eq. (8)) worked out apart from this code: eps 0.1, delta 1e-3, mu 0.5, T 100, n 32,561
+    (a9a), c 1: sigma
     1.145650e-02."""
     config = LinAdmmConfig(target_epsilon=0.1, rounds=100)
     assert privacy.noise_std(config, 32561) == pytest.approx(1.145650e-02, rel=1e-6)

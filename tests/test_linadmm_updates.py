@@ -14,7 +14,8 @@ from dpadmm.linadmm import updates
 F64 = torch.float64
 
 def test_the_theta_sequence_and_its_coefficients_match_the_table() -> None:
-    """NOTES-002 section 2.3: theta_1..theta_6 and (theta_t - 1) / theta_{t+1}."""
+    """Algorithm 3's Nesterov sequence (step 5), worked out by hand: theta_1..theta_6 and
+    (theta_t - 1) / theta_{t+1}."""
     thetas = [1.0]
     for _ in range(5):
         thetas.append(float(updates.next_theta(torch.tensor([thetas[-1]], dtype=F64))))

@@ -3,8 +3,8 @@
 The defaults are the paper's Example (a) (Sec. 5): UCI Adult, N = 10 agents on a random graph with
 |E| = 20 edges, 100 samples per agent, Algorithm 1 with D = 10 and zeta = 0.5, Laplace noise of rate
 beta_k = 1.02^k, K = 100 iterations; but B_inf defaults to 2/b_i = 0.02, the bound that holds, where
-the paper takes 0.01. What the paper leaves open is the project's and says so in the field's help
-(NOTES-004, gaps G1-G16).
+the paper takes 0.01. What the paper leaves open (the dual update's sign, the labels, general graphs, the
+indices of its sums) is the project's choice, and each field's help says so.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class DecentralConfig(keys.Keyed):
         metadata={"help": "B_inf, how much one agent's gradient can change in a coordinate when one of its "
                           "samples is replaced; 0 = 2/b_i, the bound that holds (unit rows, labels +-1). The "
                           "paper uses 1/b_i = 0.01, half of it: a run with less than 2/b_i is labelled not "
-                          "covered (NOTES-004, G4)"},
+                          "covered (Sec. 5 states 1/b_i for its 0/1 labels; with labels +-1 a coordinate "
+                          "spans 2)"},
     )
     rounds: int = field(default=100, metadata={"help": "K, the iterations"})
     dataset: str = field(default="adult", metadata={"help": "adult (UCI Adult, 14 columns, unit rows)"})

@@ -5,11 +5,12 @@ Iteration k = 1..K for S runs of N agents: every agent draws its aggregation wei
 neighbours exchanged at k - 1 (:mod:`dpadmm.decentral.updates`), adds Laplace noise of rate beta_k
 (stream :data:`~dpadmm.privacy.noise.STREAM_EXCHANGE`) and exchanges the result; Algorithm 1's agents
 then update their duals. Every run starts from x^0 ~ N(0, I) per agent (stream
-:data:`~dpadmm.privacy.noise.STREAM_START`, the same for every algorithm of a seed: NOTES-004, G16).
+:data:`~dpadmm.privacy.noise.STREAM_START`, the same for every algorithm of a seed; the paper says only
+"randomly").
 A run is a function of its configuration and seed.
 
 Metrics per evaluated iteration (``metrics.jsonl``): ``round``; ``log-error``, the mean over agents of
-ln(||x_i^k - x*|| / d) (the paper's "accuracy logarithm", natural log, NOTES-004 G13),
+ln(||x_i^k - x*|| / d) (Fig. 2's "accuracy logarithm", whose base and agent the paper leaves open),
 ``log-error-max`` (the worst agent) and ``log-error-average`` (of the agents' average, the one model
 a SecAgg+ server holds); ``consensus`` (the largest ||x_i - x_j|| over edges); for a
 private run ``epsilon`` (the a-priori loss of every agent so far, sum of d alpha_k beta_k B, the

@@ -7,10 +7,11 @@ paper writes "Lap(0, beta_k)"). The mean of x_i^k[l] is Term A (uniform on an in
 the agent randomises its aggregation weights, one point when it does not) minus alpha_k times a gradient
 of f_i, plus public offsets; alpha_k = 1/D_i for Algorithm 1, eta_k for Algorithms 2 and 2*.
 
-Index convention (NOTES-004, G7). Iterations are k = 1..K: beta_k and alpha_k are the noise rate and the
-gradient factor of the update that produces x^k (the paper's beta_{k+1}, alpha_{k+1} for k = 0..K-1), so
-the default schedule is beta_k = 1.02^k for k = 1..K (:func:`rates`). Example (a)'s worst-case total is
-then 4.4587 (d = 14, alpha = 0.1, B = 0.01, K = 100); starting the powers at 0 would give 4.3713.
+Index convention (the paper's sums run over k = 0..K-1 in places, 1..K in others). Iterations are k = 1..K:
+beta_k and alpha_k are the noise rate and the gradient factor of the update that produces x^k (the paper's
+beta_{k+1}, alpha_{k+1} for k = 0..K-1), so the default schedule is beta_k = 1.02^k for k = 1..K
+(:func:`rates`). Example (a)'s worst-case total is then 4.4587 (d = 14, alpha = 0.1, B = 0.01, K = 100);
+starting the powers at 0 would give 4.3713.
 
 What each number is.
 
@@ -19,19 +20,20 @@ What each number is.
   iterates is pure epsilon-LDP (delta = 0) against all other agents colluding, who see every exchanged
   iterate of every round. Neighbouring: the agent's loss f_i replaced by any f_i' of its family F_i, with
   sup_x ||grad f_i(x) - grad f_i'(x)||_inf <= B = B_inf (the paper prints the sensitivity on function
-  values; the proofs shift the mean by alpha_k times the gradient difference: NOTES-004, G6). Trusted:
-  nobody; the agent's weights, its D_i and its noise stay with it. It holds whether or not the agent
+  values; the proofs of Theorems 2.2 and 2.3 shift the mean by alpha_k times the gradient difference).
+  Trusted: nobody; the agent's weights, its D_i and its noise stay with it. It holds whether or not the agent
   randomises its weights, and it does not depend on the data. :func:`relaxed_composition` (footnote 1)
   turns the same per-release values into an (epsilon', delta) guarantee.
 * The EX-POST loss of eq. (10) (:func:`ex_post`) is the privacy loss of the realised output, given the
   true interval tau of Term A's mean. tau is computed from the agent's own gradient, i.e. from its private
-  data, so the ex-post value is itself data-dependent (NOTES-004, G8): publishing it leaks. It is a
+  data, so the ex-post value is itself data-dependent (Sec. 5's "30% below" figures are such values):
+  publishing it leaks. It is a
   DIAGNOSTIC of how much the random aggregator amplified privacy in a run, never the guarantee.
 * gamma (Theorem 2.3, :func:`gamma`) is the EXPECTED ex-post loss of one release relative to the worst
   case, over the noise, for an interval of length omega: an amplification constant of the mechanism
   (a property of omega, beta and alpha B only), again not a guarantee. Eq. (11) as printed
   (:func:`gamma_eq11`) is NOT an upper bound of it: it is marginally below the exact value in many cells
-  (a branch choice in Appendix D; NOTES-004, G9), so the accounting uses the exact value.
+  (a branch choice in its derivation, Appendix D), so the accounting uses the exact value.
 
 A run's statement (:class:`Statement`, :func:`statement`) puts the a-priori guarantee of a configuration in
 words, with what it covers. It is not the project's ledger (:mod:`dpadmm.privacy.ledger`), which composes
@@ -95,8 +97,8 @@ def _check_powers(name: str, base: float, last: int, first: int = 1) -> None:
 
 
 def rates(rounds: int, growth: float = PAPER_GROWTH, first: int = 1) -> list[float]:
-    """The paper's Laplace rates beta_k = growth^k, k = 1..K by default (NOTES-004, G7; ``first=0`` gives the
-    other reading). ``growth`` >= 1 makes the noise diminish."""
+    """The paper's Laplace rates beta_k = growth^k, k = 1..K by default (``first=0`` gives the other
+    reading of its indices, k = 0..K-1). ``growth`` >= 1 makes the noise diminish."""
     if not (growth >= 1 and math.isfinite(growth)):
         raise ValueError(f"growth={growth!r} is not allowed; give a finite value >= 1 (rates that do not "
                          "fall, i.e. noise that does not grow)")
@@ -199,7 +201,8 @@ def _log_beta_mass(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, beta: to
         x > hi:        beta J = exp(-beta (x - hi)) (1 - exp(-beta (hi - lo)))
         lo <= x <= hi: beta J = (1 - exp(-beta (x - lo))) + (1 - exp(-beta (hi - x)))
 
-    (NOTES-004 section 3), with expm1 so that no branch overflows or cancels for large beta * distance.
+    (eq. (10) of Theorem 2.3, integrated in closed form), with expm1 so that no branch overflows or cancels
+    for large beta * distance.
     """
     width = -torch.expm1(-beta * (hi - lo))
     left = -beta * (lo - x).clamp(min=0) + torch.log(width)
@@ -242,7 +245,7 @@ def ex_post(x: Number, lo: Number, hi: Number, shift: Number, beta: Number) -> t
     Always <= beta s. Exactly beta s when x lies outside the interval (x <= lo or x >= hi: then x is also
     outside the interval shifted away from it, and g is linear there), so for lo == hi (no randomisation:
     the worst case) everywhere; strictly less when lo < x < hi and s > 0 (Theorem 2.2). The value depends
-    on the agent's private interval: a diagnostic, not the guarantee (module docstring; NOTES-004 G8).
+    on the agent's private interval: a diagnostic, not the guarantee (module docstring).
     """
     x, lo, hi, shift, beta = _tensors(x, lo, hi, shift, beta)
     if x.device.type == "cpu":  # a value check on an accelerator would make every call wait for it
@@ -324,7 +327,7 @@ def gamma_eq11(omega: float, beta: float, shift: float) -> float:
         Phi(x, y) = beta / (2 omega) e^{-beta |x - y|}.
 
     For x in [0, c] both inner integrals are the "inside" case of J, which integrates in closed form. NOT
-    an upper bound of :func:`gamma` (NOTES-004, G9): kept for comparison with the paper.
+    an upper bound of :func:`gamma` (Appendix D's branch choice): kept for comparison with the paper.
     """
     _check_positive("beta", beta)
     _check_positive("shift", shift)

@@ -7,7 +7,8 @@ given N and |E| is generated in each run", 10 runs. Here both are functions of t
   the seed and a constant of its own), agent i getting the i-th b of them (``partition='contiguous'``,
   the paper's IID agents) or the b that a label-skewed partition deals it from those rows
   (:func:`dpadmm.data.partition.equal_partition`, seeded by the same stream); rows scaled to unit norm
-  (the paper's "normalise rows"), labels +-1 (NOTES-004, G4);
+  (the paper's "normalise rows"), labels +-1 (Sec. 5 writes 0/1, with which its loss
+  log(1 + exp(-L x^T z)) would be constant for the label 0);
 - the graph: :func:`dpadmm.decentral.graphs.build` with the same seed (another stream);
 - x* = argmin sum_i f_i(x), the consensus optimum, by Newton's method on the d-dimensional problem
   (strongly convex: the regulariser gives every f_i curvature >= 1), to machine precision. The paper

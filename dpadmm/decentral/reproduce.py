@@ -3,10 +3,10 @@ open.
 
 The paper (004, Sec. 5 and Appendix E) runs logistic regression on UCI Adult, 100 samples per agent,
 10 runs each with a new random graph, 100 iterations, and plots the "accuracy logarithm"
-log ||x_i^k - x*|| / d (here: natural log, the mean over agents; NOTES-004 G13) with the best-to-worst
-band over the runs, and the cumulative privacy loss. Its numbers are two sentences: Algorithm 1's
-ex-post loss is "on average" 30% below the worst case (Fig. 2), and Algorithm 2*'s loss is "only 30%
-of [45]'s" (Huang, Mitra & Vaidya's noisy DGD) at about the same final utility (Fig. C). The cells here:
+log ||x_i^k - x*|| / d (here: natural log, the mean over agents; the paper names neither) with the
+best-to-worst band over the runs, and the cumulative privacy loss. Its numbers are two sentences: Algorithm
+1's ex-post loss is "on average" 30% below the worst case (Fig. 2), and Algorithm 2*'s loss is "only 30% of
+[45]'s" (Huang, Mitra & Vaidya's noisy DGD) at about the same final utility (Fig. C). The cells here:
 
 - **Fig. 2** (N = 10, |E| = 20) and **Fig. B** (N = 100, |E| = 200): Algorithm 1 with random weights
   against its fixed-parameter counterpart (w = 1/2, Gamma = D/2, rho = D/(2|N_i|): the paper's fixed

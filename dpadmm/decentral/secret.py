@@ -24,8 +24,8 @@ converged output reveals. With N - 1 colluders the last agent's value is the sum
 Arithmetic. numpy int64 with a modulus p <= 2^62, reduced after every addition, so that the sum of two
 residues (< 2^63) never overflows; the default p = 2^61 - 1 is a (Mersenne) prime. Reals are encoded in
 fixed point, round(v * scale) (default scale 2^20, a resolution of about 1e-6), negative values as p - |.|
-(NOTES-004, G14: p must exceed TWICE the largest |sum| times the scale, not the |sum| the paper prints,
-for signed values). Each agent's value must stay within :attr:`FixedPoint.bound` so that the signed sum
+(Appendix A's Algorithm 3 asks p above the largest |sum|; signed values need p above TWICE the largest
+|sum| times the scale). Each agent's value must stay within :attr:`FixedPoint.bound` so that the signed sum
 of N of them decodes.
 
 Randomness. The uniform shares come from what the caller passes: in simulation a seeded

@@ -13,7 +13,8 @@ ex-post accountant's tau_i^{k+1} (eq. (10)). With weights fixed at 1/2 the mean 
 release costs the worst case.
 
 The loss of agent i (Sec. 5): f_i(x) = (1/b_i) sum_j log(1 + exp(-L_j x^T z_j)) + ||x||^2 / 2, labels
-L_j = +-1 (NOTES-004, G4: the paper's 0/1 labels would make a sample's loss constant).
+L_j = +-1 (the paper writes 0/1 labels, which would make a sample of label 0 contribute the constant
+log 2 and no gradient).
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def neighbour_sums(x: torch.Tensor, adjacency: torch.Tensor) -> torch.Tensor:
 
 def neighbour_mean(x: torch.Tensor, adjacency: torch.Tensor, sums: torch.Tensor | None = None
                    ) -> torch.Tensor:
-    """x^_i = (1/|N_i|) sum_{j in N_i} x_j, [S, N, d] (NOTES-004, G3: N - 1 becomes |N_i| off the complete
-    graph); ``sums`` the neighbour sums as the agents learnt them (default: from x)."""
+    """x^_i = (1/|N_i|) sum_{j in N_i} x_j, [S, N, d] (Algorithm 1 is written for the complete graph, where
+    |N_i| = N - 1; the paper's experiments run on random graphs); ``sums`` the neighbour sums as the agents
+    learnt them (default: from x)."""
     sums = neighbour_sums(x, adjacency) if sums is None else sums
     return sums / adjacency.to(x.dtype).sum(dim=-1, keepdim=True)
 
@@ -129,7 +131,7 @@ def admm_dual(dual: torch.Tensor, x: torch.Tensor, adjacency: torch.Tensor, zeta
     """lambda_i^{k+1} = lambda_i^k + zeta sum_{j in N_i} (x_j^{k+1} - x_i^{k+1}), the sign that converges.
 
     004's Algorithm 1 prints a minus (``printed=True``), with which the iteration diverges for every zeta
-    (NOTES-004, G1; a regression test shows both). The plus is the general form's
+    (a regression test shows both). The plus is the general form's
     lambda <- lambda - zeta (sum_i A_i x_i - c) for the edge constraints. ``sums`` as in :func:`admm_step`."""
     sums = neighbour_sums(x, adjacency) if sums is None else sums
     disagreement = sums - adjacency.to(x.dtype).sum(dim=-1, keepdim=True) * x
@@ -166,7 +168,7 @@ def midrange_step(x: torch.Tensor, grad: torch.Tensor, closed: torch.Tensor, wei
     """Algorithm 2*'s update (eq. (28), any graph), before the noise: in every coordinate,
     x_i^{k+1} = w min_{j in N_i + i} x_j + (1 - w) max_{j in N_i + i} x_j - eta_{k+1} grad f_i(x_i^k).
     Term A is uniform on [min, max] of the closed neighbourhood (``closed`` [(S,) N, N] bool); it is the
-    mid-range in expectation, not the mean (NOTES-004, G12: biased when the f_i differ)."""
+    mid-range in expectation, not the mean (Appendix E): biased when the f_i differ."""
     big = torch.finfo(x.dtype).max
     inside = closed.unsqueeze(-1)  # [(S,) N, N, 1]
     values = x.unsqueeze(1)  # [S, 1, N, d]: agent j's iterate, seen from every i

@@ -14,7 +14,7 @@ honest, the noise it needs is heavy.
 
 ``noise = paper`` draws xi_m ~ N(0, sigma^2 (D_m^T D_m)^-1) on x_m (eq. (16)): the message noise
 D_m xi_m then lies in the column space of D_m, while the change of a message need not, so the
-Gaussian mechanism's guarantee does not follow (NOTES-001 section 6, item 6). It is run as the
+Gaussian mechanism's guarantee (Theorem 3) does not follow. It is run as the
 paper does and labelled not covered.
 
 Composition: a run is T releases per party; Corollary 1 (advanced composition, eq. (17)) gives
