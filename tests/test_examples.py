@@ -146,6 +146,17 @@ def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_an
     with pytest.raises(ValueError, match='3 SuperNodes but num-agents=5; run with --federation-config '
                                          '"num-supernodes=5"'):
         client_block({"partition-id": 0, "num-partitions": 3}, config)
+    sys.path.insert(0, str(DIGITS))
+    try:
+        from digits_app.dpfedavg import noise_multiplier
+    finally:
+        sys.path.remove(str(DIGITS))
+    z = noise_multiplier(8.0, 1e-5, 10, 5)
+    assert 2.0 < z < 2.05  # Flower's RdpAccountant: 10 Gaussian releases at eps = 8
+    for target in (0.0, float("inf"), 1e-6):  # no noise multiplier up to 1000 reaches 1e-6 in 10 rounds
+        refused = f"target-epsilon={target!r} is not allowed with method='dp-fedavg'"
+        with pytest.raises(ValueError, match=refused):
+            noise_multiplier(target, 1e-5, 10, 5)
 
 
 @pytest.mark.slow

@@ -158,8 +158,7 @@ def failed_cells(out: str | Path) -> list[dict[str, str]]:
 
 def mark_report(out: str | Path, report: str = "summary.md") -> list[dict[str, str]]:
     """Put the failed cells (:func:`failed_cells`) at the top of ``out/report``, so that nobody reads a grid
-    whose cells failed as a finished reproduction; returns them. A report built from no completed cell says
-    so first."""
+    whose cells failed as a finished reproduction; returns them."""
     failed = failed_cells(out)
     path = Path(out) / report
     if failed and path.exists():

@@ -11,6 +11,7 @@ global models, not against the server: it receives every clipped update without 
 
 from __future__ import annotations
 
+import math
 from logging import INFO
 
 import numpy as np
@@ -48,6 +49,9 @@ def noise_multiplier(target_epsilon: float, delta: float, rounds: int, clients: 
         return spent.get_epsilon(delta)
 
     low, high = 0.05, 1000.0
+    if not (0 < target_epsilon < math.inf) or epsilon(high) > target_epsilon:
+        raise ValueError(f"target-epsilon={target_epsilon!r} is not allowed with method='dp-fedavg': give an "
+                         f"epsilon > 0 that a noise multiplier up to {high:g} reaches in {rounds} rounds")
     while high / low > 1.001:
         low, high = ((low * high) ** 0.5, high) if epsilon((low * high) ** 0.5) > target_epsilon else \
             (low, (low * high) ** 0.5)
