@@ -844,8 +844,9 @@ def _train_folder(config: Any) -> tuple[Path, bool]:
     return fresh_path(base), False
 
 
-def _interrupted(folder: Path, saving: bool) -> str:
-    """What an interrupted `dpadmm train` says: which rounds its folder holds, and how to go on."""
+def _interrupted(folder: Path, saving: bool | None) -> str:
+    """What an interrupted `dpadmm train` says: which rounds its folder holds, and how to go on. ``saving``
+    None: a family whose engine keeps no checkpoint and whose privacy.json states the planned run."""
     import torch
 
     from dpadmm.runs.results import failure
@@ -853,8 +854,11 @@ def _interrupted(folder: Path, saving: bool) -> str:
     if failure(folder) is None:  # before the run's folder was written (loading the data, calibrating)
         return "dpadmm: interrupted before the run started; nothing was written"
     done = failure(folder)["completed-rounds"]
-    said = (f"dpadmm: interrupted after {done} completed round(s); {folder} is marked failed (failed.json) "
-            f"and its privacy.json states what those rounds spent")
+    said = f"dpadmm: interrupted after {done} completed round(s); {folder} is marked failed (failed.json)"
+    if saving is None:
+        return (f"{said}; its privacy.json states the planned run, of which those rounds spent a part. This "
+                "family's engine keeps no checkpoint: the same command starts a new run from round 1")
+    said += " and its privacy.json states what those rounds spent"
     path = folder / CHECKPOINT
     if saving and path.exists():  # mmap: the round without reading the whole state
         saved = int(torch.load(path, weights_only=True, mmap=True)["round"])
@@ -895,6 +899,9 @@ def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:
 def _family_command(args: argparse.Namespace, config: Any, family: Family) -> int:
     """``train`` and ``privacy`` for a family with ``privacy.stated`` (its ledger from the configuration
     alone) and ``engine.run`` / ``engine.summary`` (its run and the line that reports it): 002 and 001."""
+    from dpadmm.runs.results import fresh_path
+
+    folder = fresh_path(config.out or config.default_out())  # made only once the run starts
     try:
         privacy = importlib.import_module(f"dpadmm.{family.name}.privacy")
         if args.command == "privacy":
@@ -902,10 +909,13 @@ def _family_command(args: argparse.Namespace, config: Any, family: Family) -> in
             print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
             return 0
         engine = importlib.import_module(f"dpadmm.{family.name}.engine")
-        result = engine.run(config, progress=not args.no_progress)
+        result = engine.run(config, directories=[folder], progress=not args.no_progress)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main makes it the same): no traceback
+        print(_interrupted(folder, None), file=sys.stderr)
+        return 130
     print(engine.summary(config, result.records[0][-1]))
     print(result.ledger.summary() if result.ledger else "privacy: none (non-private run, no noise)")
     print(f"metrics: {(result.directories[0] / 'metrics.jsonl').resolve()}")

@@ -103,6 +103,30 @@ def test_a_signalled_train_marks_what_it_spent_and_the_same_command_resumes(tmp_
     assert planned["epsilon_pld"] == pytest.approx(8.0, rel=0.01) and planned["releases"] == 600
 
 
+@pytest.mark.slow
+def test_a_signalled_train_of_another_family_ends_in_one_line_and_marks_its_folder(tmp_path: Path,
+                                                                                  binary_dir: Path) -> None:
+    """DP-ADMM's engine keeps no checkpoint: SIGTERM still ends `dpadmm train` in one line (exit 130, no
+    traceback), its folder marked failed with the rounds completed, and the line says a rerun starts over."""
+    script = Path(sys.executable).with_name("dpadmm")
+    proc = subprocess.Popen([str(script), "train", "--algorithm", "dp-admm", "--dataset", "a9a", "--data-dir",
+                             str(binary_dir / "a9a"), "--rounds", "3000", "--no-progress", "--out", "run"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (
+            metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    failed = json.loads((tmp_path / "run" / "failed.json").read_text())
+    assert failed["completed-rounds"] >= 2 and failed["error"] == "KeyboardInterrupt"
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"dpadmm: interrupted after {failed['completed-rounds']} completed round(s); run")
+    assert "keeps no checkpoint: the same command starts a new run from round 1" in line
+
+
 def test_one_round_reports_the_model_it_trained(tmp_path: Path, dpadmm: Run) -> None:
     """Flower's convention: round t's metrics evaluate the model after round t's releases, so one round (which
     spends the whole budget) reports a trained model, not the zero model it started from (error 0.9, loss
