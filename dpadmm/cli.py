@@ -836,7 +836,8 @@ def _train_folder(config: Any) -> tuple[Path, bool]:
     The run's folder (``out``, or the default named after its privacy) when it holds an interrupted run
     with a checkpoint: the same command resumes it (a checkpoint of another configuration is refused by
     the engine, naming what differs). Otherwise a fresh folder, never overwriting a run."""
-    from dpadmm.runs.results import failure, fresh_path
+    from dpadmm.files import fresh_path
+    from dpadmm.runs.results import failure
 
     base = Path(config.out or config.default_out())
     if failure(base) is not None and (base / CHECKPOINT).exists() and not config.save_weights:
@@ -899,7 +900,7 @@ def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:
 def _family_command(args: argparse.Namespace, config: Any, family: Family) -> int:
     """``train`` and ``privacy`` for a family with ``privacy.stated`` (its ledger from the configuration
     alone) and ``engine.run`` / ``engine.summary`` (its run and the line that reports it): 002 and 001."""
-    from dpadmm.runs.results import fresh_path
+    from dpadmm.files import fresh_path
 
     folder = fresh_path(config.out or config.default_out())  # made only once the run starts
     try:

@@ -40,3 +40,14 @@ def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) 
             tmp.write_text(data, encoding="utf-8")
         else:
             tmp.write_bytes(data)
+
+
+def fresh_path(path: str | Path) -> Path:
+    """``path`` if it holds no run's metrics yet, else ``path_1``, ``path_2``, ...: never overwrite a run
+    (nothing is made: a run refused before it starts leaves no folder)."""
+    base = Path(path)
+    candidate, n = base, 0
+    while (candidate / "metrics.jsonl").exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}_{n}")
+    return candidate

@@ -20,23 +20,12 @@ import torch
 from torch import nn
 
 from dpadmm.data import Dataset
-from dpadmm.files import write_atomic
+from dpadmm.files import fresh_path, write_atomic
 from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logits, training_loss
 from dpadmm.models.modules import Params, logits_of
 from dpadmm.privacy.ledger import Ledger
 
 FAILED = "failed.json"
-
-
-def fresh_path(path: str | Path) -> Path:
-    """``path`` if it holds no metrics yet, else ``path_1``, ``path_2``, ...: never overwrite a run (nothing
-    is made: a run refused before it starts leaves no folder)."""
-    base = Path(path)
-    candidate, n = base, 0
-    while (candidate / "metrics.jsonl").exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}_{n}")
-    return candidate
 
 
 def fresh_directory(path: str | Path) -> Path:
