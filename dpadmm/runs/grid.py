@@ -3,8 +3,8 @@ on an existing Ray cluster, with the same results bit for bit.
 
 A grid is a list of :class:`Cell`: a family's run (a configuration and its seeds, a baseline, a
 reference solver) given as a function of a scratch folder that returns the cell's small results. The
-runner skips completed cells, resumes checkpointed ones, shows one bar over the cells (with the time
-left and the rounds of the cells running), and hands every result to the family's ``commit`` in the
+runner skips completed cells, resumes checkpointed ones, shows one bar over the cells on a terminal (with
+the time left and the rounds of the cells running), and hands every result to the family's ``commit`` in the
 grid's order, which writes it where the report reads it. Three ways to run the same cells:
 
 - ``workers=1`` (the default): one cell after another in this process;
@@ -41,6 +41,7 @@ import os
 import queue
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -575,7 +576,8 @@ class GridRunner:
         return self.out / SPOOL / (re.sub(r"[^A-Za-z0-9._=-]+", "_", cell.key) + ".json")
 
     def _grow_bar(self, total: int, done: int) -> None:
-        if not self.options.progress:
+        # On a terminal only: in a log file tqdm would redraw the bar around every log line.
+        if not self.options.progress or not sys.stderr.isatty():
             return
         if self._bar is None:
             from tqdm.auto import tqdm
