@@ -846,8 +846,8 @@ def _train_folder(config: Any) -> tuple[Path, bool]:
 
 
 def _interrupted(folder: Path, saving: bool | None) -> str:
-    """What an interrupted `dpadmm train` says: which rounds its folder holds, and how to go on. ``saving``
-    None: a family whose engine keeps no checkpoint and whose privacy.json states the planned run."""
+    """What an interrupted `dpadmm train` says: which rounds its folder holds, what its privacy.json states,
+    and how to go on. ``saving`` None: a family whose engine keeps no checkpoint."""
     import torch
 
     from dpadmm.runs.results import failure
@@ -856,10 +856,14 @@ def _interrupted(folder: Path, saving: bool | None) -> str:
         return "dpadmm: interrupted before the run started; nothing was written"
     done = failure(folder)["completed-rounds"]
     said = f"dpadmm: interrupted after {done} completed round(s); {folder} is marked failed (failed.json)"
+    privacy = folder / "privacy.json"
+    if privacy.exists():  # rewritten with what was spent where the family's ledger can say it
+        spent = "stopped-after-round" in json.loads(privacy.read_text())
+        said += (" and its privacy.json states what those rounds spent" if spent else
+                 "; its privacy.json states the planned run, of which those rounds spent a part")
     if saving is None:
-        return (f"{said}; its privacy.json states the planned run, of which those rounds spent a part. This "
-                "family's engine keeps no checkpoint: the same command starts a new run from round 1")
-    said += " and its privacy.json states what those rounds spent"
+        return (f"{said}. This family's engine keeps no checkpoint: the same command starts a new run from "
+                "round 1")
     path = folder / CHECKPOINT
     if saving and path.exists():  # mmap: the round without reading the whole state
         saved = int(torch.load(path, weights_only=True, mmap=True)["round"])

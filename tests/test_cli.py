@@ -107,7 +107,9 @@ def test_a_signalled_train_marks_what_it_spent_and_the_same_command_resumes(tmp_
 def test_a_signalled_train_of_another_family_ends_in_one_line_and_marks_its_folder(tmp_path: Path,
                                                                                   binary_dir: Path) -> None:
     """DP-ADMM's engine keeps no checkpoint: SIGTERM still ends `dpadmm train` in one line (exit 130, no
-    traceback), its folder marked failed with the rounds completed, and the line says a rerun starts over."""
+    traceback), its folder marked failed with the rounds completed and its privacy.json with what they spent
+    (the noise of Theorem 1 for the planned T, composed over the rounds done), and the line says a rerun
+    starts over."""
     script = Path(sys.executable).with_name("dpadmm")
     proc = subprocess.Popen([str(script), "train", "--algorithm", "dp-admm", "--dataset", "a9a", "--data-dir",
                              str(binary_dir / "a9a"), "--rounds", "3000", "--no-progress", "--out", "run"],
@@ -123,8 +125,12 @@ def test_a_signalled_train_of_another_family_ends_in_one_line_and_marks_its_fold
     failed = json.loads((tmp_path / "run" / "failed.json").read_text())
     assert failed["completed-rounds"] >= 2 and failed["error"] == "KeyboardInterrupt"
     line = err.strip().splitlines()[-1]
-    assert line.startswith(f"dpadmm: interrupted after {failed['completed-rounds']} completed round(s); run")
+    done = failed["completed-rounds"]
+    assert line.startswith(f"dpadmm: interrupted after {done} completed round(s); run")
+    assert "its privacy.json states what those rounds spent" in line
     assert "keeps no checkpoint: the same command starts a new run from round 1" in line
+    spent = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert spent["stopped-after-round"] == done and spent["whole_run"]["releases"] == done  # one per round
 
 
 def test_one_round_reports_the_model_it_trained(tmp_path: Path, dpadmm: Run) -> None:

@@ -24,6 +24,7 @@ iteration t) and ``elapsed`` (of iterations 1..t, evaluations excluded: the cloc
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,7 +232,8 @@ def run(config: LinAdmmConfig, seeds: Sequence[int] | None = None, *, problem: P
         ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     sigma = privacy.noise_std(config, n)
     constants = settings(config, problem.a)
-    writers = seed_writers(config, seeds, ledger, directories) if write else []
+    spent = functools.partial(privacy.ledger, config, n)
+    writers = seed_writers(config, seeds, ledger, directories, spent=spent) if write else []
     state = start(config, problem, len(seeds))
     y = torch.zeros(0)
 

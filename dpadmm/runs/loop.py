@@ -21,11 +21,13 @@ from dpadmm.runs.results import RunWriter, closing, progress_bar
 
 
 def seed_writers(config: Any, seeds: Sequence[int], ledger: Ledger | None,
-                 directories: Sequence[str | Path] | None = None) -> list[RunWriter]:
+                 directories: Sequence[str | Path] | None = None,
+                 spent: Callable[[int], Ledger] | None = None) -> list[RunWriter]:
     """A run folder per seed for a configuration dataclass with ``seed``, ``out``, ``default_out()`` and
     ``to_mapping()``: ``directories`` when given (the caller's, used as they are), else ``out`` (with a
     ``seed-<s>`` sub-folder each when there are several seeds), else each seed's default, never overwriting an
-    earlier run. Each gets config.json and, for a private run, privacy.json."""
+    earlier run. Each gets config.json and, for a private run, privacy.json; with ``spent`` (the ledger of the
+    first k rounds), a run that stops early rewrites it with what those rounds spent."""
     writers = []
     for i, seed in enumerate(seeds):
         own = dataclasses.replace(config, seed=seed)
@@ -38,6 +40,9 @@ def seed_writers(config: Any, seeds: Sequence[int], ledger: Ledger | None,
         writer = RunWriter(own.to_mapping(), engine="batched", directory=folder, fresh=directories is None)
         if ledger:
             writer.write_ledger(ledger)
+            if spent is not None:
+                writer.spent = lambda k, planned=ledger: dataclasses.replace(spent(k),
+                                                                             randomness=planned.randomness)
         writers.append(writer)
     return writers
 

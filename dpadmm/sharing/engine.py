@@ -25,6 +25,7 @@ the round) and ``elapsed`` (of rounds 1..t, evaluations excluded).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,7 +284,8 @@ def run(config: SharingConfig, seeds: Sequence[int] | None = None, *, problem: P
     if ledger:  # the engine simulates: every draw is keyed by the seed
         ledger = dataclasses.replace(ledger, randomness=statement([SIMULATION]))
     std = privacy.noise_std(config, problem.num_samples) if std is None else std
-    writers = seed_writers(config, seeds, ledger, directories) if write else []
+    spent = functools.partial(privacy.ledger, config, problem.num_samples)
+    writers = seed_writers(config, seeds, ledger, directories, spent=spent) if write else []
     state = initial_state(problem, len(seeds))
 
     def step(t: int) -> None:

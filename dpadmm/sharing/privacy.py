@@ -32,6 +32,7 @@ them and computes z and y from them), and the test-time scores.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -77,9 +78,12 @@ def _smallest_epsilon(config: SharingConfig) -> float:
     return composed_epsilon(Release("gaussian", sys.float_info.max), 1, config.delta)[0]
 
 
-def ledger(config: SharingConfig, num_samples: int) -> Ledger:
-    """The ledger of one party's T releases (every party makes the same ones); a ValueError for a non-private
+def ledger(config: SharingConfig, num_samples: int, rounds: int | None = None) -> Ledger:
+    """The ledger of one party's T releases (every party makes the same ones), or of the first ``rounds``
+    (a run that stopped early; each round's noise is Theorem 3's either way); a ValueError for a non-private
     configuration."""
+    if rounds is not None:
+        config = dataclasses.replace(config, rounds=rounds)
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with epsilon=inf adds no noise: it is not "
                          "differentially private")
