@@ -24,7 +24,7 @@ import tomllib
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -41,7 +41,7 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 REQUIRE_DATA = os.environ.get("DPADMM_REQUIRE_DATA") == "1"
 
 
-def missing_data(reason: str) -> None:
+def missing_data(reason: str) -> NoReturn:
     """Skip a test whose data this machine does not have (fail it under ``DPADMM_REQUIRE_DATA=1``)."""
     if REQUIRE_DATA:
         pytest.fail(f"{reason} (DPADMM_REQUIRE_DATA=1: the data must be here)")
