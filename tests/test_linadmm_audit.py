@@ -19,6 +19,7 @@ TRIALS = 20_000
 LOUD = LinAdmmConfig(target_epsilon=5.0, rounds=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("neighbouring", ["add-remove", "replace-one"])
 def test_the_noisy_gradient_stays_below_its_claim(neighbouring: str) -> None:
     result = audit(dataclasses.replace(LOUD, neighbouring=neighbouring), trials=TRIALS)
@@ -26,6 +27,7 @@ def test_the_noisy_gradient_stays_below_its_claim(neighbouring: str) -> None:
     assert result.delta == LOUD.delta
 
 
+@pytest.mark.slow
 def test_halved_noise_is_caught() -> None:
     def halved(total: torch.Tensor, n: int, seeds: list[int], t: int, std: float) -> torch.Tensor:
         return engine.release(total, n, seeds, t, std / 2)
@@ -34,6 +36,7 @@ def test_halved_noise_is_caught() -> None:
     assert result.exceeded, result.line()
 
 
+@pytest.mark.slow
 def test_skipped_clipping_is_caught() -> None:
     def unclipped(features: torch.Tensor, labels: torch.Tensor, x: torch.Tensor, clip: float | None
                   ) -> torch.Tensor:

@@ -85,6 +85,7 @@ print(json.dumps({"exit": code, "mapped": mallinfo2().hblkhd - before}))
 """
 
 
+@pytest.mark.slow
 def test_the_dpadmm_command_keeps_freed_memory_and_a_caller_of_main_is_left_alone() -> None:
     def probe(how: str) -> dict:
         done = subprocess.run([sys.executable, "-c", _COMMAND, how], capture_output=True, text=True,

@@ -214,6 +214,7 @@ print(json.dumps({"native": native.library() is not None, "sum": float(x.sum()),
 """
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_torch_path_runs_with_a_note(tmp_path) -> None:
     built = _in_fresh_process(_PROBE)
     broken = _in_fresh_process(_PROBE, CC=str(tmp_path / "no-such-cc"), DPADMM_CACHE=str(tmp_path / "cache"))

@@ -85,6 +85,7 @@ def test_the_label_skew_is_flower_datasets_partition(mnist_labels: np.ndarray) -
         assert np.array_equal(flower, np.sort(labels[block]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["a9a", "ijcnn1"])
 def test_binary_labels_are_skewed_too(binary_dir: Path, name: str) -> None:
     """Two classes: Dirichlet(0.1) cannot give 50 agents 10 samples each (Flower's rule refuses it), 0.5

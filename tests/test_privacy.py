@@ -84,6 +84,7 @@ def test_calibration_round_trip(algorithm: str, target: float, rounds: int) -> N
     assert achieved <= target and achieved == pytest.approx(target, rel=0.03)
 
 
+@pytest.mark.slow
 def test_calibration_of_the_papers_setting_recovers_eps_bar() -> None:
     calibrated = privacy.calibrate(papers(algorithm="objpm", local_steps=10, rounds=20_000,
                                              target_epsilon=339.5))

@@ -153,6 +153,7 @@ def test_bad_grid_values_are_named() -> None:
         GridConfig(iadmm_steps=(0,))
 
 
+@pytest.mark.slow
 def test_a_cell_whose_run_fails_is_not_complete_and_runs_again(tmp_path: Path, mnist_dir: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A cell whose run raises in round 3 (a fault injected into the engine's round, as a crash would) leaves

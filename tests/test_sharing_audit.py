@@ -18,6 +18,7 @@ TRIALS = 20_000
 CONFIG = SharingConfig(epsilon=1.0)
 
 
+@pytest.mark.slow
 def test_the_message_stays_below_its_claim() -> None:
     result = audit(CONFIG, trials=TRIALS)
     assert result.bound <= result.claim, result.line()
@@ -28,6 +29,7 @@ def test_the_papers_noise_is_refuted() -> None:
     assert result.exceeded, result.line()
 
 
+@pytest.mark.slow
 def test_noise_for_one_sample_is_caught() -> None:
     """sigma from the sensitivity of one score, 2b, instead of the message's 2b sqrt(N)."""
     def one_sample(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
