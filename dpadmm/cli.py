@@ -856,11 +856,8 @@ def _interrupted(folder: Path, saving: bool | None) -> str:
         return "dpadmm: interrupted before the run started; nothing was written"
     done = failure(folder)["completed-rounds"]
     said = f"dpadmm: interrupted after {done} completed round(s); {folder} is marked failed (failed.json)"
-    privacy = folder / "privacy.json"
-    if privacy.exists():  # rewritten with what was spent where the family's ledger can say it
-        spent = "stopped-after-round" in json.loads(privacy.read_text())
-        said += (" and its privacy.json states what those rounds spent" if spent else
-                 "; its privacy.json states the planned run, of which those rounds spent a part")
+    if (folder / "privacy.json").exists():  # a private run's, rewritten with what was spent
+        said += " and its privacy.json states what those rounds spent"
     if saving is None:
         return (f"{said}. This family's engine keeps no checkpoint: the same command starts a new run from "
                 "round 1")

@@ -135,18 +135,26 @@ def configured(run_config: Mapping[str, Any]) -> Any:
 
 @contextmanager
 def run_folder(config: Any, ledger: Ledger | Statement | None,
-               kinds: Callable[[], Iterable[str]] | None = None) -> Iterator[RunWriter]:
+               kinds: Callable[[], Iterable[str]] | None = None, *,
+               released: Callable[[], int] = lambda: 0,
+               spent: Callable[[int], Ledger | Statement] | None = None) -> Iterator[RunWriter]:
     """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
-    runs and closed whatever happens (marked failed, failed.json, when the strategy raises). At the end,
-    ``kinds`` (the kinds of randomness the nodes reported, :mod:`clients.randomness`) goes into the
-    statement, privacy.json is written again with it, and the statement's summary is logged."""
+    runs and closed whatever happens: when the strategy raises, the folder is marked failed (failed.json)
+    and privacy.json states ``spent(released())``, what the rounds with releases spent (a round in flight
+    counts: its nodes may have released), not the planned run. At the end, ``kinds`` (the kinds of
+    randomness the nodes reported, :mod:`clients.randomness`) goes into the statement, privacy.json is
+    written again with it, and the statement's summary is logged."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
                        fresh=True)
     log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
     if ledger:
         writer.write_ledger(ledger)
+        writer.spent = spent
     with closing([writer]):
-        yield writer
+        try:
+            yield writer
+        finally:  # before closing() marks a failed folder
+            writer.completed = released()
     if ledger and kinds is not None:
         ledger = dataclasses.replace(ledger, randomness=statement(set(kinds())))
         writer.write_ledger(ledger)
@@ -181,7 +189,8 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
     # first: the strategy refuses what it cannot run, and the nodes what they cannot, before a folder is made
     strategy = SecureSum(config, agents) if config.exchange == "secret" else GraphRouter(config, agents)
     strategy.roster.admit(grid)
-    with run_folder(config, stated, lambda: strategy.kinds.values()) as writer:
+    with run_folder(config, stated, lambda: strategy.kinds.values(), released=lambda: strategy.sent,
+                    spent=lambda k: decentral_privacy.spent(config, FEATURES[config.dataset], k)) as writer:
         if isinstance(strategy, SecureSum):
             decentral_secure(grid, context, config, strategy, problem, writer)
         else:
@@ -269,7 +278,9 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
             objective, record["test-accuracy"], majority, record["primal-residual"])
         return metric_record(record)
 
-    with run_folder(config, ledger) as writer:
+    # the server releases (its noise) in each round's aggregation, which sets strategy.round
+    with run_folder(config, ledger, released=lambda: strategy.round,
+                    spent=lambda t: linadmm_privacy.ledger(config, problem.num_samples, t)) as writer:
         strategy.start(grid=grid, evaluate_fn=lambda t, state, y: evaluate(writer, t, state, y))
 
 
@@ -301,7 +312,8 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     strategy = ADMMSharing(config, labels, test_labels, digest)
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
     strategy.roster.admit(grid)  # the parties refuse what they cannot run, before a run folder is made
-    with run_folder(config, ledger, lambda: strategy.kinds.values()) as writer:
+    with run_folder(config, ledger, lambda: strategy.kinds.values(), released=lambda: strategy.sent,
+                    spent=lambda t: sharing_privacy.ledger(config, len(labels), t)) as writer:
 
         def evaluate(t: int, record: dict[str, float]) -> MetricRecord:
             record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
@@ -361,9 +373,14 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
             record.get("consensus-violation", float("nan")))
         return metric_record(record)
 
+    if ledger:  # a run that stops early states what its agents spent (each was asked strategy.taken rounds)
+        writer.spent = lambda k: privacy.ledger(config, rounds=k, total_samples=dataset.num_train)
     with closing([writer]):
-        strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,
-                       evaluate_fn=evaluate)
+        try:
+            strategy.start(grid=grid, num_rounds=config.rounds, timeout=config.round_timeout,
+                           evaluate_fn=evaluate)
+        finally:  # before closing() marks a failed folder
+            writer.completed = max(strategy.taken)
     ledger = strategy.statement(total_samples=dataset.num_train)
     if ledger:  # what the agents reported using (clients.randomness), said in the statement and privacy.json
         writer.write_ledger(ledger)

@@ -84,6 +84,7 @@ class GraphRouter(Strategy):
         self.rejected: list[tuple[int, int, str]] = []  # (iteration, agent, reason)
         self.seconds = 0.0  # of the last iteration, from sending the iterates to the last reply
         self.elapsed = 0.0  # of iterations 1..k, as the engine's ``elapsed``
+        self.sent = 0  # the last iteration sent out: a run stopped in it counts the releases up to it
         self.run_identity = new_run_identity()  # what the deployed agents bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
         # the mechanism this run's statement covers: an iterate that states another is rejected
@@ -117,6 +118,7 @@ class GraphRouter(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Send every agent its own and its neighbours' iterates of the last iteration."""
+        self.sent = server_round
         holders = self.roster.bind(grid)
         missing = sorted(set(range(self.n)) - set(holders))
         if missing:
@@ -209,6 +211,7 @@ class SecureSum(LegacyStrategy):
         self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}")
         self.total = engine.initial_state(agents, [config.seed]).x[0].sum(dim=0)  # S^0
         self.summed = 0  # the last iteration whose sum arrived
+        self.sent = 0  # the last iteration sent out: a run stopped in it counts the releases up to it
         self.started = 0.0
         self.seconds = 0.0  # of the last iteration, from sending S^{k-1} to the sum S^k
         self.elapsed = 0.0
@@ -230,6 +233,7 @@ class SecureSum(LegacyStrategy):
                                f"{self.n} agents' nodes connected within node-timeout="
                                f"{self.config.node_timeout:g} s; Algorithm 1 needs all of them")
         self.started = time.perf_counter()
+        self.sent = server_round
         instruction = FitIns(parameters, {"server-round": server_round, IDENTITY_KEY: self.run_identity})
         return [(proxy, instruction) for proxy in client_manager.sample(self.n, min_num_clients=self.n)]
 

@@ -83,6 +83,7 @@ class ADMMSharing(Strategy):
         self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
         self.seconds = 0.0  # of the last round: from sending s - z and y to the new z and y
         self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``
+        self.sent = 0  # the last round sent out: a run stopped in it counts the parties' releases up to it
         self.run_identity = new_run_identity()  # what deployed parties bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each party last reported (clients.randomness)
         # the mechanism this run's statement covers: a message that states another is rejected
@@ -134,6 +135,7 @@ class ADMMSharing(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Send every party s - z and y (and, after a fault, the message the server holds of it)."""
+        self.sent = server_round
         pulled = (self.messages.sum(dim=1) - self.z)[0].cpu().numpy()
         dual = self.y[0].cpu().numpy()
         messages = []

@@ -26,6 +26,7 @@ FAULTS = {
     (1, 4): "late",
     (2, 4): "malformed",
     (3, 5): "mechanism",  # a client that ran another mechanism than the server states (no calibration)
+    (4, 6): "refuse",  # a node that can no longer use its data (a fault that would repeat): the run ends
 }
 
 app = ClientApp()
@@ -43,6 +44,8 @@ def train(msg: Message, context: Context) -> Message:
     fault = FAULTS.get((p, t))
     if fault == "raise":
         raise RuntimeError(f"injected failure of agent {p} in round {t}")
+    if fault == "refuse":
+        return client_app.refusal(msg, f"injected refusal of agent {p}'s data in round {t}")
     reply = client_app.train(msg, context)
     if fault is None:
         return reply

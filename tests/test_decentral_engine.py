@@ -99,6 +99,33 @@ def test_a_run_writes_its_metrics(tmp_path: Path, adult: Dataset) -> None:
     assert statement["covered"] and statement["releases"] == 3
 
 
+def test_an_interrupted_run_states_what_its_completed_iterations_spent(
+        tmp_path: Path, adult: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM, which the CLI turns into it) during iteration 4 of 10: failed.json says 3 were
+    completed and privacy.json states their loss, the epsilon the metrics of iteration 3 report plus the
+    grid's 3 costs, with the run's randomness; the planned run's statement is gone."""
+    config = _config(algorithm="ldp-admm", target_epsilon=2.0, rounds=10)
+    real = engine.ex_post_step
+
+    def stop_at_4(config: DecentralConfig, x: torch.Tensor, released: updates.Released, k: int
+                  ) -> torch.Tensor:
+        if k == 4:
+            raise KeyboardInterrupt
+        return real(config, x, released, k)
+
+    monkeypatch.setattr(engine, "ex_post_step", stop_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(config, dataset=adult, directories=[tmp_path / "run"], progress=False)
+    run = tmp_path / "run"
+    assert json.loads((run / "failed.json").read_text())["completed-rounds"] == 3
+    third = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    stated = json.loads((run / "privacy.json").read_text())
+    assert third["round"] == 3 and stated["stopped-after-round"] == 3 and stated["releases"] == 3
+    assert stated["epsilon"] == pytest.approx(third["epsilon"] + 3 * secure.laplace_epsilon_cost(), rel=1e-12)
+    assert stated["epsilon"] == pytest.approx(2.0 * 3 / 10, rel=1e-6)  # every release costs eps / K
+    assert "simulation randomness" in stated["randomness"]
+
+
 @pytest.mark.parametrize(("algorithm", "changes"), [
     ("ldp-admm", {}), ("ldp-dgd", {"graph": "complete"}), ("ldp-dgd-star", {}), ("dgd", {}),
 ])

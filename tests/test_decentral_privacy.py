@@ -316,3 +316,19 @@ def test_a_target_no_rates_meet_is_refused_in_one_line(changes: dict, refusal: s
         with pytest.raises(ValueError, match=refusal) as refused:
             call()
         assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("changes", [{}, {"target_epsilon": 2.0},
+                                     {"algorithm": "dgd", "step_decay": 0.9, "target_epsilon": 2.0}])
+def test_a_stopped_run_states_what_its_first_releases_spent(changes: dict) -> None:
+    """A run stopped after k of its K releases spent the sum over its first k rates, which are the planned
+    run's (a calibrated rate depends on K), plus k grid costs; after all K it spent the planned statement."""
+    config = DecentralConfig(rounds=20, **changes)
+    alphas, betas = privacy.schedule(config, 14)
+    spent = privacy.spent(config, 14, 7)
+    paper = privacy.worst_case(14, alphas[:7], betas[:7], config.bound)
+    assert spent.releases == 7 and spent.grid == 7 * laplace_epsilon_cost()
+    assert spent.epsilon == pytest.approx(paper + spent.grid, rel=1e-12)
+    assert spent.noise == privacy.statement(config, 14).noise
+    assert privacy.spent(config, 14, 20).epsilon == pytest.approx(privacy.statement(config, 14).epsilon,
+                                                                  rel=1e-12)

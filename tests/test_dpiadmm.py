@@ -9,16 +9,17 @@ with exactly the w of the engine run on the same participation.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from dpadmm.iadmm import engine, schedules
+from dpadmm.iadmm import engine, privacy, schedules
 from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
-from dpadmm.runs.results import read_jsonl, read_metrics
+from dpadmm.runs.results import failure, read_jsonl, read_metrics
 from strategies import DPIADMM
 from tests.conftest import flower_app, flwr_run, run_config_of
 from tests.faulty_clientapp import FAULTS
@@ -54,11 +55,19 @@ def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: dict[str, str],
                                                                     tmp_path: Path) -> None:
-    config = papers(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=5, seed=0,
+    config = papers(algorithm="objpm", local_steps=2, epsilon=0.5, num_agents=5, rounds=6, seed=0,
                        fraction_train=0.8, out=str(tmp_path / "run"), save_weights=True)
     output = flwr_run(flwr_env, run_config_of(config), supernodes=5,
                       app=flower_app(tmp_path, "faulty_clientapp"))
-    assert "dpadmm round 5/5: test error" in output
+    assert "dpadmm round 5/6: test error" in output
+    # Round 6: agent 4 refuses its data, which ends the run; the folder is marked failed and privacy.json
+    # states what the agents spent (agent 2 was asked in all 6 rounds), not the planned run.
+    reason = "injected refusal of agent 4's data in round 6"
+    failed = failure(tmp_path / "run")
+    assert failed is not None and failed["reason"].endswith(reason) and failed["last-round"] == 5
+    stated = json.loads((tmp_path / "run" / "privacy.json").read_text())
+    assert stated["stopped-after-round"] == 6 and stated["whole_run"]["releases"] == 6 * 2
+    assert stated["whole_run"]["epsilon_pld"] == pytest.approx(privacy.spent(config, 6), rel=1e-9)
 
     rounds = read_jsonl(tmp_path / "run" / "rounds.jsonl")
     assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5]

@@ -52,9 +52,10 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
     """Party 1 sends a non-finite message in round 2 and a too long one in round 4; party 0 fails in round 3.
     Each is rejected with its reason; the server uses the party's last accepted message and sends it back
     to the party, and every round equals the engine's functions run with the same substitutions. In round 6
-    party 1 refuses its data, a fault that would repeat: the run ends as failed, its folder marked so."""
+    party 1 refuses its data, a fault that would repeat: the run ends as failed, its folder marked so, and
+    privacy.json states what the rounds sent spent."""
     out = tmp_path / "run"
-    config = SharingConfig(epsilon=1.0, rounds=6, data_dir=str(binary_dir / "a9a"), x_bound=0.5, seed=2,
+    config = SharingConfig(epsilon=1.0, rounds=7, data_dir=str(binary_dir / "a9a"), x_bound=0.5, seed=2,
                            out=str(out))
     output = flwr_run(flwr_env, run_config_of(config), supernodes=2,
                       app=flower_app(tmp_path, "faulty_sharing_clientapp"))
@@ -68,6 +69,9 @@ def test_faulty_parties_are_rejected_and_the_round_uses_their_last_message(flwr_
     status, details = last_run_status(flwr_env)
     assert status == "finished:failed" and details.endswith(reason)
     assert failure(out)["reason"].endswith(reason) and failure(out)["last-round"] == 5
+    # privacy.json states the 6 rounds sent (party 0 released in round 6), not the 7 planned
+    stated = json.loads((out / "privacy.json").read_text())
+    assert stated["stopped-after-round"] == 6 and stated["whole_run"]["releases"] == 6
     flower = read_metrics(out)
     assert [r["round"] for r in flower] == [1, 2, 3, 4, 5]
 

@@ -32,6 +32,7 @@ the shares of the engine's Algorithm 3 (on Flower, SecAgg+ draws its own masks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,7 +320,8 @@ def run(config: DecentralConfig, seeds: Sequence[int] | None = None, *, dataset:
     statement = privacy.statement(config, d) if config.private else None
     if statement:  # the engine simulates: every draw is keyed by the seed
         statement = dataclasses.replace(statement, randomness=randomness_statement([SIMULATION]))
-    writers = seed_writers(config, seeds, statement, directories) if write else []  # privacy.json
+    writers = seed_writers(config, seeds, statement, directories,  # privacy.json
+                           spent=functools.partial(privacy.spent, config, d)) if write else []
     state = start(config, problem.agents, seeds)
     spent = torch.zeros(state.x.shape[:2], dtype=torch.float64, device=state.x.device)
 

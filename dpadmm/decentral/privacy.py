@@ -472,6 +472,16 @@ def statement(config: DecentralConfig, d: int) -> Statement:
                      covered=config.covered, noise=noise, note=note, grid=grid)
 
 
+def spent(config: DecentralConfig, d: int, releases: int) -> Statement:
+    """The statement of a run that stopped after its first ``releases`` of K: their sum of d alpha_k beta_k B
+    plus their grid's cost. The rates of those releases are the planned run's: beta_k = noise-growth^k does
+    not depend on K, and a rate calibrated to eps over K (Theorems 3.3, 3.4) is the one calibrated to
+    eps k / K over k releases, each of which costs eps / K."""
+    short = dataclasses.replace(config, rounds=releases,
+                                target_epsilon=config.target_epsilon * releases / config.rounds)
+    return dataclasses.replace(statement(short, d), noise=statement(config, d).noise)
+
+
 def mechanism_of(config: DecentralConfig, d: int) -> str:
     """What one agent releases over the run, as its reply states it and the router checks it: Laplace noise
     whose rates give the a-priori epsilon of :func:`statement` for d coordinates; "none" without noise."""

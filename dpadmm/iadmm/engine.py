@@ -174,7 +174,7 @@ def run_seeds(
                                      fresh=not own, save_weights=c.save_weights, resume_round=saved))
             if ledger:
                 writers[-1].write_ledger(ledger)
-                writers[-1].spent = functools.partial(_spent, config, ledger, dataset.num_train)
+                writers[-1].spent = functools.partial(privacy.ledger, config, total_samples=dataset.num_train)
     records: list[list[dict[str, Any]]] = [list(w.kept) for w in writers] or [[] for _ in seeds]
     bar = progress_bar(config.rounds, progress, initial=first - 1)
     last_save = time.monotonic()
@@ -221,12 +221,6 @@ def run_seeds(
                      ledger=ledger, directory=writers[i].directory if writers else None)
         for i, c in enumerate(configs)
     ]
-
-
-def _spent(config: RunConfig, planned: Ledger, total_samples: int, rounds: int) -> Ledger:
-    """The ledger of an agent after the first ``rounds`` rounds of a run planned as ``planned``."""
-    return dataclasses.replace(privacy.ledger(config, rounds=rounds, total_samples=total_samples),
-                               randomness=planned.randomness)
 
 
 def step(config: RunConfig, data: AgentData, state: EngineState, t: int,

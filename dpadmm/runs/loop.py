@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 
-from dpadmm.privacy.ledger import Ledger
 from dpadmm.runs.results import RunWriter, closing, progress_bar
 
 
-def seed_writers(config: Any, seeds: Sequence[int], ledger: Ledger | None,
+def seed_writers(config: Any, seeds: Sequence[int], ledger: Any,
                  directories: Sequence[str | Path] | None = None,
-                 spent: Callable[[int], Ledger] | None = None) -> list[RunWriter]:
+                 spent: Callable[[int], Any] | None = None) -> list[RunWriter]:
     """A run folder per seed for a configuration dataclass with ``seed``, ``out``, ``default_out()`` and
     ``to_mapping()``: ``directories`` when given (the caller's, used as they are), else ``out`` (with a
     ``seed-<s>`` sub-folder each when there are several seeds), else each seed's default, never overwriting an
@@ -40,9 +39,7 @@ def seed_writers(config: Any, seeds: Sequence[int], ledger: Ledger | None,
         writer = RunWriter(own.to_mapping(), engine="batched", directory=folder, fresh=directories is None)
         if ledger:
             writer.write_ledger(ledger)
-            if spent is not None:
-                writer.spent = lambda k, planned=ledger: dataclasses.replace(spent(k),
-                                                                             randomness=planned.randomness)
+            writer.spent = spent
         writers.append(writer)
     return writers
 

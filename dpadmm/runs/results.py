@@ -8,6 +8,7 @@ nobody takes its partial metrics for a result (:func:`failure`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,7 +24,6 @@ from dpadmm.data import Dataset
 from dpadmm.files import fresh_path, write_atomic
 from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logits, training_loss
 from dpadmm.models.modules import Params, logits_of
-from dpadmm.privacy.ledger import Ledger
 
 FAILED = "failed.json"
 
@@ -99,7 +99,8 @@ class RunWriter:
         # Rounds finished (evaluated or not), set by the engine's loop; with ``spent`` (the ledger of the
         # first k rounds), a run that stops early rewrites privacy.json with what it spent.
         self.completed = resume_round or 0
-        self.spent: Callable[[int], Ledger] | None = None
+        self.spent: Callable[[int], Any] | None = None
+        self.ledger: Any = None  # the statement last written to privacy.json
         self._resume_round = resume_round
         self._metrics, self.kept = self._open_log("metrics.jsonl")
         self._rounds: Any = None
@@ -117,8 +118,11 @@ class RunWriter:
             path.unlink(missing_ok=True)
         return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115
 
-    def write_ledger(self, ledger: Ledger) -> None:
-        """privacy.json: the run's full privacy ledger (written before training starts)."""
+    def write_ledger(self, ledger: Any) -> None:
+        """privacy.json: the run's privacy statement (a :class:`~dpadmm.privacy.ledger.Ledger`, or a family's
+        own with ``to_dict`` and ``randomness``), written before training starts and again as the run learns
+        more."""
+        self.ledger = ledger
         data = {key: json_value(v) for key, v in ledger.to_dict().items()}
         (self.directory / "privacy.json").write_text(json.dumps(data, indent=2, default=json_value) + "\n")
 
@@ -162,10 +166,12 @@ class RunWriter:
 
     def _write_spent(self) -> None:
         """privacy.json of a run that stopped after ``completed`` rounds: the ledger of those rounds, not of
-        the rounds planned (nothing was released before round 1 finished)."""
+        the rounds planned (nothing was released before round 1 finished), with the randomness the planned
+        statement names."""
         if self.completed:
             assert self.spent is not None
-            self.write_ledger(self.spent(self.completed))
+            self.write_ledger(dataclasses.replace(self.spent(self.completed),
+                                                  randomness=self.ledger.randomness))
             data = json.loads((self.directory / "privacy.json").read_text())
         else:
             data = {"released": "nothing: the run stopped before round 1 finished"}
