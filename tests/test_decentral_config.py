@@ -57,3 +57,11 @@ def test_pyproject_holds_the_defaults_in_the_familys_table() -> None:
     """[tool.flwr.app.config.decentral] is every key but `algorithm`, which is the app's top-level one."""
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]["decentral"]
     assert table == {k: v for k, v in DecentralConfig().to_mapping().items() if k != "algorithm"}
+
+
+def test_a_run_folder_names_the_epsilon_it_was_calibrated_to() -> None:
+    """A calibrated run's folder names its pure, whole-run epsilon; an uncalibrated one its noise growth (its
+    epsilon depends on K and d); a run without noise says so."""
+    assert DecentralConfig(target_epsilon=2.0).default_out() == "runs/ldp-admm-random-adult-eps2-seed0"
+    assert DecentralConfig().default_out() == "runs/ldp-admm-random-adult-beta1.02-seed0"
+    assert DecentralConfig(noise="none").default_out() == "runs/ldp-admm-random-adult-nonprivate-seed0"

@@ -176,5 +176,8 @@ class DecentralConfig(keys.Keyed):
         return 1 / self.penalty if self.algorithm == "ldp-admm" else self.step_decay**k
 
     def default_out(self) -> str:
-        noise = f"beta{self.noise_growth:g}" if self.private else "nonprivate"
+        """runs/<algorithm>-<weights>-<dataset>-<noise>-seed<s>: the noise by the epsilon it was calibrated
+        to (pure, per agent, the whole run), else by its growth (whose epsilon depends on K and d)."""
+        noise = ("nonprivate" if not self.private else f"eps{self.target_epsilon:g}" if self.target_epsilon
+                 else f"beta{self.noise_growth:g}")
         return f"runs/{self.algorithm}-{self.weights}-{self.dataset}-{noise}-seed{self.seed}"
