@@ -395,8 +395,12 @@ def single_release(release: Release, delta: float) -> float:
     if release.mechanism == "laplace":
         return 1.0 / release.deployed_multiplier
     import dp_accounting
+    import numpy as np
 
-    return _at(lambda d: dp_accounting.get_epsilon_gaussian(release.deployed_multiplier, d), 1, delta)
+    # Its search evaluates log(e^x - e^y) at y = x, where -inf is the right value; NumPy would print a
+    # divide-by-zero RuntimeWarning into the user's terminal for it.
+    with np.errstate(divide="ignore"):
+        return _at(lambda d: dp_accounting.get_epsilon_gaussian(release.deployed_multiplier, d), 1, delta)
 
 
 def basic_composition(epsilon: float, releases: int) -> float:
