@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import logging
 import re
 import shutil
 import socket
@@ -304,21 +303,22 @@ def test_complete_data_dir_needs_no_network(
     assert not cache.parent.exists()
 
 
-def test_incomplete_data_dir_warns_and_uses_the_cache(
-    mirror: Mirror, cache: Path, mnist_gz: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_an_incomplete_data_dir_is_refused_not_replaced_by_the_cache(
+    mirror: Mirror, cache: Path, mnist_gz: Path, tmp_path: Path
 ) -> None:
+    """A folder that lacks MNIST files (another data set's, a partial copy) is refused, naming what it lacks
+    and how to use the cache: training on the cache's files instead would leave a config.json that names
+    a folder the run never read. Nothing is downloaded, the cache is not touched, the folder not written."""
     mine = tmp_path / "mine"
     _seed(mine, mnist_gz, (TEST_LABELS,))
-    _seed(cache, mnist_gz, (TRAIN_IMAGES, TRAIN_LABELS))
-    with caplog.at_level(logging.WARNING, logger="dpadmm.data.download"):
-        data = load_dataset("mnist", mine)
-    assert data.num_test == 10000
-    assert mirror.requests == [f"/good/mnist/{TEST_IMAGES}.gz", f"/good/mnist/{TEST_LABELS}.gz"]
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert str(mine.resolve()) in warnings[0] and str(cache) in warnings[0]
-    assert TRAIN_IMAGES in warnings[0] and "DPADMM_CACHE" in warnings[0]
-    assert _listing(mine) == [f"{TEST_LABELS}.gz"]  # the user's folder is not written to
+    _seed(cache, mnist_gz, MNIST_FILES)
+    with pytest.raises(FileNotFoundError) as info:
+        load_dataset("mnist", mine)
+    message = str(info.value)
+    assert str(mine.resolve()) in message and f"{TRAIN_IMAGES}[.gz]" in message
+    assert f"{TEST_LABELS}[.gz]" not in message  # the one file it holds
+    assert "no data-dir to use the cache" in message and "dpadmm data fetch mnist" in message
+    assert mirror.requests == [] and _listing(mine) == [f"{TEST_LABELS}.gz"]
 
 
 def test_a_data_dir_that_does_not_exist_is_an_error_not_a_download(mirror: Mirror, cache: Path) -> None:

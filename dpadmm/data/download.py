@@ -3,8 +3,8 @@
 :func:`fetch` (``dpadmm data fetch NAME | all``) is the one download path of every data set the project
 reads: MNIST, FEMNIST, a9a, a8a, ijcnn1, bio_train and UCI Adult (:data:`dpadmm.data.sources.SOURCES` says
 where each comes from and under which licence). The loaders call :func:`data_folder` when no ``data-dir`` is
-given, so the first use of a data set fetches it; MNIST's :func:`mnist_folder` also falls back to the cache
-when a given folder lacks files.
+given, so the first use of a data set fetches it; a given folder is read as it is or refused, never
+replaced by the cache.
 
 Where things come from and go to:
 
@@ -177,24 +177,25 @@ def data_folder(name: str, data_dir: str | os.PathLike | None, progress: bool = 
 
 
 def mnist_folder(data_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
-    """The folder ``load_dataset("mnist", data_dir)`` reads: ``data_dir`` when it is complete, else the cache.
+    """The folder ``load_dataset("mnist", data_dir)`` reads: ``data_dir`` when given, else the cache.
 
     - ``data_dir`` given and holding the four files (raw or ``.gz``): returned as is, no network.
     - ``data_dir`` ``None`` or ``""``: :func:`fetch` fills the cache folder (a no-op once it is complete)
       and that folder is returned.
-    - ``data_dir`` an existing folder that lacks some files: a warning naming the folder, the missing files
-      and the cache folder is logged, then as above. The user's folder is never written to (it may be
-      shared or read-only).
+    - ``data_dir`` an existing folder that lacks some files: refused (:class:`MnistFilesMissing`, naming
+      them, the cache and how to fill it). Reading the cache instead would train on other files than the
+      ones the run's config.json names; the user's folder is never written to (it may be shared).
     - ``data_dir`` not existing, or not a folder: the ``FileNotFoundError`` / ``NotADirectoryError`` of
       :func:`~dpadmm.data.mnist.find_mnist_files`; a mistyped path is not a reason to download.
     """
     if data_dir is not None and os.fspath(data_dir) != "":
         try:
             find_mnist_files(data_dir)
-            return Path(data_dir).expanduser()
         except MnistFilesMissing as e:
-            logger.warning("%s; using the MNIST cache folder %s instead (files missing there are downloaded; "
-                           "%s sets the cache)", e, dataset_cache_dir("mnist"), CACHE_ENV)
+            raise MnistFilesMissing(f"data-dir: {e}; give a folder that holds them, or no data-dir to use "
+                                    f"the cache ({dataset_cache_dir('mnist')}, filled by `dpadmm data fetch "
+                                    f"mnist`; {CACHE_ENV} moves it)", e.data_dir, e.missing) from None
+        return Path(data_dir).expanduser()
     return fetch("mnist", progress=progress)
 
 
