@@ -77,7 +77,7 @@ def test_from_mapping_coerces_what_toml_and_flwr_give() -> None:
         ({"epsilon": 0}, "epsilon=0 is not allowed with target-epsilon=0"),
         ({"epsilon": "nan"}, "epsilon=nan"),
         ({"rounds": 0}, "rounds=0 is not allowed"),
-        ({"rounds": 2.5}, "rounds=2.5 is not allowed; expected a int"),
+        ({"rounds": 2.5}, "rounds=2.5 is not allowed; expected an integer"),
         ({"algorithm": "objp", "local-steps": 3}, "local-steps=3 is not allowed with algorithm='objp'"),
         ({"seed": -1}, "seed=-1 is not allowed"),
         ({"device": "tpu"}, "device='tpu' is not allowed"),

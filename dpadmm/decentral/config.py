@@ -117,6 +117,7 @@ class DecentralConfig(keys.Keyed):
     round_timeout: float = _FLOWER["round_timeout"]
 
     def __post_init__(self) -> None:
+        self.check_types()
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("weights", self.weights, WEIGHTS)
         allowed("x-step", self.x_step, X_STEPS)

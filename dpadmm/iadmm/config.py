@@ -222,6 +222,7 @@ class RunConfig(keys.Keyed):
     )
 
     def __post_init__(self) -> None:
+        self.check_types()
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("dataset", self.dataset, DATASETS)
         refuse_unread_folder(self.dataset, self.data_dir)
@@ -248,8 +249,7 @@ class RunConfig(keys.Keyed):
             raise ValueError(f"trust-radius={self.trust_radius!r} is not allowed with algorithm="
                              f"{self.algorithm!r}: the trust radius is objt's; leave it 'paper'")
         self._check_model()
-        if not self.clip_norm > 0:
-            raise ValueError(f"clip-norm={self.clip_norm!r} is not allowed; it must be > 0")
+        keys.require(self, "finite and > 0", "clip_norm")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
         if math.isnan(self.target_epsilon) or self.target_epsilon < 0:
@@ -273,13 +273,11 @@ class RunConfig(keys.Keyed):
             if not 0 <= getattr(self, name) < 2**32:
                 raise ValueError(f"{key(name)}={getattr(self, name)!r} is not allowed; it must satisfy "
                                  "0 <= seed < 2**32")
-        if not self.rho_c1 > 0:
-            raise ValueError(f"rho-c1={self.rho_c1!r} is not allowed; it must be > 0")
+        keys.require(self, "finite and > 0", "rho_c1")
         if not (self.prox_scale >= 0 and math.isfinite(self.prox_scale)):
             raise ValueError(f"prox-scale={self.prox_scale!r} is not allowed; it must be finite and >= 0 "
                              "(0 = the main job's rule)")
-        if self.beta < 0 or self.rho_c2 < 0:
-            raise ValueError(f"beta={self.beta!r} and rho-c2={self.rho_c2!r} must be >= 0")
+        keys.require(self, "finite and >= 0", "beta", "rho_c2")
         for name in ("node_timeout", "round_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(

@@ -106,6 +106,7 @@ class LinAdmmConfig(keys.Keyed):
     round_timeout: float = _FLOWER["round_timeout"]
 
     def __post_init__(self) -> None:
+        self.check_types()
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("dataset", self.dataset, BINARY_DATASET_NAMES)
         allowed("neighbouring", self.neighbouring, NEIGHBOURING)

@@ -100,6 +100,7 @@ class SharingConfig(keys.Keyed):
     round_timeout: float = _FLOWER["round_timeout"]
 
     def __post_init__(self) -> None:
+        self.check_types()
         allowed("algorithm", self.algorithm, ALGORITHMS)
         allowed("noise", self.noise, NOISE_MODES)
         allowed("dataset", self.dataset, DATASETS)

@@ -1,0 +1,41 @@
+"""dpadmm.keys: the checks every family's configuration shares."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpadmm.families import FAMILIES
+from dpadmm.iadmm.config import RunConfig
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+@pytest.mark.parametrize(("value", "expected"), [("abc", "an integer"), (2.7, "an integer"),
+                                                 (True, "an integer")])
+def test_a_configuration_built_in_python_refuses_a_value_of_another_type(family, value: object,
+                                                                         expected: str) -> None:
+    """`RunConfig(rounds="abc")` (or 2.7, or True) is refused by name, as the run config's coercion refuses
+    it, instead of failing deep inside a run or running as 1 round."""
+    with pytest.raises(ValueError, match=f"rounds={value!r} is not allowed; expected {expected}"):
+        family.config(rounds=value)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_an_integer_for_a_float_becomes_that_float(family) -> None:
+    config = family.config(node_timeout=30, seed=3)
+    assert config.node_timeout == 30.0 and isinstance(config.node_timeout, float)
+    assert config.seed == 3 and isinstance(config.seed, int)
+
+
+@pytest.mark.parametrize(("name", "value", "rule"), [
+    ("clip_norm", math.inf, "finite and > 0"), ("clip_norm", math.nan, "finite and > 0"),
+    ("beta", math.inf, "finite and >= 0"), ("beta", math.nan, "finite and >= 0"),
+    ("rho_c1", math.inf, "finite and > 0"), ("rho_c2", -1.0, "finite and >= 0"),
+])
+def test_dpiadmms_numbers_are_finite(name: str, value: float, rule: str) -> None:
+    """clip-norm=inf or beta=inf used to run: noise of infinite scale refused only inside a round, a train
+    loss of NaN in every record."""
+    message = f"{name.replace('_', '-')}={value!r} is not allowed; it must be {rule}"
+    with pytest.raises(ValueError, match=message):
+        RunConfig(**{name: value})
