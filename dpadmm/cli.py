@@ -341,11 +341,10 @@ def _reproduce(args: argparse.Namespace) -> int:
                 if not (out / "runs").is_dir():
                     raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
                 reproduce.write_report(out, args.delta)
-            failed = mark_report(out)  # those of the last call that ran cells
-            if failed:
-                print(f"dpadmm: error: {len(failed)} cell(s) of {out} failed: "
-                      + "; ".join(f"{f['cell']}: {f['error']}" for f in failed)
-                      + "; the report says so first; run the grid again to retry them", file=sys.stderr)
+            why = mark_report(out)  # of the last call that ran cells
+            if why:
+                print(f"dpadmm: error: the grid in {out} is incomplete: {why}; the report says so first",
+                      file=sys.stderr)
                 print(f"report of the completed cells: {(out / 'summary.md').resolve()}")
                 return 1
         else:
@@ -369,6 +368,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main makes it the same): no traceback
+        mark_report(args.out)
         print(f"dpadmm: interrupted; the cells completed so far are kept in {Path(args.out).resolve()}, and "
               "the same command runs the others (a cell in progress resumes from its last checkpoint)",
               file=sys.stderr)

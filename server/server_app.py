@@ -232,7 +232,7 @@ def decentral_secure(grid: Grid, context: Context, config: DecentralConfig, stra
         else:
             log(INFO, "dpadmm iteration %d/%d: summed by SecAgg+", k, config.rounds)
         if config.private:
-            record["epsilon"] = decentral_engine.a_priori(config, FEATURES[config.dataset], k)
+            record["epsilon"] = decentral_privacy.loss_through(config, FEATURES[config.dataset], k)
         record = {**record, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
         writer.record(record)
         return record

@@ -280,22 +280,25 @@ def test_rates_beyond_floating_point_are_refused_with_the_last_round_that_fits()
 
 
 def test_a_billion_rounds_are_stated_at_once_by_the_closed_form() -> None:
-    """Beyond SUMMED_ROUNDS the statement sums in closed form; it agrees with the sum release by release."""
+    """The statement and the per-iteration loss sum in closed form; they agree with the sum release by
+    release, and a calibrated run's statement, the grid's cost included, is its target."""
     config = DecentralConfig(rounds=10**9, noise_growth=1.0)
     started = time.perf_counter()
     stated = privacy.statement(config, 14)
     assert time.perf_counter() - started < 5
     assert stated.epsilon == pytest.approx(10**9 * 14 * 0.1 * 0.02 + stated.grid, rel=1e-12)
-    summed = DecentralConfig(rounds=privacy.SUMMED_ROUNDS, noise_growth=1.00001)
-    closed = DecentralConfig(rounds=privacy.SUMMED_ROUNDS + 1, noise_growth=1.00001)
-    last = 14 * 0.1 * 0.02 * 1.00001 ** (privacy.SUMMED_ROUNDS + 1)  # the one more release's loss
-    assert privacy.statement(closed, 14).epsilon == pytest.approx(
-        privacy.statement(summed, 14).epsilon + last + laplace_epsilon_cost(), rel=1e-9)
+    for config in (DecentralConfig(rounds=30_000, noise_growth=1.00001),
+                   DecentralConfig(algorithm="dgd", rounds=500, step_decay=0.99)):
+        alphas, betas = privacy.schedule(config, 14)
+        curve = privacy.worst_case_curve(14, alphas, betas, config.bound)
+        for k in (1, 17, config.rounds):
+            assert privacy.loss_through(config, 14, k) == pytest.approx(curve[k - 1], rel=1e-11)
+            assert privacy.rate(config, 14, k) == betas[k - 1]
     steps = DecentralConfig(algorithm="dgd", rounds=10**9, noise_growth=1.00000001, step_decay=0.99)
     assert privacy.statement(steps, 14).epsilon == pytest.approx(  # sum of d B (0.99 x 1.00000001)^k
         14 * 0.02 * 0.99 * 1.00000001 / (1 - 0.99 * 1.00000001) + 10**9 * laplace_epsilon_cost(), rel=1e-9)
     calibrated = privacy.statement(DecentralConfig(rounds=10**9, target_epsilon=2.0), 14)
-    assert calibrated.epsilon == 2.0 + calibrated.grid
+    assert calibrated.epsilon == pytest.approx(2.0, rel=1e-12) and calibrated.grid > 0.2
 
 
 @pytest.mark.parametrize(("changes", "refusal"), [

@@ -27,8 +27,11 @@ from dpadmm.runs.grid import (
     GridOptions,
     GridRunner,
     Workspace,
+    incomplete,
+    mark_report,
     mirror,
     numbers,
+    pending_cells,
     snapshot,
 )
 from dpadmm.runs.memory import WORKER_ENV
@@ -130,8 +133,35 @@ def test_a_failing_cell_is_reported_and_the_grid_goes_on(tmp_path: Path) -> None
     assert [(f.key, f.error) for f in runner.failures] == [("broken", "RuntimeError: no data for this cell")]
     # its folder came back: it says what failed
     assert json.loads((tmp_path / "cells" / "broken" / "failed.json").read_text()) == {"reason": "no data"}
-    with pytest.raises(CellsFailed, match="1 cell failed .*broken: RuntimeError: no data for this cell"):
+    with pytest.raises(CellsFailed, match=r"1 cell failed \(run the same command again to retry them; any "
+                                          "others completed .*broken: RuntimeError: no data for this cell"):
         runner.raise_failures()
+
+
+def test_a_call_that_stops_before_the_grids_end_leaves_its_report_marked_incomplete(tmp_path: Path) -> None:
+    """Ctrl-C (here: in the commit of the second of three cells) leaves pending-cells.json naming the cells
+    not committed; the report's first line says the grid is incomplete and how to resume (an interrupted
+    grid's report once read as a finished one). The call that then reaches the grid's end removes the
+    mark."""
+    (tmp_path / "summary.md").write_text("# The report\n")
+
+    def stop_at_2(cell: Cell, result: Any) -> None:
+        if cell.key == "x=2":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), GridRunner(tmp_path, QUIET, log=lambda _: None) as runner:
+        runner.run(_cells([1, 2, 3]), stop_at_2)
+    assert pending_cells(tmp_path) == ["x=2", "x=3"]
+    why = mark_report(tmp_path)
+    assert why is not None and "2 cells of it not run: x=2, x=3; run the same command again" in why
+    first = (tmp_path / "summary.md").read_text().splitlines()[0]
+    assert first.startswith("> **Incomplete**: the last call stopped before the grid's end")
+
+    with GridRunner(tmp_path, QUIET, log=lambda _: None) as runner:
+        runner.run(_cells([1], done=True) + _cells([2, 3]), lambda cell, result: None)
+    assert pending_cells(tmp_path) == []  # the grid's stages may go on: still marked until its end
+    runner.raise_failures()
+    assert pending_cells(tmp_path) is None and incomplete(tmp_path) is None
 
 
 def test_options_are_checked() -> None:

@@ -167,7 +167,7 @@ def exchange_noise(config: DecentralConfig, seeds: Sequence[int], k: int, like: 
 def exchange_scale(config: DecentralConfig, k: int, agents: int, like: torch.Tensor) -> torch.Tensor:
     """The Laplace scale 1/beta_k of iteration k for each of ``agents`` agents, [N] float64."""
     d = like.shape[-1]
-    return torch.full((agents,), 1 / privacy.schedule(config, d)[1][k - 1], dtype=torch.float64,
+    return torch.full((agents,), 1 / privacy.rate(config, d, k), dtype=torch.float64,
                       device=like.device)
 
 
@@ -249,12 +249,6 @@ def log_error(optimum: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.linalg.vector_norm(x - reference, dim=-1) / x.shape[-1])
 
 
-def a_priori(config: DecentralConfig, d: int, k: int) -> float:
-    """Every agent's a-priori loss after k releases of d coordinates (the guarantee, Theorem 2.2)."""
-    alphas, betas = privacy.schedule(config, d)
-    return privacy.worst_case(d, alphas[:k], betas[:k], config.bound)
-
-
 def public_metrics(config: DecentralConfig, adjacency: torch.Tensor, x: torch.Tensor, k: int
                    ) -> list[dict[str, float]]:
     """What anyone who sees the exchanged iterates x [S, N, d] can report after iteration k, per run:
@@ -265,7 +259,7 @@ def public_metrics(config: DecentralConfig, adjacency: torch.Tensor, x: torch.Te
     for s in range(x.shape[0]):
         record = {"round": k, "consensus": float(consensus[s])}
         if config.private:
-            record["epsilon"] = a_priori(config, int(x.shape[-1]), k)
+            record["epsilon"] = privacy.loss_through(config, int(x.shape[-1]), k)
         records.append(record)
     return records
 
@@ -293,7 +287,7 @@ def ex_post_step(config: DecentralConfig, x: torch.Tensor, released: updates.Rel
     shift = config.alpha(k) * config.bound
     # the interval is Term A's range when w ~ U(0, 1); with fixed weights the mean is one point
     lo, hi = (released.x, released.x) if config.weights == "fixed" else (released.lo, released.hi)
-    return privacy.ex_post(x, lo, hi, shift, privacy.schedule(config, x.shape[-1])[1][k - 1]).sum(dim=-1)
+    return privacy.ex_post(x, lo, hi, shift, privacy.rate(config, x.shape[-1], k)).sum(dim=-1)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ a deployment runs: a deployed agent releases its iterate by the grid Laplace mec
 (:func:`dpadmm.privacy.secure.laplace_release`), which is pure (d alpha_k beta_k B + c)-LDP per release
 where the continuous mechanism is (d alpha_k beta_k B)-LDP, with c = :func:`~dpadmm.privacy.secure.
 laplace_epsilon_cost` (2**-GRID_BITS), so the statement's epsilon adds K c (about 2.3e-8 for K = 100) to
-the paper's sum. The per-iteration ``epsilon`` metric
-(:func:`worst_case_curve`) stays the paper's sum, the number its figures plot.
+the paper's sum, and a calibrated run's rates meet target-epsilon minus K c. The per-iteration ``epsilon``
+metric (:func:`loss_through`) stays the paper's sum, the number its figures plot.
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ from dpadmm.privacy.secure import laplace_epsilon_cost
 
 PAPER_GROWTH = 1.02  # beta_k = 1.02^k (Sec. 5, "following [43], [48]": diminishing noise)
 _LOG_MAX = math.log(sys.float_info.max)  # a power base^k with k ln(base) beyond it overflows
-# Up to this many releases a statement sums the a-priori losses release by release, as the engine's curve
-# does (the same number to the bit); beyond, the geometric sum's closed form, so that any K answers at once.
-SUMMED_ROUNDS = 10**5
 
 Number = float | torch.Tensor
 
@@ -167,7 +164,11 @@ def algorithm_2_rates(epsilon: float, steps: Sequence[float], bound: float, d: i
         raise ValueError(f"{len(steps)} steps and d={d!r} are not allowed; give at least one step and d >= 1")
     for eta in steps:
         _check_positive("a step eta_k", eta)
-    return [epsilon / (d * len(steps) * eta * bound) for eta in steps]
+    return [_algorithm_2_rate(epsilon, eta, len(steps), bound, d) for eta in steps]
+
+
+def _algorithm_2_rate(epsilon: float, eta: float, rounds: int, bound: float, d: int) -> float:
+    return epsilon / (d * rounds * eta * bound)
 
 
 def relaxed_composition(epsilons: Iterable[float] | torch.Tensor, delta: float) -> float:
@@ -350,16 +351,46 @@ def gamma_eq11(omega: float, beta: float, shift: float) -> float:
 def schedule(config: DecentralConfig, d: int) -> tuple[list[float], list[float]]:
     """(alpha_k, beta_k) of a run's K releases of d coordinates, k = 1..K: beta_k = noise-growth^k, or with
     ``target-epsilon`` the calibration of Theorem 3.3 (ldp-admm) or 3.4 (the others) that makes the run cost
-    exactly that epsilon."""
+    exactly that epsilon, the grid's K c included (:func:`_paper_target`)."""
     if config.target_epsilon:
         _check_calibration(config, d)
     alphas = [config.alpha(k) for k in range(1, config.rounds + 1)]
     if not config.target_epsilon:
         return alphas, rates(config.rounds, config.noise_growth)
     if config.algorithm == "ldp-admm":
-        beta = algorithm_1_rate(config.target_epsilon, config.penalty, config.bound, config.rounds, d)
+        beta = algorithm_1_rate(_paper_target(config), config.penalty, config.bound, config.rounds, d)
         return alphas, [beta] * config.rounds
-    return alphas, algorithm_2_rates(config.target_epsilon, alphas, config.bound, d)
+    return alphas, algorithm_2_rates(_paper_target(config), alphas, config.bound, d)
+
+
+def rate(config: DecentralConfig, d: int, k: int) -> float:
+    """beta_k, the k-th rate of :func:`schedule`, computed alone: an iteration needs only its own, and
+    building all K at every iteration made a run quadratic in K (and K = 10^9 fill memory)."""
+    if not config.target_epsilon:
+        return geometric(config.noise_growth, 1, k, name="noise-growth")[0]
+    _check_calibration(config, d)
+    if config.algorithm == "ldp-admm":
+        return algorithm_1_rate(_paper_target(config), config.penalty, config.bound, config.rounds, d)
+    return _algorithm_2_rate(_paper_target(config), config.alpha(k), config.rounds, config.bound, d)
+
+
+def loss_through(config: DecentralConfig, d: int, k: int) -> float:
+    """sum_{j <= k} d alpha_j beta_j B: the a-priori loss of a run's first k releases (Theorem 2.2 by basic
+    composition, the paper's sum, without the grid's cost), in closed form so that any k answers at once:
+    a calibrated release costs the target's share (Theorems 3.3, 3.4), an uncalibrated one d B (alpha
+    noise-growth)^k, summed as a geometric series (alpha = 1/D for Algorithm 1, step-decay^k otherwise)."""
+    if config.target_epsilon:
+        _check_calibration(config, d)
+        return _paper_target(config) * k / config.rounds
+    _check_powers("noise-growth", config.noise_growth, k)
+    if config.algorithm == "ldp-admm":
+        return d * config.bound / config.penalty * _geometric_sum(config.noise_growth, k)
+    return d * config.bound * _geometric_sum(config.step_decay * config.noise_growth, k)
+
+
+def _paper_target(config: DecentralConfig) -> float:
+    """What the calibrated rates must cost, so that with the grid's K c the run costs target-epsilon."""
+    return config.target_epsilon - config.rounds * laplace_epsilon_cost()
 
 
 def _check_calibration(config: DecentralConfig, d: int) -> None:
@@ -367,12 +398,12 @@ def _check_calibration(config: DecentralConfig, d: int) -> None:
     release, :func:`statement`), or one whose rates of Theorem 3.3 (a constant beta) or 3.4 (beta_k grows as
     eta_k = step-decay^k falls, so beta_K is the largest) leave floating point: noise of scale 0 or
     infinity."""
-    rounds, target = config.rounds, config.target_epsilon
+    rounds, target = config.rounds, _paper_target(config)
     grid = rounds * laplace_epsilon_cost()
-    if target <= grid:
-        raise ValueError(f"target-epsilon={target:g} is not achievable over rounds={rounds}: the deployed "
-                         f"noise's grid alone costs {grid:.4g} ({laplace_epsilon_cost():.3g} per release); "
-                         "give a larger target or fewer rounds")
+    if target <= 0:
+        raise ValueError(f"target-epsilon={config.target_epsilon:g} is not achievable over "
+                         f"rounds={rounds}: the deployed noise's grid alone costs {grid:.4g} "
+                         f"({laplace_epsilon_cost():.3g} per release); give a larger target or fewer rounds")
     if config.algorithm == "ldp-admm":
         beta = target * config.penalty / (config.bound * rounds * d)
         rate = "beta = eps D / (B K d) (Theorem 3.3)"
@@ -382,10 +413,10 @@ def _check_calibration(config: DecentralConfig, d: int) -> None:
         beta = target / scale if scale > 0 else math.inf
         rate = f"beta_K = eps / (d K eta_K B) with eta_K = step-decay^K = {eta:.3g} (Theorem 3.4)"
     if not 0 < beta < math.inf:
-        raise ValueError(f"target-epsilon={target:g} cannot be calibrated over rounds={rounds}: {rate} is "
-                         f"{beta:g}, Laplace noise of scale {'0' if beta else 'infinity'}; give fewer rounds "
-                         "or another target" + ("" if config.algorithm == "ldp-admm" else
-                                                ", or a step-decay closer to 1"))
+        decay = "" if config.algorithm == "ldp-admm" else ", or a step-decay closer to 1"
+        raise ValueError(f"target-epsilon={config.target_epsilon:g} cannot be calibrated over "
+                         f"rounds={rounds}: {rate} is {beta:g}, Laplace noise of scale "
+                         f"{'0' if beta else 'infinity'}; give fewer rounds or another target{decay}")
 
 
 def _geometric_sum(ratio: float, count: int) -> float:
@@ -397,23 +428,6 @@ def _geometric_sum(ratio: float, count: int) -> float:
         return ratio * math.expm1(count * math.log(ratio)) / (ratio - 1)
     except OverflowError:
         return math.inf
-
-
-def _a_priori_total(config: DecentralConfig, d: int) -> float:
-    """sum_k d alpha_k beta_k B over the run's K releases (Theorem 2.2 by basic composition), without the
-    grid's cost: summed release by release up to :data:`SUMMED_ROUNDS` releases, beyond in closed form
-    (the target where one is calibrated: Theorems 3.3 and 3.4 make it exact; the geometric sum of
-    (alpha beta)^k otherwise), so that a statement answers at once for any K."""
-    if config.rounds <= SUMMED_ROUNDS:
-        alphas, betas = schedule(config, d)
-        return worst_case(d, alphas, betas, config.bound)
-    if config.target_epsilon:
-        _check_calibration(config, d)
-        return config.target_epsilon
-    _check_powers("noise-growth", config.noise_growth, config.rounds)
-    if config.algorithm == "ldp-admm":
-        return d * config.bound / config.penalty * _geometric_sum(config.noise_growth, config.rounds)
-    return d * config.bound * _geometric_sum(config.step_decay * config.noise_growth, config.rounds)
 
 
 @dataclass(frozen=True)
@@ -450,7 +464,7 @@ def statement(config: DecentralConfig, d: int) -> Statement:
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: it is not "
                          "differentially private")
-    paper = _a_priori_total(config, d)
+    paper = loss_through(config, d, config.rounds)
     if not math.isfinite(paper):
         raise ValueError(f"noise-growth={config.noise_growth:g} over rounds={config.rounds} is not allowed: "
                          "the a-priori epsilon, the sum of d alpha_k beta_k B, is beyond floating point (no "

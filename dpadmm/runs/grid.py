@@ -54,6 +54,9 @@ from dpadmm.runs.memory import WORKER_ENV
 
 SPOOL = ".grid"  # results that arrived before an earlier cell's, kept until their turn
 FAILED_CELLS = "failed-cells.json"  # the cells that failed in the last call, with their errors
+# The cells a call set out to run and has not committed: there while a call runs, and after one that stopped
+# before the grid's end (an interrupt, a kill), so that its report says it is incomplete.
+PENDING_CELLS = "pending-cells.json"
 SCRATCH = "dpadmm-cell-"  # a running cell's folder, in the temp dir of its machine: dpadmm-cell-<pid>-...
 POLL_SECONDS = 1.0  # how often a running cell's folder is looked at (checkpoint, rounds done)
 ATTEMPT_SECONDS = 10.0  # how often a cell on Ray asks the driver whether its attempt is still the current one
@@ -147,8 +150,8 @@ class CellsFailed(RuntimeError):
     def __init__(self, failures: Sequence[Failure]) -> None:
         self.failures = list(failures)
         listed = "; ".join(f"{f.key}: {f.error}" for f in self.failures)
-        super().__init__(f"{len(self.failures)} cell{'s' if len(self.failures) > 1 else ''} failed "
-                         f"(the others completed; run the same command again to retry them): {listed}")
+        super().__init__(f"{_cells(len(self.failures))} failed (run the same command again to retry "
+                         f"them; any others completed and are in the report): {listed}")
 
 
 def failed_cells(out: str | Path) -> list[dict[str, str]]:
@@ -157,20 +160,42 @@ def failed_cells(out: str | Path) -> list[dict[str, str]]:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
 
 
-def mark_report(out: str | Path, report: str = "summary.md") -> list[dict[str, str]]:
-    """Put the failed cells (:func:`failed_cells`) at the top of ``out/report``, so that nobody reads a grid
-    whose cells failed as a finished reproduction; returns them."""
-    failed = failed_cells(out)
-    path = Path(out) / report
-    if failed and path.exists():
+def pending_cells(out: str | Path) -> list[str] | None:
+    """The cells the last call on ``out`` set out to run and did not commit, None when it reached the grid's
+    end (or no call ran). An empty list: it stopped between two stages of the grid."""
+    path = Path(out) / PENDING_CELLS
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _cells(count: int) -> str:
+    return f"{count} cell{'s' if count != 1 else ''}"
+
+
+def incomplete(out: str | Path) -> str | None:
+    """Why the grid in ``out`` is not a finished reproduction (its failed cells, or a call that stopped
+    before the grid's end), None when it is."""
+    failed, pending = failed_cells(out), pending_cells(out)
+    if pending is not None:
+        listed = f": {', '.join(pending)}" if pending else ""
+        return (f"the last call stopped before the grid's end (interrupted or killed), "
+                f"{_cells(len(pending))} of it not run{listed}; run the same command again to resume it")
+    if failed:
         listed = "; ".join(f"`{f['cell']}`: {f['error']}" for f in failed)
-        cells = f"{len(failed)} cell{'s' if len(failed) > 1 else ''}"
-        banner = (f"> **Incomplete: {cells} failed**, so the tables below lack their rows (run the same "
-                  f"command again to retry them): {listed}\n\n")
+        return f"{_cells(len(failed))} failed (run the same command again to retry them): {listed}"
+    return None
+
+
+def mark_report(out: str | Path, report: str = "summary.md") -> str | None:
+    """Put why the grid is incomplete (:func:`incomplete`) at the top of ``out/report``, so that nobody reads
+    a grid whose cells failed or did not run as a finished reproduction; returns it."""
+    why = incomplete(out)
+    path = Path(out) / report
+    if why and path.exists():
+        banner = f"> **Incomplete**: {why}. The tables below lack those cells' rows.\n\n"
         text = path.read_text(encoding="utf-8")
         if not text.startswith("> **Incomplete"):
             write_atomic(path, banner + text)
-    return failed
+    return why
 
 
 # ----- a cell, wherever it runs -----
@@ -391,6 +416,7 @@ class GridRunner:
         self._bar: Any = None
         self._started_ray = False
         self._running: dict[str, str] = {}
+        self._pending: list[str] = []  # PENDING_CELLS: what this call set out to run and has not committed
 
     def __enter__(self) -> GridRunner:
         if self.options.on_ray:
@@ -417,6 +443,7 @@ class GridRunner:
         (which :func:`mark_report` puts at the top of the report); a grid whose cells all completed removes
         it."""
         path = self.out / FAILED_CELLS
+        (self.out / PENDING_CELLS).unlink(missing_ok=True)  # the grid's end: every cell was run
         if self.failures:
             listed = [{"cell": f.key, "error": f.error} for f in self.failures]
             write_atomic(path, json.dumps(listed, indent=1) + "\n")
@@ -447,6 +474,8 @@ class GridRunner:
                 arrived[cell.key] = saved["result"]
                 self.log(f"{cell.key}: complete (received by an earlier call), committed in the cells' order")
         runnable = [cell for cell in todo if cell.key not in arrived]
+        self._pending = [*dict.fromkeys([*(pending_cells(self.out) or []), *(c.key for c in todo)])]
+        self._write_pending()
         self._grow_bar(len(cells), len(cells) - len(runnable))
         state = _Commits(todo, arrived, commit, self)
         state.flush()
@@ -554,6 +583,15 @@ class GridRunner:
                 self._bar.update(1)
                 self._show()
 
+    def committed(self, cell: Cell) -> None:
+        """``cell``'s result is in the tables: it is no longer pending."""
+        self._pending = [key for key in self._pending if key != cell.key]
+        self._write_pending()
+
+    def _write_pending(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.out / PENDING_CELLS, json.dumps(self._pending, indent=1) + "\n")
+
     def _fail(self, cell: Cell, error: BaseException | str, state: _Commits) -> None:
         self._running.pop(cell.key, None)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}".strip()
@@ -657,6 +695,7 @@ class _Commits:
                 return
             self.commit(cell, self.arrived.pop(cell.key))
             self.runner._spool(cell).unlink(missing_ok=True)
+            self.runner.committed(cell)
             self.position += 1
 
 
