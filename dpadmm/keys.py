@@ -116,6 +116,16 @@ def require(config: Any, rule: str, *names: str) -> None:
             raise ValueError(f"{key(name)}={value!r} is not allowed; it must be {rule}")
 
 
+def require_default(config: Any, reason: str, *names: str) -> None:
+    """Refuse a value other than its default for a key of ``names``, which the run does not read ``reason``:
+    it would be recorded in config.json and silently ignored."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in names and value != field.default:
+            raise ValueError(f"{key(field.name)}={value!r} is not read {reason}; leave it at its default "
+                             f"{field.default!r}")
+
+
 def require_seed(seed: int) -> None:
     """Seeds key 32-bit noise streams."""
     if not 0 <= seed < 2**32:

@@ -127,12 +127,12 @@ def test_an_interrupted_run_states_what_its_completed_iterations_spent(
 
 
 @pytest.mark.parametrize(("algorithm", "changes"), [
-    ("ldp-admm", {}), ("ldp-dgd", {"graph": "complete"}), ("ldp-dgd-star", {}), ("dgd", {}),
+    ("ldp-admm", {}), ("ldp-dgd", {"graph": "complete", "edges": 20}), ("ldp-dgd-star", {}), ("dgd", {}),
 ])
 def test_an_agent_computes_its_row_from_its_view_alone(algorithm: str, changes: dict, adult: Dataset) -> None:
     """What a Flower agent does (clients/decentral.py): from its own samples, the public graph and the
     iterates its neighbours exchanged, the dual of k - 1 and then x^k; equal to the engine's row."""
-    config = _config(algorithm=algorithm, agents=6, edges=8, rounds=4, seed=5, **changes)
+    config = _config(algorithm=algorithm, agents=6, rounds=4, seed=5, **({"edges": 8} | changes))
     full = problem.build(config, adult, [config.seed])
     state = engine.initial_state(full.agents, [config.seed])
     views = [problem.agent_view(config, adult, i) for i in range(6)]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
+from dpadmm.decentral.config import DecentralConfig
 from dpadmm.families import FAMILIES
 from dpadmm.iadmm.config import RunConfig
 
@@ -39,3 +41,20 @@ def test_dpiadmms_numbers_are_finite(name: str, value: float, rule: str) -> None
     message = f"{name.replace('_', '-')}={value!r} is not allowed; it must be {rule}"
     with pytest.raises(ValueError, match=message):
         RunConfig(**{name: value})
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: RunConfig(rho_c1=50.0), "rho-c1=50.0 is not read with rho-preset='main', only with "
+                                     "rho-preset='custom'; leave it at its default 2.0"),
+    (lambda: RunConfig(algorithm="objpm", outp_delta=0.5),
+     "outp-delta=0.5 is not read with algorithm='objpm'"),
+    (lambda: DecentralConfig(graph="complete", edges=3), "edges=3 is not read with graph='complete'"),
+    (lambda: DecentralConfig(target_epsilon=1.0, noise_growth=5.0), "noise-growth=5.0 is not read with a "
+                                                                    "target-epsilon"),
+])
+def test_a_value_the_run_would_not_read_is_refused(build, message: str) -> None:
+    """A key the chosen mode does not read used to be recorded in config.json and ignored; a value other than
+    its default is refused, naming what reads it. The defaults (every table of the Flower app) pass."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build()
+    assert RunConfig(rho_preset="custom", rho_c1=50.0).rho_constants[0] == 50.0

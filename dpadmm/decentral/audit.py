@@ -123,7 +123,7 @@ def audit(config: DecentralConfig, trials: int = 200_000, alpha: float = ALPHA,
     if not config.private:
         raise ValueError(f"algorithm={config.algorithm!r} with noise='none' adds no noise: there is no "
                          "privacy claim to audit")
-    config = dataclasses.replace(config, agents=AGENTS, graph="complete", edges=AGENTS * (AGENTS - 1) // 2)
+    config = dataclasses.replace(config, agents=AGENTS, graph="complete")
     d = len(COLUMNS)
     epsilon = claim(config, d)
     _, betas = privacy.schedule(config, d)
@@ -178,7 +178,7 @@ def one_run(config: DecentralConfig, canaries: int = CANARIES, alpha: float = AL
     if config.exchange == "secret":
         raise ValueError("exchange='secret' is not allowed in the one-run audit: the other agents learn sums "
                          "of iterates, not each agent's release; audit exchange='plain'")
-    config = dataclasses.replace(config, agents=AGENTS, graph="complete", edges=AGENTS * (AGENTS - 1) // 2)
+    config = dataclasses.replace(config, agents=AGENTS, graph="complete")
     d = len(COLUMNS)
     whole = privacy.statement(config, d)
     included = torch.rand(canaries, generator=torch.Generator().manual_seed(seed)) < 0.5

@@ -156,6 +156,10 @@ class DecentralConfig(keys.Keyed):
                              ">= 0 (0 = the noise-growth schedule), with noise='laplace'")
         if not (self.noise_growth >= 1 and math.isfinite(self.noise_growth)):
             raise ValueError(f"noise-growth={self.noise_growth!r} is not allowed; give a finite value >= 1")
+        if self.target_epsilon:
+            keys.require_default(self, "with a target-epsilon (it sets the rates)", "noise_growth")
+        if self.graph == "complete":
+            keys.require_default(self, "with graph='complete', which has every edge", "edges")
         keys.require_seed(self.seed)
 
     @property

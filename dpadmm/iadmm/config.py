@@ -278,6 +278,9 @@ class RunConfig(keys.Keyed):
             raise ValueError(f"prox-scale={self.prox_scale!r} is not allowed; it must be finite and >= 0 "
                              "(0 = the main job's rule)")
         keys.require(self, "finite and >= 0", "beta", "rho_c2")
+        if self.rho_preset != "custom":
+            keys.require_default(self, f"with rho-preset={self.rho_preset!r}, only with rho-preset='custom'",
+                                 "rho_c1", "rho_c2", "rho_tc")
         for name in ("node_timeout", "round_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(
@@ -286,6 +289,9 @@ class RunConfig(keys.Keyed):
             raise ValueError(f"fraction-train={self.fraction_train!r} is not allowed; it must be in (0, 1]")
         if not 0 < self.outp_delta < 1:
             raise ValueError(f"outp-delta={self.outp_delta!r} is not allowed; it must be in (0, 1)")
+        if self.algorithm != "outp":
+            keys.require_default(self, f"with algorithm={self.algorithm!r}, only with algorithm='outp'",
+                                 "outp_delta")
 
     def _check_epsilon(self) -> None:
         """eps-bar is given (> 0, inf = non-private) or, with 0, calibrated to target-epsilon; eps-bar given
