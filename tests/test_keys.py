@@ -10,6 +10,7 @@ import pytest
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.families import FAMILIES
 from dpadmm.iadmm.config import RunConfig
+from dpadmm.sharing.config import SharingConfig
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -58,3 +59,11 @@ def test_a_value_the_run_would_not_read_is_refused(build, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         build()
     assert RunConfig(rho_preset="custom", rho_c1=50.0).rho_constants[0] == 50.0
+
+
+@pytest.mark.parametrize("name", ["rho", "l2", "x_bound"])
+def test_admm_sharings_numbers_are_finite(name: str) -> None:
+    """rho=inf or l2=inf ran to a NaN objective and a test error of 0 (NaN compares as correct); x-bound=inf
+    was refused as an epsilon that cannot be calibrated, not by its name."""
+    with pytest.raises(ValueError, match=f"{name.replace('_', '-')}=inf is not allowed; it must be finite"):
+        SharingConfig(**{name: math.inf})

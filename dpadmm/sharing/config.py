@@ -111,9 +111,10 @@ class SharingConfig(keys.Keyed):
             raise ValueError(f"epsilon={self.epsilon!r} is not allowed; Theorem 3 of 001 needs "
                              "0 < epsilon <= 1 per round (inf = non-private)")
         keys.require(self, "in (0, 1)", "delta", "delta_prime")
-        keys.require(self, "> 0", "x_bound", "l2", "node_timeout", "round_timeout")
-        if not self.rho >= 0:
-            raise ValueError(f"rho={self.rho!r} is not allowed; it must be >= 0 (0 = 1/(2N))")
+        keys.require(self, "finite and > 0", "x_bound", "l2")
+        keys.require(self, "> 0", "node_timeout", "round_timeout")
+        if not 0 <= self.rho < math.inf:
+            raise ValueError(f"rho={self.rho!r} is not allowed; it must be finite and >= 0 (0 = 1/(2N))")
         keys.require(self, ">= 1", "rounds", "eval_every")
         keys.require_seed(self.seed)
 
