@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpadmm.runs.loop import timed_rounds
-from dpadmm.runs.results import FAILED, RunWriter, failure, read_metrics
+from dpadmm.runs.results import UNFINISHED, RunWriter, failure, read_metrics
 
 
 def test_a_run_that_raises_in_round_3_is_marked_failed_with_its_reason(tmp_path: Path) -> None:
@@ -40,7 +40,23 @@ def test_an_interrupt_marks_the_run_failed_and_a_finished_run_is_not(tmp_path: P
 
     # the same folder resumed (a caller's own folder, as a checkpointed run's) and finished: no longer failed
     writer = RunWriter({}, engine="batched", directory=tmp_path / "run", resume_round=0)
-    assert not (tmp_path / "run" / FAILED).exists()
+    assert failure(tmp_path / "run")["reason"] == UNFINISHED  # while it runs
     timed_rounds(2, lambda t: None, lambda t: [{"round": t}], eval_every=1, writers=[writer], runs=1,
                  progress=False)
     assert failure(tmp_path / "run") is None and len(read_metrics(tmp_path / "run")) == 2
+
+
+def test_a_run_whose_process_ends_without_a_word_is_marked_unfinished(tmp_path: Path) -> None:
+    """`flwr stop` or a kill ends a run's process before any handler runs: its folder must not read as a
+    finished run. failed.json says so from the start, with the rounds recorded so far, and goes when the run
+    ends (or is replaced by the error's)."""
+    writer = RunWriter({}, engine="flower", directory=tmp_path / "run")
+    marked = failure(tmp_path / "run")
+    assert marked == {"reason": UNFINISHED, "error": None, "last-round": None, "completed-rounds": 0}
+    assert "flwr stop" in UNFINISHED and "privacy.json states the planned run" in UNFINISHED
+    writer.record({"round": 1})
+    writer.record({"round": 2})  # here the process is killed: nothing else runs
+    assert failure(tmp_path / "run") == {"reason": UNFINISHED, "error": None, "last-round": 2,
+                                         "completed-rounds": 2}
+    writer.close()
+    assert failure(tmp_path / "run") is None

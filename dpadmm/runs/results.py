@@ -26,6 +26,8 @@ from dpadmm.models.logistic import error_from_logits, error_rate, loss_from_logi
 from dpadmm.models.modules import Params, logits_of
 
 FAILED = "failed.json"
+UNFINISHED = ("not finished: the run is in progress, or its process ended without a word (flwr stop, a "
+              "kill); privacy.json states the planned run, of which the recorded rounds spent a part")
 
 
 def fresh_directory(path: str | Path) -> Path:
@@ -94,7 +96,6 @@ class RunWriter:
         header = {key: json_value(v) for key, v in settings.items()}
         header["engine"] = engine
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
-        (self.directory / FAILED).unlink(missing_ok=True)  # a resumed or restarted run has not failed (yet)
         self.last_round: int | None = resume_round
         # Rounds finished (evaluated or not), set by the engine's loop; with ``spent`` (the ledger of the
         # first k rounds), a run that stops early rewrites privacy.json with what it spent.
@@ -104,6 +105,15 @@ class RunWriter:
         self._resume_round = resume_round
         self._metrics, self.kept = self._open_log("metrics.jsonl")
         self._rounds: Any = None
+        self._mark_unfinished()
+
+    def _mark_unfinished(self) -> None:
+        """failed.json while the run goes, replaced when it ends (removed, or the error's): a run whose
+        process ends without a word (``flwr stop``, a kill, a lost machine) leaves its folder marked
+        unfinished, not read as a finished run, with the rounds it recorded."""
+        unfinished = {"reason": UNFINISHED, "error": None, "last-round": self.last_round,
+                      "completed-rounds": max(self.completed, self.last_round or 0)}
+        write_atomic(self.directory / FAILED, json.dumps(unfinished, indent=2) + "\n")
 
     def _open_log(self, name: str) -> tuple[Any, list[dict[str, Any]]]:
         """Open a JSON-lines log for appending, with the records kept: those up to the resumed
@@ -133,6 +143,7 @@ class RunWriter:
         self._metrics.write(json.dumps(line) + "\n")
         self._metrics.flush()
         self.last_round = metrics.get("round", self.last_round)
+        self._mark_unfinished()
         if self.save_weights and w is not None:
             key = f"round-{metrics['round']}"
             if isinstance(w, torch.Tensor):
@@ -148,14 +159,17 @@ class RunWriter:
         self._rounds.flush()
 
     def close(self, error: BaseException | None = None) -> None:
-        """Finish the run: close the logs and write weights.npz (keys ``round-<t>``); after ``error``, mark
-        the folder failed (failed.json: the error, its type, the last recorded round)."""
+        """Finish the run: close the logs and write weights.npz (keys ``round-<t>``); remove the unfinished
+        mark, or after ``error`` mark the folder failed (failed.json: the error, its type, the last recorded
+        round, the rounds completed) and rewrite privacy.json with what they spent."""
         self._metrics.close()
         if self._rounds is not None:
             self._rounds.close()
         if self._weights:
             np.savez(self.directory / "weights.npz", **self._weights)
-        if error is not None:
+        if error is None:
+            (self.directory / FAILED).unlink(missing_ok=True)
+        else:
             reason = str(error) or ("interrupted (SIGINT or SIGTERM)" if isinstance(error, KeyboardInterrupt)
                                     else type(error).__name__)
             failed = {"reason": reason, "error": type(error).__name__, "last-round": self.last_round,
