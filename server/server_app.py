@@ -88,6 +88,9 @@ def main(grid: Grid, context: Context) -> None:
     except ValueError as error:
         refuse(str(error))
     log(INFO, "%s", where(config))
+    # Ctrl-C on `flwr run --stream` ends only the log stream: the run goes on in the SuperLink
+    log(INFO, "dpadmm: this is run %s; `flwr stop %s` stops it (Ctrl-C on `flwr run --stream` only stops "
+        "showing its log)", context.run_id, context.run_id)
     try:
         if isinstance(config, DecentralConfig):
             decentral_main(grid, context, config)
