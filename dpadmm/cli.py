@@ -753,6 +753,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     family = _family_in(argv)
     parser = build_parser(family, _paper_in(argv))
     args = parser.parse_args(argv)
+    if getattr(args, "device", None) == "cuda" and args.command in ("train", "audit", "reproduce"):
+        import torch
+
+        if not torch.cuda.is_available():  # else every round (or every cell) fails with torch's traceback
+            why = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
+            parser.error(f"device='cuda' is not available here (torch {torch.__version__} {why}); use "
+                         "--device cpu")
     if argv_given is None and args.command in ("train", "reproduce"):
         keep_freed_memory()  # the dpadmm command's own process runs engines; a caller's is left as it is
         # SIGTERM (a scheduler, `kill`, systemd) ends the run as Ctrl-C does: its folder marked failed with

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.corrupt import truncated
 
@@ -485,3 +486,14 @@ def test_node_policy_and_status_are_the_devices_own(tmp_path: Path, dpadmm: Run)
     damaged = dpadmm("node", "status", "--state-dir", str(state), cwd=tmp_path)
     assert damaged.returncode == 2 and damaged.stderr.startswith("dpadmm: error: the budget file")
     assert "is damaged at line 1" in damaged.stderr and len(damaged.stderr.splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+@pytest.mark.parametrize("command", [("train",), ("train", "--algorithm", "ldp-admm"),
+                                     ("reproduce", "--paper", "004", "--out", "r")])
+def test_cuda_where_there_is_none_is_one_line(command: tuple[str, ...], tmp_path: Path, dpadmm: Run) -> None:
+    """--device cuda on a machine without a GPU used to fail in every round (or every grid cell, each told to
+    retry) with torch's traceback; it is refused before anything is written."""
+    done = dpadmm(*command, "--device", "cuda", cwd=tmp_path)
+    assert done.returncode == 2 and "device='cuda' is not available here" in done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
