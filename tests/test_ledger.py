@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -253,3 +254,8 @@ def test_one_line_says_which_figure_is_the_guarantee() -> None:
                   delta=1e-300, epsilon_bar=1.0, calibration="clipped", sensitivity="L2", noise_scale="sigma",
                   covered=True, neighbouring="add-remove", note="")
     assert none.guarantee().startswith("guarantee: none for the whole run (no guarantee: at delta=1e-300")
+    # a run the statement does not cover (002's dual-init=paper: an un-noised gradient) has no figure to quote
+    uncovered = dataclasses.replace(clipped, covered=False)
+    assert uncovered.guarantee() == ("guarantee: none: the statement does not cover this run (its note says "
+                                     f"why); eps = {clipped.whole_run.epsilon_pld:.4g} at delta = 1e-05 for "
+                                     "the whole run is nominal only")

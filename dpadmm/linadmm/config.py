@@ -121,9 +121,9 @@ class LinAdmmConfig(keys.Keyed):
             raise ValueError(f"target-epsilon={self.target_epsilon!r} is not allowed; it must be > 0 "
                              "(inf = non-private)")
         keys.require(self, "in (0, 1)", "delta", "rdp_mu")
-        keys.require(self, "> 0", "eta", "rho", "graph_alpha", "grad_bound", "node_timeout", "round_timeout")
-        if not self.gamma >= 0 or not self.l1 >= 0:
-            raise ValueError(f"gamma={self.gamma!r} and l1={self.l1!r} must be >= 0 (gamma 0 = gamma_min)")
+        keys.require(self, "finite and > 0", "eta", "rho", "graph_alpha", "grad_bound")
+        keys.require(self, "> 0", "node_timeout", "round_timeout")
+        keys.require(self, "finite and >= 0", "gamma", "l1")  # gamma 0 = gamma_min
         keys.require(self, ">= 1", "rounds", "num_agents", "eval_every")
         keys.require_seed(self.seed)
 

@@ -235,6 +235,9 @@ class Ledger:
         run = self.whole_run
         if not math.isfinite(run.epsilon_pld):
             return f"guarantee: none for the whole run ({run.method})"
+        if not self.covered:
+            return (f"guarantee: none: the statement does not cover this run (its note says why); eps = "
+                    f"{run.epsilon_pld:.4g} at delta = {run.delta:g} for the whole run is nominal only")
         theorem = (", and the note's theorem is the paper's own, looser bound for the same noise"
                    if self.calibration.startswith("Theorem") else "")
         return (f"guarantee: eps = {run.epsilon_pld:.4g} at delta = {run.delta:g} for the whole run, "
