@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dpadmm import keys
 from dpadmm.families import DEFAULT, Family, family_of
 from dpadmm.files import write_atomic
 from dpadmm.iadmm import config as iadmm_config
@@ -877,6 +878,10 @@ def _interrupted(folder: Path, saving: bool | None) -> str:
     return f"{said}. No checkpoint was saved ({when}): the same command starts a new run from round 1"
 
 
+# A run's keys that `dpadmm audit` reads in no family: its data, its outputs, Flower's waiting times.
+AUDIT_UNREAD = ("data_dir", "labels_path", "out", "save_weights", "eval_every", "node_timeout",
+                "round_timeout")
+
 # The most releases per neighbour `dpadmm audit` observes: they are held in memory (up to 2 x 16 floats each),
 # so 10**7 take a few GB; the default 200,000 already bounds epsilon within a few hundredths.
 MAX_TRIALS = 10_000_000
@@ -893,6 +898,9 @@ def _audit(args: argparse.Namespace, config: Any, family: Family) -> int:
         print(f"dpadmm: error: --alpha {args.alpha!r} is not allowed; it must be in (0, 1)", file=sys.stderr)
         return 2
     try:
+        # the run's data and outputs: given here they would be silently ignored
+        keys.require_default(config, "by dpadmm audit, which attacks the mechanism on neighbouring data sets "
+                             "of its own and writes nothing (--json prints its results)", *AUDIT_UNREAD)
         audit = importlib.import_module(f"dpadmm.{family.name}.audit")
         results = audit.audits(config, trials=args.trials, alpha=args.alpha)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files

@@ -497,3 +497,16 @@ def test_cuda_where_there_is_none_is_one_line(command: tuple[str, ...], tmp_path
     done = dpadmm(*command, "--device", "cuda", cwd=tmp_path)
     assert done.returncode == 2 and "device='cuda' is not available here" in done.stderr
     assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("family", "flag", "value"), [
+    ("objpm", "--out", "x"), ("dp-admm", "--data-dir", "nowhere"), ("admm-sharing", "--eval-every", "3"),
+    ("ldp-admm", "--round-timeout", "5"),
+])
+def test_audit_refuses_what_it_would_ignore(family: str, flag: str, value: str, tmp_path: Path,
+                                            dpadmm: Run) -> None:
+    """`dpadmm audit` takes the run's flags of its family, but reads neither data nor outputs: an --out or a
+    --data-dir given to it used to be silently ignored."""
+    done = dpadmm("audit", "--algorithm", family, "--trials", "100", flag, value, cwd=tmp_path)
+    assert done.returncode == 2 and "is not read by dpadmm audit" in done.stderr, done.stderr
+    assert not any(tmp_path.iterdir())
