@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import re
+import shlex
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ def make_certificates(out: str | Path, hosts: Sequence[str], days: int = CERT_DA
     hosts = [h.strip() for h in hosts if h.strip()]
     if not hosts:
         raise ValueError("hosts is empty: give the SuperLink's host names or IP addresses, e.g. 127.0.0.1")
+    for host in hosts:
+        _check_host("hosts", host)
     if days < 1:
         raise ValueError(f"days={days} is not allowed; it must be >= 1")
     out = Path(out)
@@ -210,6 +213,7 @@ def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: 
     environment (no runtime dependency installation).
     """
     _check_port(port)
+    _check_host("host", host)
     command = ["flower-superlink", "--host", host, "--port", str(port),
                "--disable-runtime-dependency-installation"]
     if database is not None:
@@ -269,8 +273,7 @@ def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecur
     """
     if not _CONNECTION_NAME.fullmatch(name):
         raise ValueError(f"connection name {name!r} is not allowed; use letters, digits, '-' and '_'")
-    if not address:
-        raise ValueError("address is empty: give the SuperLink's host:port, e.g. 127.0.0.1:9093")
+    _check_superlink(address, "address")
     lines = [f"[superlink.{name}]", f"address = {_toml_string(address)}"]
     if insecure:
         warnings.warn(INSECURE_WARNING, stacklevel=2)
@@ -292,15 +295,31 @@ def _toml_string(value: str) -> str:
 
 
 _ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})")
+_DNS_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*\.?")
+# What a SuperNode's node config may hold: the keys dpadmm's clients read (Flower drops a token without "=")
+NODE_KEYS = ("partition-id", "num-partitions", "data-path", "num-samples-total", "labels-path", "writer",
+             "randomness", "state-dir")
 
 
-def _check_superlink(address: str) -> None:
+def _check_superlink(address: str, name: str = "superlink") -> None:
     """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode would only
     refuse after it started, on the device, or keep retrying."""
     match = _ADDRESS.fullmatch(address or "")
     if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise ValueError(f"superlink={address!r} is not allowed; give the SuperLink's HOST:PORT, e.g. "
+        raise ValueError(f"{name}={address!r} is not allowed; give the SuperLink's HOST:PORT, e.g. "
                          "192.168.1.10:9092, superlink.example.org:9092 or [fd00::1]:9092")
+
+
+def _check_host(name: str, host: str) -> None:
+    """An IP address or a DNS name: anything else would go into a certificate (or a bind address) that no
+    client can ever match."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not (len(host) <= 253 and _DNS_NAME.fullmatch(host)):
+            raise ValueError(f"{name}={host!r} is not allowed; give an IP address or a DNS name, e.g. "
+                             "192.168.1.10 or superlink.example.org") from None
 
 
 def _check_node_config(text: str) -> None:
@@ -308,11 +327,19 @@ def _check_node_config(text: str) -> None:
     ``partition-id`` a whole number >= 0: each dpadmm client answers the server with it."""
     from flwr.common.config import parse_config_args
 
+    example = "e.g. \"partition-id=0 data-path='/data/agent-0.npz'\""
     try:
         config = parse_config_args([text])
+        loose = [token for token in shlex.split(text) if "=" not in token]
     except Exception as err:  # noqa: BLE001 - click's exception (a TOML error below it): said as ours
         raise ValueError(f"node-config={text!r} is not allowed: Flower reads it as space-separated TOML "
-                         "key=value pairs, e.g. \"partition-id=0 data-path='/data/agent-0.npz'\"") from err
+                         f"key=value pairs, {example}") from err
+    if loose:  # Flower drops them without a word
+        raise ValueError(f"node-config={text!r} is not allowed: {loose[0]!r} is no key=value pair; {example}")
+    unknown = sorted(set(config) - set(NODE_KEYS))
+    if unknown:
+        raise ValueError(f"node-config key {unknown[0]!r} is not read by dpadmm's clients; the keys are "
+                         f"{', '.join(NODE_KEYS)}")
     partition = config.get("partition-id")
     if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
         raise ValueError(f"node-config={text!r} is not allowed: partition-id={partition!r} must be the "

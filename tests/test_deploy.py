@@ -78,6 +78,11 @@ def test_bad_certificate_arguments_are_named(tmp_path: Path) -> None:
         deploy.make_certificates(tmp_path, [" ", ""])
     with pytest.raises(ValueError, match="days=0"):
         deploy.make_certificates(tmp_path, ["127.0.0.1"], days=0)
+    # a certificate for a name no client can ask for (it was issued for DNS:not a host!!)
+    with pytest.raises(ValueError, match="hosts='not a host!!' is not allowed; give an IP address or a DNS"):
+        deploy.make_certificates(tmp_path, ["127.0.0.1", "not a host!!"])
+    with pytest.raises(ValueError, match="host='not a host!' is not allowed"):
+        deploy.superlink_command(None, host="not a host!", insecure=True)
     assert not list(tmp_path.iterdir())
 
 
@@ -199,6 +204,10 @@ def test_supernode_command_is_secure_by_default(certs: deploy.Certificates, tmp_
     ("10.0.0.1:9093", "partition-id=abc", "node-config='partition-id=abc' is not allowed: Flower reads"),
     ("10.0.0.1:9093", "data-path='/x.npz'", "partition-id=None must be the agent's number"),
     ("10.0.0.1:9093", "partition-id=-1", "partition-id=-1 must be the agent's number, a whole number >= 0"),
+    # Flower drops a token without "=", and a misspelt key would leave the node without its data
+    ("10.0.0.1:9093", "partition-id=0 garbage", "'garbage' is no key=value pair"),
+    ("10.0.0.1:9093", "partition-id=0 data_path='/x.npz'",
+     "node-config key 'data_path' is not read by dpadmm's clients; the keys are partition-id"),
 ])
 def test_a_supernode_command_names_a_bad_address_or_node_config(superlink: str, node_config: str,
                                                                 message: str) -> None:
@@ -235,6 +244,8 @@ def test_connection_toml_escapes_and_refuses(tmp_path: Path) -> None:
         deploy.connection_toml("lab", "127.0.0.1:9093", None)
     with pytest.raises(FileNotFoundError, match="nowhere"):
         deploy.connection_toml("lab", "127.0.0.1:9093", tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="address='bad' is not allowed; give the SuperLink's HOST:PORT"):
+        deploy.connection_toml("lab", "bad", ca)
 
 
 # --- the CLI --------------------------------------------------------------------------------------------
