@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dpadmm import keys
-from dpadmm.families import DEFAULT, Family, family_of
+from dpadmm.families import ALGORITHMS, DEFAULT, Family, family_of
 from dpadmm.files import write_atomic
 from dpadmm.iadmm import config as iadmm_config
 from dpadmm.iadmm.config import PRESETS, requested
@@ -521,7 +521,12 @@ def _node(args: argparse.Namespace) -> int:
             write_atomic(path, device.Policy().to_toml())
             print(path)
         else:
-            print(device.read_policy(directory).to_toml(), end="")
+            policy = device.read_policy(directory)
+            unknown = sorted(set(policy.algorithms) - set(ALGORITHMS))
+            if unknown:  # the device would refuse every run, each for an algorithm the policy does not name
+                raise ValueError(f"{directory / device.POLICY_FILE}: algorithms names {unknown[0]!r}, which "
+                                 f"no family runs; choose among {', '.join(ALGORITHMS)}")
+            print(policy.to_toml(), end="")
     except (ValueError, OSError) as err:  # DeviceRefused is a ValueError: a damaged file, said as such
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

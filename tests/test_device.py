@@ -240,3 +240,14 @@ def test_admission_and_status_read_a_long_history_in_under_a_second(tmp_path: Pa
     assert f"agent 0: spent (eps = {10_000 * record['epsilon'] + 1:.6g}, delta = 0.1)" in out
     assert "over 10001 run(s)" in out
     assert "run run-9999: objpm, gaussian, (eps = 7.99" in out and "for 10 rounds, 10 answered" in out
+
+
+def test_the_node_commands_name_a_missing_state_folder_and_an_unknown_algorithm(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --state-dir read as a device that spent nothing, and a policy naming an algorithm no family
+    runs (the device would then refuse every run) was shown as valid."""
+    assert main(["node", "status", "--state-dir", str(tmp_path / "typo")]) == 0
+    assert f"({tmp_path / 'typo'} does not exist yet: check the path" in capsys.readouterr().out
+    _policy(tmp_path, algorithms=("ldp-admn",))
+    assert main(["node", "policy", "--state-dir", str(tmp_path)]) == 2
+    assert "algorithms names 'ldp-admn', which no family runs; choose among iadmm" in capsys.readouterr().err

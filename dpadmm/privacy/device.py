@@ -454,7 +454,10 @@ def status(directory: str | Path) -> str:
     lines += [f"  {line}" for line in policy.to_toml().splitlines()]
     found = [p for pattern in (f"agent-*{BUDGET_SUFFIX}", "agent-*.key") for p in directory.glob(pattern)]
     agents = sorted({int(p.name.split("-")[1].split(".")[0]) for p in found})
-    if not agents:
+    if not agents and not directory.is_dir():  # a device's first answer makes it; or the path is mistyped
+        lines.append(f"no agent has answered on this device: nothing spent ({directory} does not exist yet: "
+                     "check the path if this device has answered runs)")
+    elif not agents:
         lines.append("no agent has answered on this device: nothing spent")
     for agent in agents:
         charges = Device(directory, agent).charges()
