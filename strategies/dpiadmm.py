@@ -37,7 +37,15 @@ from dpadmm.privacy.ledger import Ledger
 from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.privacy.randomness import statement as randomness_statement
 from dpadmm.runs import checkpoint
-from strategies.nodes import Roster, claimed_partition, mechanism_fault, refused, reported_kind
+from strategies.nodes import (
+    Roster,
+    claimed_partition,
+    mechanism_fault,
+    refused,
+    reported_kind,
+    require_argument,
+    require_tensor,
+)
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
 OPERATIONAL_KEYS = ("node-timeout", "round-timeout")
@@ -130,8 +138,11 @@ class DPIADMM(Strategy):
     def __init__(self, config: RunConfig, parameters: Mapping[str, torch.Tensor], *,
                  checkpoint_path: str | Path | None = None,
                  on_round: Callable[[RoundReport], None] | None = None):
+        require_argument("config", config, RunConfig, "a dpadmm.iadmm.config.RunConfig")
         if not parameters:
             raise ValueError("parameters is empty; give the model's initial parameters as a dict of tensors")
+        for name, p in parameters.items():
+            require_tensor(f"parameters[{name!r}]", p, p.dim() if isinstance(p, torch.Tensor) else 1)
         # eps-bar calibrated to target-epsilon here, as every agent calibrates it (clients.dpiadmm's
         # train_reply): the strategy's statement and its accounts are about the noise the agents add
         self.config = config = privacy.calibrate(config)

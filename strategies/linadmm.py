@@ -42,7 +42,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.privacy.randomness import NodeSecret, new_run_identity, request_digest, server_state_dir
 from dpadmm.wire import GRADIENT_KEY, IDENTITY_KEY, POINT_KEY
-from strategies.nodes import Roster
+from strategies.nodes import Roster, require_argument, require_tensor
 from strategies.rounds import run_rounds
 
 
@@ -68,6 +68,12 @@ class DPLinADMM(Strategy):
 
     def __init__(self, config: LinAdmmConfig, a: torch.Tensor, num_samples: int,
                  secret: NodeSecret | None = None) -> None:
+        require_argument("config", config, LinAdmmConfig, "a dpadmm.linadmm.config.LinAdmmConfig")
+        require_tensor("a", a, 2)
+        require_argument("num_samples", num_samples, int, "the clients' sample count n, an integer >= 1")
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples!r} is not allowed; give the clients' sample count "
+                             "n >= 1")
         if config.dual_init != "zero":
             raise ValueError(f"dual-init={config.dual_init!r} is not allowed on Flower: the paper's u_0 "
                              "needs the exact gradient of all the clients' data at x_0; use 'zero'")

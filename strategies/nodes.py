@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from logging import ERROR, INFO, WARNING
 from typing import NoReturn
 
+import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -200,3 +201,24 @@ def server_kind(grid: Grid | None, environ: Mapping[str, str] | None = None) -> 
     if forced == DEPLOYMENT:
         return DEPLOYMENT
     return SIMULATION if simulated else DEPLOYMENT
+
+
+def require_argument(name: str, value: object, kind: type | tuple[type, ...], what: str) -> None:
+    """A strategy's constructor argument of the wrong type, refused by name (a plug-in strategy gets them
+    from another app's code, where a dict for a configuration or 0/1 labels would fail deep in a round)."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise TypeError(f"{name} is a {type(value).__name__}; give {what}")
+
+
+def require_tensor(name: str, value: torch.Tensor, ndim: int, values: str = "finite") -> None:
+    """``value`` a non-empty tensor of ``ndim`` dimensions whose entries are finite (``values="+-1"``: each
+    -1 or +1), or a ValueError naming the first bad entry."""
+    require_argument(name, value, torch.Tensor, f"a {ndim}-D torch.Tensor")
+    if value.dim() != ndim or value.numel() == 0:
+        raise ValueError(f"{name} has shape {tuple(value.shape)}; give a non-empty {ndim}-D tensor")
+    bad = ~torch.isfinite(value) if values == "finite" else (value != 1) & (value != -1)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        allowed = "finite numbers" if values == "finite" else "-1 or +1 (2 y - 1 for labels 0 and 1)"
+        at = ", ".join(map(str, index))
+        raise ValueError(f"{name}[{at}] is {value[index].item()!r}; allowed: {allowed}")

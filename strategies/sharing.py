@@ -52,7 +52,7 @@ from dpadmm.wire import (
     PULLED_KEY,
     SCORES_KEY,
 )
-from strategies.nodes import Roster, mechanism_fault, refused, reported_kind
+from strategies.nodes import Roster, mechanism_fault, refused, reported_kind, require_argument, require_tensor
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -66,6 +66,9 @@ class ADMMSharing(Strategy):
 
     def __init__(self, config: SharingConfig, labels: torch.Tensor, test_labels: torch.Tensor,
                  ids_digest: str) -> None:
+        require_argument("config", config, SharingConfig, "a dpadmm.sharing.config.SharingConfig")
+        require_tensor("labels", labels, 1, "+-1")
+        require_tensor("test_labels", test_labels, 1, "+-1")
         self.config = config
         self.labels = labels
         self.test_labels = test_labels
