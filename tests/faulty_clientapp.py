@@ -28,6 +28,7 @@ FAULTS = {
     (3, 5): "mechanism",  # a client that ran another mechanism than the server states (no calibration)
     (4, 6): "refuse",  # a node that can no longer use its data (a fault that would repeat): the run ends
 }
+EVERY_AGENT_RAISES = 99  # the run config's seed that makes every agent raise in every round
 
 app = ClientApp()
 
@@ -42,6 +43,8 @@ def train(msg: Message, context: Context) -> Message:
     p = int(context.node_config["partition-id"])
     t = int(msg.content["config"]["server-round"])
     fault = FAULTS.get((p, t))
+    if EVERY_AGENT_RAISES in {int(v) for k, v in context.run_config.items() if k.endswith(".seed")}:
+        fault = "raise"
     if fault == "raise":
         raise RuntimeError(f"injected failure of agent {p} in round {t}")
     if fault == "refuse":

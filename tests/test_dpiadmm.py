@@ -21,8 +21,8 @@ from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import failure, read_jsonl, read_metrics
 from strategies import DPIADMM
-from tests.conftest import flower_app, flwr_run, run_config_of
-from tests.faulty_clientapp import FAULTS
+from tests.conftest import flower_app, flwr_run, last_run_status, run_config_of
+from tests.faulty_clientapp import EVERY_AGENT_RAISES, FAULTS
 
 
 def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
@@ -106,3 +106,18 @@ def test_faulty_replies_are_rejected_and_the_rest_equals_the_engine(flwr_env: di
         np.testing.assert_allclose(flower_w[f"round-{report['round']}"], after.numpy(), rtol=1e-5, atol=1e-12)
     metrics = read_metrics(tmp_path / "run")
     assert [m["rejected"] for m in metrics] == [len(r["rejected"]) for r in rounds]
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_reply_is_rejected_stops_failed(flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """Every agent's ClientApp raises (a fault all repeat, as a configuration no agent can run): the run used
+    to "complete" with the untrained model and privacy spent; it stops after round 1, failed, saying why."""
+    config = papers(algorithm="objp", epsilon=0.5, num_agents=3, rounds=4, seed=EVERY_AGENT_RAISES,
+                    out=str(tmp_path / "run"))
+    app = flower_app(tmp_path, "faulty_clientapp")
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=3, app=app)
+    assert "round 1: every reply was rejected (3: partition " in output and "[ROUND 2" not in output
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and "every reply was rejected" in details
+    failed = failure(tmp_path / "run")
+    assert failed is not None and "every reply was rejected" in failed["reason"]
