@@ -123,6 +123,8 @@ def test_the_privacy_of_a_noise_level_is_the_composed_gaussian_mechanism() -> No
     ({"eps": (2.0,)}, "epsilon=2.0 is not allowed"),
     ({"seeds": 0}, "seeds=0"),
     ({"rhos": (0.5,)}, "rhos=\\(0.5,\\) is not allowed; give finite values >= 1"),
+    # inf reads as non-private in the family: the grid ran its cells, then refused, leaving a report
+    ({"eps": (1.0, math.inf)}, "eps='1.0,inf' is not allowed: 001's figures are private runs"),
 ])
 def test_bad_grids_are_named(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

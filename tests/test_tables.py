@@ -41,3 +41,6 @@ def test_a_grid_from_flags_converts_lists_like_their_defaults() -> None:
     assert grid == _Grid(out="y", rates=(1.0, 3.0), rounds=(10, 20), seeds=1)
     with pytest.raises(ValueError, match="rounds='1.5' is not allowed; give comma-separated integers"):
         from_args(_Grid, rounds="1.5")
+    # two cells of one key: refused at once, not by the runner once the grid's first cells had run
+    with pytest.raises(ValueError, match="rounds='5,10,5' is not allowed: 5 comes twice; give each value"):
+        from_args(_Grid, rounds="5,10,5")

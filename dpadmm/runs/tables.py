@@ -94,6 +94,10 @@ def from_args(kind: type, **kwargs: Any) -> Any:
                 kind_name = {int: "integers", float: "numbers"}.get(convert, "values")
                 raise ValueError(f"{name.replace('_', '-')}={value!r} is not allowed; give comma-separated "
                                  f"{kind_name}") from None
+            twice = [v for i, v in enumerate(value) if v in value[:i]]
+            if twice:  # two cells of one key: refused before any runs, not by the runner after the first
+                raise ValueError(f"{name.replace('_', '-')}={','.join(map(str, value))!r} is not allowed: "
+                                 f"{twice[0]} comes twice; give each value once")
         values[name] = value
     return kind(**values)
 

@@ -121,6 +121,9 @@ class Grid:
         if self.epochs < 1 or self.seeds < 1 or self.batch < 1 or not self.rates:
             raise ValueError(f"epochs={self.epochs}, seeds={self.seeds} and batch={self.batch} must be >= 1, "
                              "with at least one rate")
+        if not all(0 < eps < math.inf for eps in self.eps):  # the family would read inf as non-private
+            raise ValueError(f"eps={','.join(map(str, self.eps))!r} is not allowed: 001's figures are "
+                             "private runs, each eps in (0, 1]; the grid runs a non-private baseline itself")
         for eps in self.eps:  # the family's own checks and messages (0 < eps <= 1, delta)
             self.config("a9a", eps, "message")
         SharingConfig(dtype=self.dtype, device=self.device, delta=self.delta)
