@@ -123,3 +123,5 @@ def test_a_grid_names_its_bad_values() -> None:
         Grid(fig1_eps=math.inf)
     with pytest.raises(ValueError, match="dtype='float16' is not allowed"):
         Grid(dtype="float16")
+    with pytest.raises(ValueError, match="eta=inf is not allowed; it must be finite"):  # every cell failed
+        Grid(eta=math.inf)

@@ -106,8 +106,9 @@ class Grid:
         if not self.rounds or min(self.rounds) < 1 or self.seeds < 1 or self.optimum_rounds < 1:
             raise ValueError(f"rounds={self.rounds!r}, seeds={self.seeds} and optimum-rounds="
                              f"{self.optimum_rounds} must be >= 1")
-        if not self.eta >= 0:
-            raise ValueError(f"eta={self.eta!r} is not allowed; it must be > 0 (0 = 1/L_f per data set)")
+        if not 0 <= self.eta < math.inf:
+            raise ValueError(f"eta={self.eta!r} is not allowed; it must be finite and > 0 (0 = 1/L_f per "
+                             "data set)")
         LinAdmmConfig(dtype=self.dtype, device=self.device)  # the family's own checks and messages
 
     def config(self, dataset: str, algorithm: str, eps: float, rounds: int, eta: float,
