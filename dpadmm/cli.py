@@ -340,7 +340,10 @@ def _reproduce(args: argparse.Namespace) -> int:
                 reproduce.write_report(out)
             else:
                 if not (out / "runs").is_dir():
-                    raise FileNotFoundError(f"{out} holds no reproduce runs (no runs/ folder)")
+                    other = (" but another paper's grid (grid.json): give its --paper, 001, 002 or 004"
+                             if (out / "grid.json").exists() else "")
+                    raise FileNotFoundError(f"{out} holds no reproduce runs of paper 003 (no runs/ "
+                                            f"folder){other}")
                 reproduce.write_report(out, args.delta)
             why = mark_report(out)  # of the last call that ran cells
             if why:

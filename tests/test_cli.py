@@ -198,6 +198,10 @@ def test_reproduce_errors_are_named(tmp_path: Path, dpadmm: Run) -> None:
     assert done.returncode == 2 and "eps='0.1,abc'" in done.stderr
     done = dpadmm("reproduce", "--report-only", "--out", "empty", cwd=tmp_path)
     assert done.returncode == 2 and "no reproduce runs" in done.stderr
+    (tmp_path / "other").mkdir()  # another paper's grid, --paper forgotten
+    (tmp_path / "other" / "grid.json").write_text("{}\n")
+    done = dpadmm("reproduce", "--report-only", "--out", "other", cwd=tmp_path)
+    assert done.returncode == 2 and "another paper's grid (grid.json): give its --paper" in done.stderr
 
 
 def test_a_file_given_as_data_dir_is_named(tmp_path: Path, dpadmm: Run) -> None:
