@@ -316,15 +316,20 @@ def _add_reproduce_004(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--device", default=d.device, help=f"cpu or cuda (default: {d.device})")
 
 
+def _engine(family: str, module: str = "engine") -> Any:
+    """``dpadmm.<family>.<module>``, which imports torch (seconds on a cold start): Ctrl-C or SIGTERM during
+    that import ends in one line, as nothing was written yet, not in the tracebacks of a half-imported
+    torch."""
+    try:
+        return importlib.import_module(f"dpadmm.{family}.{module}")
+    except KeyboardInterrupt:
+        print("dpadmm: interrupted before the run started; nothing was written", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 def _reproduce(args: argparse.Namespace) -> int:
-    if args.paper == "004":
-        from dpadmm.decentral import reproduce
-    elif args.paper == "001":
-        from dpadmm.sharing import reproduce
-    elif args.paper == "002":
-        from dpadmm.linadmm import reproduce
-    else:
-        from dpadmm.iadmm import reproduce
+    family = {"004": "decentral", "001": "sharing", "002": "linadmm"}.get(args.paper, "iadmm")
+    reproduce = _engine(family, "reproduce")
 
     from dpadmm.runs.grid import CellsFailed, GridOptions, mark_report
 
@@ -804,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
         return 0
     if args.command == "train":
-        from dpadmm.iadmm import engine
+        engine = _engine("iadmm")
 
         if not (args.checkpoint_minutes >= 0 and math.isfinite(args.checkpoint_minutes)):
             parser.error(f"--checkpoint-minutes {args.checkpoint_minutes!r} is not allowed; it must be >= 0 "
@@ -863,9 +868,8 @@ def _train_folder(config: Any) -> tuple[Path, bool]:
 
 def _interrupted(folder: Path, saving: bool | None) -> str:
     """What an interrupted `dpadmm train` says: which rounds its folder holds, what its privacy.json states,
-    and how to go on. ``saving`` None: a family whose engine keeps no checkpoint."""
-    import torch
-
+    and how to go on. ``saving`` None: a family whose engine keeps no checkpoint. No import of torch unless a
+    checkpoint is read: an interrupt during torch's own import leaves it half-imported."""
     from dpadmm.runs.results import failure
 
     if failure(folder) is None:  # before the run's folder was written (loading the data, calibrating)
@@ -879,6 +883,8 @@ def _interrupted(folder: Path, saving: bool | None) -> str:
                 "round 1")
     path = folder / CHECKPOINT
     if saving and path.exists():  # mmap: the round without reading the whole state
+        import torch
+
         saved = int(torch.load(path, weights_only=True, mmap=True)["round"])
         return f"{said}. Run the same command again to resume from round {saved + 1} (its checkpoint)"
     when = ("the first comes after --checkpoint-minutes" if saving
@@ -933,7 +939,7 @@ def _family_command(args: argparse.Namespace, config: Any, family: Family) -> in
             ledger = privacy.stated(config)
             print(json.dumps(ledger.to_dict(), default=str) if args.json else ledger.summary())
             return 0
-        engine = importlib.import_module(f"dpadmm.{family.name}.engine")
+        engine = _engine(family.name)
         result = engine.run(config, directories=[folder], progress=not args.no_progress)
     except (ValueError, OSError) as err:  # OSError: missing or unreadable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
