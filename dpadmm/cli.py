@@ -23,6 +23,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import tomllib
 import warnings
 from collections.abc import Callable, Sequence
@@ -565,7 +566,6 @@ def _supernode(command: list[str], port: int) -> int:
     this process (:func:`clients.runtime.serve`), until either ends: one process for a supervisor to keep
     (a systemd unit's ``ExecStart``). Ends with the SuperNode's exit code; SIGTERM ends both."""
     import subprocess
-    import threading
 
     sibling = Path(sys.executable).with_name(command[0])
     program = str(sibling) if os.access(sibling, os.X_OK) else shutil.which(command[0])
@@ -780,7 +780,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what it spent, and resumable, instead of a process killed between two files.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.command == "reproduce":
-        return _reproduce(args)
+        status = _reproduce(args)
+        if status == 130 and argv_given is None:
+            # An interrupted cell leaves torch's native threads mid-work; the interpreter's own exit then
+            # aborts ("terminate called without an active exception", status 134). Everything is written
+            # (the cells' checkpoints, pending-cells.json, the report's banner): end the process here.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        return status
     if args.command == "deploy":
         return _deploy(args)
     if args.command == "data":
