@@ -35,6 +35,7 @@ def test_an_integer_for_a_float_becomes_that_float(family) -> None:
     ("clip_norm", math.inf, "finite and > 0"), ("clip_norm", math.nan, "finite and > 0"),
     ("beta", math.inf, "finite and >= 0"), ("beta", math.nan, "finite and >= 0"),
     ("rho_c1", math.inf, "finite and > 0"), ("rho_c2", -1.0, "finite and >= 0"),
+    ("target_epsilon", math.inf, "finite and > 0 (0 = off; a non-private run is epsilon=inf"),
 ])
 def test_dpiadmms_numbers_are_finite(name: str, value: float, rule: str) -> None:
     """clip-norm=inf or beta=inf used to run: noise of infinite scale refused only inside a round, a train

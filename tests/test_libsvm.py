@@ -176,6 +176,9 @@ def test_missing_files_and_names_are_errors_that_say_what_to_do(tmp_path: Path, 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FileNotFoundError, match=r"neither .*a9a nor .*a9a\.gz exists"):
         load_binary("a9a", tmp_path)
+    (tmp_path / "shared" / "a9a").mkdir(parents=True)  # the parent of the data set's folder given
+    with pytest.raises(FileNotFoundError, match=r"exists; .*shared/a9a is a folder: give it as the data-dir"):
+        load_binary("a9a", tmp_path / "shared")
     with pytest.raises(ValueError, match="dataset='gisette' is not a binary data set; choose one of a9a"):
         load_binary("gisette", tmp_path)
     monkeypatch.setenv("DPADMM_CACHE", str(tmp_path / "cache"))  # without data-dir: the cache, fetched

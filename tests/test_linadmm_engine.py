@@ -13,7 +13,7 @@ from scipy.optimize import minimize
 from dpadmm.data import Dataset
 from dpadmm.linadmm import engine
 from dpadmm.linadmm.config import LinAdmmConfig
-from dpadmm.linadmm.problem import Problem, build, constraint_matrix, reference_optimum
+from dpadmm.linadmm.problem import Problem, build, constraint_matrix, reference_optimum, sparse_graph
 from dpadmm.models import binary
 
 F64 = torch.float64
@@ -144,3 +144,14 @@ def test_build_gives_unit_rows_signed_labels_and_a_full_rank_a() -> None:
     assert int(torch.linalg.matrix_rank(problem.a)) == 5
     w = problem.a[:len(problem.edges)]
     assert (w.sum(dim=1) == 0).all() and (w.abs().sum(dim=1) == 2).all()
+
+
+def test_a_graph_alpha_the_graphical_lasso_cannot_solve_is_named() -> None:
+    """Collinear features at a tiny alpha: scikit-learn's FloatingPointError used to end the run in a
+    traceback."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(200, 3, generator=gen, dtype=F64)
+    features = torch.cat([base, base[:, :1] * 2 + 1e-12 * torch.randn(200, 1, generator=gen, dtype=F64)], 1)
+    with pytest.raises(ValueError, match=r"graph-alpha=1e-09 is not allowed for these data: the graphical "
+                                         r"lasso fails \(.*\); give a larger graph-alpha"):
+        sparse_graph(features, 1e-9, cache=False)

@@ -57,7 +57,8 @@ def find_file(folder: str | os.PathLike, name: str) -> Path:
     for candidate in (base / name, base / f"{name}.gz"):
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"neither {base / name} nor {base / name}.gz exists")
+    inside = f"; {base / name} is a folder: give it as the data-dir" if (base / name).is_dir() else ""
+    raise FileNotFoundError(f"neither {base / name} nor {base / name}.gz exists{inside}")
 
 
 def read_libsvm(path: str | os.PathLike, num_features: int) -> tuple[np.ndarray, np.ndarray]:

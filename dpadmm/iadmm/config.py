@@ -252,9 +252,9 @@ class RunConfig(keys.Keyed):
         keys.require(self, "finite and > 0", "clip_norm")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
-        if math.isnan(self.target_epsilon) or self.target_epsilon < 0:
-            raise ValueError(
-                f"target-epsilon={self.target_epsilon!r} is not allowed; it must be > 0 (0 = off)")
+        if not 0 <= self.target_epsilon < math.inf:
+            raise ValueError(f"target-epsilon={self.target_epsilon!r} is not allowed; it must be finite and "
+                             "> 0 (0 = off; a non-private run is epsilon=inf with target-epsilon=0)")
         if self.target_epsilon and self.algorithm == "iadmm":
             raise ValueError("target-epsilon is not allowed with algorithm='iadmm', which is non-private")
         self._check_epsilon()

@@ -79,7 +79,11 @@ def sparse_graph(features: torch.Tensor, alpha: float, cache: bool = True) -> tu
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
         model = GraphicalLasso(alpha=alpha, mode="cd", max_iter=GRAPH_MAX_ITER, assume_centered=True)
-        model.fit(standard)
+        try:
+            model.fit(standard)
+        except FloatingPointError as error:  # scikit-learn's: the covariance is ill-conditioned at alpha
+            raise ValueError(f"graph-alpha={alpha!r} is not allowed for these data: the graphical lasso "
+                             f"fails ({error}); give a larger graph-alpha (the default is 0.3)") from None
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
     rows, cols = np.nonzero(np.abs(np.triu(model.precision_, 1)) > EDGE_THRESHOLD)
     edges = np.stack([keep[rows], keep[cols]], axis=1).astype(np.int64)
