@@ -41,7 +41,7 @@ import torch
 from dpadmm.decentral import engine, privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit, shown
 from dpadmm.privacy.secure import laplace_epsilon_cost
 
 Release = Callable[..., tuple[torch.Tensor, Any]]  # engine.release's signature: what broken variants replace
@@ -192,7 +192,7 @@ def one_run(config: DecentralConfig, canaries: int = CANARIES, alpha: float = AL
     x[..., -1] = -MARGIN
     state = engine.State(x=x, dual=torch.zeros_like(x))
     scores = torch.zeros(canaries, dtype=torch.float64)
-    for k in range(1, config.rounds + 1):
+    for k in shown(config.rounds, "iteration"):
         state, _ = engine.iterate(config, agents, state, [seed], k)
         scores += state.x[0, :, :-1].sum(dim=-1)
     length = counted(config.rounds, "iteration")

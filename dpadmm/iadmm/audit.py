@@ -41,7 +41,7 @@ from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.iadmm.local import LocalResult, agent_round
 from dpadmm.models.logistic import AgentData
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit, shown
 from dpadmm.privacy.ledger import single_release
 
 Release = Callable[..., LocalResult]  # agent_round's signature: what the tests' broken variants replace
@@ -186,7 +186,7 @@ def one_run(config: RunConfig, canaries: int = CANARIES, alpha: float = ALPHA, s
     state = engine.EngineState(w=zeros[:, 0].clone(), z=zeros.clone(), z_chain=zeros.clone(),
                                lam=zeros.clone())
     scores = torch.zeros(canaries, dtype=torch.float64)
-    for t in range(1, config.rounds + 1):
+    for t in shown(config.rounds, "round"):
         engine.step(config, data, state, t)
         scores += state.z[0, 0, :, 0] - state.z[0, 0, :, 1]
     length = f"{counted(config.rounds, 'round')} of {counted(config.steps, 'step')}"

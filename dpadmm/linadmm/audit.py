@@ -33,7 +33,7 @@ from dpadmm.linadmm import engine, privacy
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import Problem, constraint_matrix
 from dpadmm.models import binary
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit, shown
 
 Release = Callable[..., torch.Tensor]  # engine.release's signature: what the tests' broken variants replace
 Clipped = Callable[..., torch.Tensor]  # binary.clipped_gradient_sum's
@@ -129,7 +129,7 @@ def one_run(config: LinAdmmConfig, canaries: int = CANARIES, alpha: float = ALPH
     sigma, constants = privacy.noise_std(config, canaries), engine.settings(config, problem.a)
     state = engine.start(config, problem, 1)
     scores = torch.zeros(canaries, dtype=torch.float64)
-    for t in range(1, config.rounds + 1):
+    for t in shown(config.rounds, "iteration"):
         state, _, released = engine.step(config, problem, state, [seed], t, sigma, constants)
         scores -= released[0]
     length = counted(config.rounds, "iteration")

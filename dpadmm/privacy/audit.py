@@ -25,7 +25,9 @@ Two designs share this module:
 from __future__ import annotations
 
 import math
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,3 +293,19 @@ def one_run_result(kind: str, scores: np.ndarray, included: np.ndarray, claim: f
     return AuditResult(kind=f"{kind}, one run with canaries", claim=claim, delta=delta, bound=bound,
                        trials=int(np.asarray(scores).size), seconds=time.perf_counter() - began, alpha=alpha,
                        attack=attack, detail=detail)
+
+
+def shown(rounds: int, unit: str) -> Iterator[int]:
+    """1..``rounds``, with a progress bar on stderr when it is a terminal: a whole-run audit runs every round
+    of the run it audits (10^8 rounds take days) and must not look hung."""
+    from dpadmm.runs.results import progress_bar
+
+    bar = progress_bar(rounds, sys.stderr.isatty(), unit=unit)
+    try:
+        for t in range(1, rounds + 1):
+            yield t
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()

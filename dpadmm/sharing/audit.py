@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit
+from dpadmm.privacy.audit import ALPHA, AuditResult, counted, one_run_result, release_audit, shown
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 
@@ -147,7 +147,7 @@ def one_run(config: SharingConfig, canaries: int = CANARIES, alpha: float = ALPH
     rho = config.penalty(SAMPLES)
     state = engine.initial_state(problem, 1)
     scores = torch.zeros(canaries, dtype=torch.float64)
-    for t in range(1, config.rounds + 1):
+    for t in shown(config.rounds, "round"):
         # what the server broadcast before round t (as engine.iterate computes it) and the two candidates'
         # noiseless messages, [M, N] each
         pulled = state.messages.sum(dim=1) - state.z
