@@ -17,6 +17,10 @@ def test_rows_are_appended_and_read_back_with_nine_digits(tmp_path: Path) -> Non
     tables.append("cells", [{"name": "b", "value": 2}])
     assert tables.read("cells") == [{"name": "a", "value": "0.333333333"}, {"name": "b", "value": "2"}]
     assert (tmp_path / "cells.csv").read_text().splitlines()[0] == "name,value"
+    # a table cut short (a disk full, an edit): named, not read into a report (float(None) failed later)
+    (tmp_path / "cells.csv").write_text("name,value\na,0.333333333\nb\n")
+    with pytest.raises(ValueError, match=r"cells\.csv, line 3: 2 fields expected, the row has fewer or more"):
+        tables.read("cells")
 
 
 def test_a_folder_keeps_its_settings_and_refuses_others(tmp_path: Path) -> None:

@@ -29,12 +29,21 @@ class Tables:
         self.schema = dict(schema)
 
     def read(self, name: str) -> list[dict[str, str]]:
-        """The rows of table ``name`` (none before its first unit completes)."""
+        """The rows of table ``name`` (none before its first unit completes); a row that lacks fields or has
+        more (a table cut short or edited) is a ValueError naming the file and line, not a report built from
+        it."""
         path = self.out / f"{name}.csv"
         if not path.exists():
             return []
         with open(path, newline="", encoding="utf-8") as fh:
-            return list(csv.DictReader(fh))
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+        for line, row in enumerate(rows, start=2):
+            if None in row or None in row.values():
+                raise ValueError(f"{path}, line {line}: {len(reader.fieldnames or [])} fields expected, the "
+                                 "row has fewer or more (the table was cut short or edited); restore it or "
+                                 "rerun the grid into a new --out")
+        return rows
 
     def append(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Append ``rows`` to table ``name``, writing its header first if it is new."""
