@@ -61,6 +61,10 @@ def test_bad_grids_are_named() -> None:
         Grid(figures=("E",))
     with pytest.raises(ValueError, match="seeds=0 and rounds=100 must be >= 1"):
         Grid(seeds=0)
+    # every cell used to run and fail (each told to retry) where the paper's noise has no finite guarantee
+    with pytest.raises(ValueError, match=r"rounds=40000 is not allowed for Fig\. 2 \(Algorithm 1\), whose "
+                                         "noise is the paper's: noise-growth=1.02 over 40000 rounds"):
+        Grid(rounds=40_000)
 
 
 def test_an_interrupted_grid_resumes_with_the_cells_it_had_not_committed(tmp_path: Path,

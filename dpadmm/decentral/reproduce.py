@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpadmm.decentral import privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.runs import references
 from dpadmm.runs.estimate import Estimate, Unit, evaluations
@@ -136,6 +137,14 @@ class Grid:
         if self.seeds < 1 or self.rounds < 1:
             raise ValueError(f"seeds={self.seeds} and rounds={self.rounds} must be >= 1")
         DecentralConfig(dtype=self.dtype, device=self.device)  # the family's own checks and messages
+        for cell in CELLS:  # before any cell runs: the paper's noise may have no finite guarantee over K
+            config = self.config(cell)
+            if cell.figure in self.figures and config.private:
+                try:
+                    privacy.stated(config)
+                except ValueError as error:
+                    raise ValueError(f"rounds={self.rounds} is not allowed for Fig. {cell.figure} "
+                                     f"({cell.label}), whose noise is the paper's: {error}") from None
 
     def config(self, cell: Cell) -> DecentralConfig:
         return dataclasses.replace(PAPER, rounds=self.rounds, data_dir=self.data_dir, dtype=self.dtype,
