@@ -68,6 +68,10 @@ def test_one_run_with_canaries_stays_below_the_whole_run_claim_and_catches_missi
     short = DecentralConfig(target_epsilon=1.0, rounds=3)
     fine = one_run(short)
     assert fine.bound <= fine.claim and fine.trials == 2000 and fine.delta == 0.0, fine.line()
+    assert "NOT COVERED" not in fine.line()
+    # the paper's B_inf = 1/b_i: the claim is its statement's, which says NOT COVERED; so does the line
+    papers = one_run(dataclasses.replace(short, sensitivity=0.01))
+    assert "whole run (3 iterations, NOT COVERED: B_inf = 0.01 is below 2/b_i)" in papers.line()
 
     real = engine.release
     monkeypatch.setattr(engine, "release", lambda config, *args, **kwargs: real(
