@@ -112,9 +112,9 @@ class Grid:
         if bad or not self.datasets:
             raise ValueError(f"datasets={','.join(self.datasets)!r} is not allowed; choose among "
                              f"{', '.join(DATASETS)}")
-        if any(not 0 < s < math.inf for s in self.sigmas) or any(not 0 < r < math.inf for r in self.rates):
-            raise ValueError(f"sigmas={self.sigmas!r} and rates={self.rates!r} are not allowed; give finite "
-                             "values > 0")
+        for name in ("sigmas", "rates"):
+            if any(not 0 < v < math.inf for v in getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; give finite values > 0")
         if not self.rhos or any(not 1 <= r < math.inf for r in self.rhos):
             raise ValueError(f"rhos={self.rhos!r} is not allowed; give finite values >= 1 (rho in units of "
                              "1/(4N); 001's Assumption 1.2 needs rho >= 1/(4N))")
