@@ -89,12 +89,13 @@ class DecentralConfig(keys.Keyed):
         default=0.0,
         metadata={"help": "the a-priori epsilon the run must cost exactly: the Laplace rates are calibrated "
                           "to it (Theorem 3.3: a constant beta = eps D / (B K d) for ldp-admm; Theorem 3.4: "
-                          "beta_k = eps / (d K eta_k B) otherwise); 0 = the noise-growth schedule"},
+                          "beta_k = eps / (d K eta_k B) otherwise), less the grid's 2^-32 per release, so "
+                          "that the run's statement is the target; 0 = the noise-growth schedule"},
     )
     noise_growth: float = field(
         default=1.02,
         metadata={"help": "beta_k = noise-growth^k, k = 1..K: the Laplace rate of the k-th release (scale "
-                          "1/beta_k; the paper: 1.02, diminishing noise)"},
+                          "1/beta_k; the paper: 1.02, diminishing noise); not read with a target-epsilon"},
     )
     sensitivity: float = field(
         default=0.0,

@@ -140,7 +140,8 @@ class RunConfig(keys.Keyed):
     rho_c1: float = field(default=2.0, metadata={"help": "c1 of eq. (24), used when rho-preset=custom"})
     rho_c2: float = field(default=5.0, metadata={"help": "c2 of eq. (24), used when rho-preset=custom"})
     rho_tc: int = field(default=10000, metadata={"help": "Tc of eq. (24), used when rho-preset=custom"})
-    outp_delta: float = field(default=1e-6, metadata={"help": "delta of the OutP Gaussian mechanism"})
+    outp_delta: float = field(default=1e-6, metadata={"help": "delta of the OutP Gaussian mechanism (outp "
+                                                              "only)"})
     sensitivity: str = field(
         default="clipped",
         metadata={"help": "Laplace calibration: clipped (per-sample L1 clipping to clip-norm, Delta = 2C/I, "
