@@ -40,6 +40,7 @@ def test_an_update_without_random_weights_has_no_amplified_design() -> None:
     assert [r.kind for r in results] == kinds
 
 
+@pytest.mark.slow  # 20 times the trials of the other audits: 6-18 s
 def test_doubled_rates_are_caught() -> None:
     """Laplace noise of twice the rate (half the scale) while the statement prices the configured one."""
     def loud(config: DecentralConfig, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202

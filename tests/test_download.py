@@ -366,7 +366,9 @@ def shared_mirror(binary_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return base
 
 
-@pytest.mark.parametrize("name", ["a9a", "a8a", "ijcnn1", "adult", "femnist"])
+@pytest.mark.parametrize("name", ["a9a", "a8a", "adult",  # the large ones (9 s each) in the full suite
+                                  pytest.param("ijcnn1", marks=pytest.mark.slow),
+                                  pytest.param("femnist", marks=pytest.mark.slow)])
 def test_each_data_set_is_fetched_checked_and_read_as_from_the_shared_folder(
         name: str, shared_mirror: str, binary_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         ) -> None:
