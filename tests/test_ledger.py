@@ -23,6 +23,7 @@ from dpadmm.privacy.ledger import (
     basic_composition,
     calibrate_multiplier,
     composed_epsilon,
+    fast_epsilon,
     ledger,
     pld_epsilon,
     rdp_epsilon,
@@ -259,3 +260,13 @@ def test_one_line_says_which_figure_is_the_guarantee() -> None:
     assert uncovered.guarantee() == ("guarantee: none: the statement does not cover this run (its note says "
                                      f"why); eps = {clipped.whole_run.epsilon_pld:.4g} at delta = 1e-05 for "
                                      "the whole run is nominal only")
+
+
+def test_past_the_exact_bounds_reach_the_smallest_valid_one_leads() -> None:
+    """10^12 unsampled Gaussian releases: the grid's cost leaves the exact composition no delta, and the
+    headline used to be advanced composition's 7.6e12 while basic composition's 1.7e12 stood beside it."""
+    release = Release("gaussian", 1.0)
+    epsilon, method = fast_epsilon(release, 10**12, 1e-5)
+    assert method == "basic composition"
+    assert epsilon == basic_composition(single_release(release, 1e-5 / 10**12), 10**12)
+    assert epsilon < advanced_composition(single_release(release, 1e-5 / (2 * 10**12)), 10**12, 1e-5 / 2)
