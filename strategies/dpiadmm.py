@@ -45,6 +45,7 @@ from strategies.nodes import (
     reported_kind,
     require_argument,
     require_tensor,
+    stop_if_every_reply_was_rejected,
 )
 
 # Keys that only steer waiting; a checkpoint may be resumed with other values.
@@ -219,7 +220,9 @@ class DPIADMM(Strategy):
                     result.evaluate_metrics_serverapp[t] = res
             if self.on_round and self.last_report is not None:
                 self.on_round(self.last_report)
-            _stop_if_every_reply_was_rejected(self.last_report)
+            if self.last_report is not None:
+                stop_if_every_reply_was_rejected(t, len(self.last_report.replied), [
+                    (f"partition {r['partition']}", r["reason"]) for r in self.last_report.rejected])
             self.save()
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
         for line in io.StringIO(str(result)):
@@ -428,18 +431,6 @@ class DPIADMM(Strategy):
             "(largest over agents, PLD at delta=%g): %s", report.round, len(report.replied),
             len(report.sampled), report.no_reply or "none",
             [(r["partition"], r["reason"]) for r in report.rejected] or "none", self.config.delta, spent)
-
-
-def _stop_if_every_reply_was_rejected(report: RoundReport | None) -> None:
-    """End the run when a round's replies were all rejected: a fault that every agent repeats (each
-    ClientApp raising on the run's configuration, a mechanism the statement does not cover) would leave the
-    model where it started while the run "completed". A round whose agents merely did not reply goes on, as
-    Flower's strategies go on past dropouts."""
-    if report is not None and report.rejected and not report.replied:
-        reasons = "; ".join(f"partition {r['partition']}: {r['reason']}" for r in report.rejected[:3])
-        raise RuntimeError(f"round {report.round}: every reply was rejected ({len(report.rejected)}: "
-                           f"{reasons}); a fault all agents repeat would leave the model untrained, so the "
-                           "run stops")
 
 
 def _agent(params: Params, p: int) -> Params:

@@ -222,3 +222,15 @@ def require_tensor(name: str, value: torch.Tensor, ndim: int, values: str = "fin
         allowed = "finite numbers" if values == "finite" else "-1 or +1 (2 y - 1 for labels 0 and 1)"
         at = ", ".join(map(str, index))
         raise ValueError(f"{name}[{at}] is {value[index].item()!r}; allowed: {allowed}")
+
+
+def stop_if_every_reply_was_rejected(server_round: int, accepted: int, rejected: list[tuple[str, str]]
+                                     ) -> None:
+    """End the run when a round's replies were all rejected (``rejected``: who and why): a fault every node
+    repeats (each ClientApp raising on the run's configuration, a value no round can use) would leave the
+    model where it started while the run "completed". A round whose nodes merely did not reply goes on, as
+    Flower's strategies go on past dropouts."""
+    if rejected and not accepted:
+        reasons = "; ".join(f"{who}: {why}" for who, why in rejected[:3])
+        raise RuntimeError(f"round {server_round}: every reply was rejected ({len(rejected)}: {reasons}); a "
+                           "fault all nodes repeat would leave the model untrained, so the run stops")

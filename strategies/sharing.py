@@ -52,7 +52,15 @@ from dpadmm.wire import (
     PULLED_KEY,
     SCORES_KEY,
 )
-from strategies.nodes import Roster, mechanism_fault, refused, reported_kind, require_argument, require_tensor
+from strategies.nodes import (
+    Roster,
+    mechanism_fault,
+    refused,
+    reported_kind,
+    require_argument,
+    require_tensor,
+    stop_if_every_reply_was_rejected,
+)
 from strategies.rounds import read_reply, run_rounds, vector_fault
 
 
@@ -206,6 +214,8 @@ class ADMMSharing(Strategy):
             self.kinds[party] = reported_kind(reply)
         for party in sorted(set(range(self.parties)) - answered):
             self._reject(server_round, party, reasons.get(party, "no reply"))
+        stop_if_every_reply_was_rejected(server_round, len(answered),
+                                         [(f"party {m}", why) for m, why in sorted(reasons.items())])
         self.z, self.y = engine.server_step(self.messages, self.y, self.labels, self.rho)
         return ArrayRecord(), MetricRecord({"parties": len(answered)})
 

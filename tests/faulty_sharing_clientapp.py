@@ -15,6 +15,7 @@ from flwr.clientapp import ClientApp
 from clients import client_app
 
 FAULTS = {(1, 2): "non-finite", (0, 3): "raise", (1, 4): "shape", (1, 6): "refuse"}
+EVERY_PARTY_SPOILS = 99  # the run config's sharing.seed that makes every party send a non-finite message
 
 app = ClientApp()
 
@@ -34,6 +35,8 @@ def train(msg: Message, context: Context) -> Message:
     party = int(context.node_config["partition-id"])
     t = int(msg.content["config"]["server-round"])
     fault = FAULTS.get((party, t))
+    if int(context.run_config["sharing.seed"]) == EVERY_PARTY_SPOILS:
+        fault = "non-finite"
     if fault == "raise":
         raise RuntimeError(f"injected failure of party {party} in round {t}")
     if fault == "refuse":

@@ -16,7 +16,7 @@ from dpadmm.runs.results import failure, read_metrics
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from tests.conftest import flower_app, flwr_run, last_run_status, run_config_of
-from tests.faulty_sharing_clientapp import FAULTS
+from tests.faulty_sharing_clientapp import EVERY_PARTY_SPOILS, FAULTS
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +128,18 @@ def test_a_federation_larger_than_the_parties_ends_the_run(flwr_env: dict[str, s
     assert "[ROUND 1" not in output and not out.exists()
     status, details = last_run_status(flwr_env)
     assert status == "finished:failed" and details.endswith(reason)
+
+
+def test_a_run_whose_every_message_is_rejected_stops_failed(flwr_env: dict[str, str], tmp_path: Path,
+                                                            binary_dir: Path) -> None:
+    """Every party sends a non-finite message in round 1 (as rho=inf once made every party's): the run used to
+    "complete" with no evaluated round; it stops, failed, saying why."""
+    out = tmp_path / "run"
+    config = SharingConfig(epsilon=1.0, rounds=3, data_dir=str(binary_dir / "a9a"), seed=EVERY_PARTY_SPOILS,
+                           out=str(out))
+    output = flwr_run(flwr_env, run_config_of(config), supernodes=2,
+                      app=flower_app(tmp_path, "faulty_sharing_clientapp"))
+    assert "round 1: every reply was rejected (2: party 0: party 0 sent a vector" in output
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and "every reply was rejected" in details
+    assert "every reply was rejected" in failure(out)["reason"]
