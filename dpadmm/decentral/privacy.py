@@ -365,7 +365,7 @@ def schedule(config: DecentralConfig, d: int) -> tuple[list[float], list[float]]
 
 def rate(config: DecentralConfig, d: int, k: int) -> float:
     """beta_k, the k-th rate of :func:`schedule`, computed alone: an iteration needs only its own, and
-    building all K at every iteration made a run quadratic in K (and K = 10^9 fill memory)."""
+    building all K at every iteration made a run quadratic in K (and K = 10^9 filled memory)."""
     if not config.target_epsilon:
         return geometric(config.noise_growth, 1, k, name="noise-growth")[0]
     _check_calibration(config, d)
