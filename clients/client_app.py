@@ -31,13 +31,14 @@ own ``.npz`` of samples (:func:`dpadmm.decentral.problem.read_agent_file`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -45,12 +46,13 @@ from clients.decentral import device_request as decentral_request
 from clients.decentral import iterate_reply, secure_sum_mod, sum_reply
 from clients.dpiadmm import answer_query, train_reply
 from clients.dpiadmm import device_request as iadmm_request
+from clients.gate import check_evaluate, check_query, check_train
 from clients.linadmm import gradient_reply
 from clients.randomness import data_digest, node_admission, node_charge
 from clients.sharing import round_reply, scores_reply
 from dpadmm.data import NUM_CLASSES, NUM_FEATURES, Dataset
 from dpadmm.data.libsvm import load_binary
-from dpadmm.data.node import load_node_data
+from dpadmm.data.node import load_device_data
 from dpadmm.data.partition import partition_contiguous
 from dpadmm.data.vertical import read_party_file, row_digest
 from dpadmm.decentral import engine as decentral_engine
@@ -72,6 +74,7 @@ from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import REFUSED_KEY
 
 app = ClientApp()
+log = logging.getLogger("dpadmm.node")
 
 
 @lru_cache(maxsize=256)
@@ -84,9 +87,10 @@ def _partition(config: RunConfig, partition_id: int) -> AgentData:
 def _device_data(config: RunConfig, agent: int, path: str, labels_path: str, writer: str, total: int,
                  num_classes: int) -> AgentData:
     """This device's own samples (deployment), batched as one agent."""
-    x, y = load_node_data(path, labels_path=labels_path, writer=writer)
-    if int(y.max()) >= num_classes:
-        raise ValueError(f"data-path {path} has label {int(y.max())}; the model has {num_classes} classes")
+    x, y, dropped = load_device_data(path, labels_path=labels_path, writer=writer, num_classes=num_classes)
+    if dropped:  # the device's own log only: a count computed from the data
+        log.warning("dpadmm node: data-path %s: %d row(s) outside the run's %d classes or [0, 1] are not "
+                    "used", path, dropped, num_classes)
     return AgentData.from_blocks([x], [y], num_classes=num_classes, total=total, agents=[agent],
                                  dtype=DTYPES[config.dtype], device=resolve_device(config.device))
 
@@ -125,13 +129,6 @@ def model_for(config: RunConfig) -> nn.Module | None:
     return build_model(config.model, NUM_FEATURES, NUM_CLASSES[config.dataset])
 
 
-def num_classes_for(config: RunConfig, arrays: ArrayRecord) -> int:
-    """K: logistic regression's from the received weight [J, K], a module's from the data set."""
-    if config.model == "logistic":
-        return int(arrays["w.weight"].shape[1])
-    return NUM_CLASSES[config.dataset]
-
-
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which agent this node is (its partition id, from the node config), once the node has
@@ -139,6 +136,7 @@ def query(msg: Message, context: Context) -> Message:
     why instead (:func:`refusal`), and the server ends the run before round 1 (``Roster.admit``), before it
     writes anything and before any node releases anything."""
     try:
+        check_query(msg)
         config, held = read_node(context)
         node_admission(context.node_config, int(context.node_config["partition-id"]),
                        lambda: device_request_for(config, held, context.node_config))
@@ -257,12 +255,11 @@ def refusal(msg: Message, reason: str) -> Message:
     return Message(RecordDict({"config": ConfigRecord({REFUSED_KEY: reason})}), reply_to=msg)
 
 
-def read_node(context: Context, msg: Message | None = None) -> tuple[Any, Any]:
+def read_node(context: Context) -> tuple[Any, Any]:
     """(the family's configuration, what this node holds for it), read as its rounds read them: DP-ADMM's
-    (features, labels), a 004 agent's view, a sharing party's (block, ids' digest), DP-IADMM's data. Anything
-    refused: :class:`Refused`. ``msg`` is a train message: it gives DP-IADMM's class count (a logistic
-    model's is the server's w's, :func:`num_classes_for`); without one (the query) the class count is the
-    data set's, as the server's model has. DP-IADMM's configuration is returned as the run config gives it:
+    (features, labels), a 004 agent's view, a sharing party's (block, ids' digest), DP-IADMM's data with the
+    run's data set's class count (never the server's arrays': :func:`clients.gate.iadmm_shapes`). Anything
+    refused: :class:`Refused`. DP-IADMM's configuration is returned as the run config gives it:
     ``train_reply`` calibrates it (on a deployed node, once per run)."""
     with refusing():
         chosen = from_run_config(context.run_config)
@@ -273,18 +270,18 @@ def read_node(context: Context, msg: Message | None = None) -> tuple[Any, Any]:
             return chosen, decentral_agent(chosen, context.node_config)
         if isinstance(chosen, SharingConfig):
             return chosen, sharing_party(chosen, context.node_config)
-        if msg is None:
-            return chosen, agent_data_for(chosen, context.node_config, NUM_CLASSES[chosen.dataset])
-        classes = num_classes_for(chosen, msg.content["arrays"])
-        return chosen, agent_data_for(chosen, context.node_config, classes)
+        return chosen, agent_data_for(chosen, context.node_config, NUM_CLASSES[chosen.dataset])
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """ADMM sharing: this party's test scores (the other families evaluate on the server)."""
     try:
+        with refusing():
+            config = from_run_config(context.run_config)
+        check_evaluate(msg, context.node_config, config)
         config, held = read_node(context)
-    except Refused as error:
+    except (Refused, DeviceRefused) as error:
         return refusal(msg, str(error))
     if not isinstance(config, SharingConfig):
         return refusal(msg, f"algorithm={config.algorithm!r} evaluates on the server; no client evaluation")
@@ -301,10 +298,11 @@ def train(msg: Message, context: Context) -> Message:
     The protocol's own checks of a round's message (a replayed round, a malformed state) raise: they cost
     the node that round only."""
     try:
-        config, held = read_node(context, msg)
-    except Refused as error:
+        config, held = read_node(context)
+        partition_id = int(context.node_config["partition-id"])
+        check_train(msg, config, held, partition_id)  # before any value meets the data (clients.gate)
+    except (Refused, DeviceRefused) as error:
         return refusal(msg, str(error))
-    partition_id = int(context.node_config["partition-id"])
     try:
         if isinstance(config, LinAdmmConfig):
             # central DP: the exact sums leave the device only if its operator trusts the server, and the

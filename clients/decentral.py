@@ -27,7 +27,7 @@ keeps its own x^{k-1} too; its neighbour sum is S^{k-1} - x_i^{k-1}, as in the e
 
 from __future__ import annotations
 
-from logging import ERROR
+from logging import WARNING
 
 import numpy as np
 import torch
@@ -39,12 +39,13 @@ from flwr.common.logger import log
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat
 
+from clients.gate import decentral_sum
 from clients.randomness import data_digest, node_randomness
 from dpadmm.decentral import engine, privacy
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.decentral.problem import Agents
-from dpadmm.privacy.device import RunRequest
-from dpadmm.privacy.randomness import request_digest
+from dpadmm.privacy.device import DeviceRefused, RunRequest
+from dpadmm.privacy.randomness import DEPLOYMENT, request_digest
 from dpadmm.wire import EXCHANGED_KEY, KIND_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 
 DUAL, DUAL_ROUND = "decentral-dual", "decentral-dual-round"  # the agent's records in context.state
@@ -139,7 +140,12 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     carries the run identity; the reply's fit metrics say the kind of randomness (SecAgg+ passes them on)."""
     fit = recorddict_compat.recorddict_to_fitins(msg.content, keep_input=True)
     k = int(fit.config["server-round"])
-    total = torch.from_numpy(np.array(parameters_to_ndarrays(fit.parameters)[0], copy=True))
+    summed = parameters_to_ndarrays(fit.parameters)
+    if len(summed) != 1:
+        raise DeviceRefused(f"the server's fit message carries {len(summed)} arrays; it carries one, the sum "
+                            "S^{k-1}")
+    decentral_sum(summed[0], config, view)  # before the sum meets the agent's data
+    total = torch.from_numpy(np.array(summed[0], copy=True))
     x = _own(context, config, k, view, agent)
     sums = total.to(x.dtype) - x  # [1, N, d]; only this agent's row is its neighbour sum
     dual = _dual(context, k, view, agent)
@@ -153,11 +159,15 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     mine = released[0, agent].cpu().numpy()
     largest = float(np.abs(mine).max())
     if largest > config.secagg_range:
-        # no number computed from the data in a text the server sees (the node's own log has it)
-        log(ERROR, "dpadmm node: agent %d's iterate of iteration %d has a coordinate of size %.4g", agent, k,
-            largest)
-        raise ValueError(f"agent {agent}'s iterate of iteration {k} has a coordinate outside "
-                         f"secagg-range={config.secagg_range:g}, which SecAgg+ would clip; raise it")
+        if kind == DEPLOYMENT:
+            # the noisy iterate is the release: clipping it to the range is post-processing, what SecAgg+
+            # would do; whether the node answers is never decided by it (the node's own log says it)
+            log(WARNING, "dpadmm node: agent %d's iterate of iteration %d is clipped to secagg-range=%g",
+                agent, k, config.secagg_range)
+            mine = np.clip(mine, -config.secagg_range, config.secagg_range)
+        else:  # a simulation protects nothing: it stops, so that the experimenter raises the range
+            raise ValueError(f"agent {agent}'s iterate of iteration {k} has a coordinate outside "
+                             f"secagg-range={config.secagg_range:g}, which SecAgg+ would clip; raise it")
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
     context.state.array_records[OWN] = ArrayRecord({"x": Array(mine)})
     context.state.config_records[DUAL_ROUND] = ConfigRecord({"round": k - 1})

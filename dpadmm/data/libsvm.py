@@ -195,8 +195,11 @@ def load_binary(name: str, data_dir: str | os.PathLike | None) -> Dataset:
 
 def normalise_rows(x: torch.Tensor) -> torch.Tensor:
     """Each row divided by its L2 norm (zero rows kept): ||l_i|| <= 1, so that the logistic loss's
-    per-sample gradient has norm <= 1, the bound c = 1 of 002's Theorem 1."""
+    per-sample gradient has norm <= 1, the bound c = 1 of 002's Theorem 1. A row whose norm is not finite
+    (an entry beyond float64's range, or its squares' sum) becomes a zero row: the bound is total, whatever a
+    device's file holds."""
     import torch
 
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    return x / torch.where(norms > 0, norms, torch.ones_like(norms))
+    scaled = x / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return torch.where(torch.isfinite(norms), scaled, torch.zeros_like(scaled))

@@ -37,7 +37,7 @@ from dpadmm.data.checks import (
 from dpadmm.data.femnist import read_leaf_files
 from dpadmm.data.mnist import read_idx
 
-__all__ = ["check_samples", "load_node_data"]
+__all__ = ["check_samples", "load_device_data", "load_node_data", "sound_rows"]
 
 _NPZ_LAYOUT = "x [n, J] or [n, rows, cols] (uint8 pixels, or floats in [0, 1]) and y [n] (integer labels)"
 
@@ -53,20 +53,57 @@ def load_node_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = 
     [0, 1], labels outside the classes, no sample).
     """
     path = Path(path).expanduser()
+    x, y = _read(path, labels_path, writer)
+    x, y = check_samples(x, y, f"data-path {path}", num_classes)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def load_device_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = "", writer: str = "",
+                     num_classes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(x, y, the number of rows dropped) of a deployed device, as :func:`load_node_data` reads them, except
+    that a row failing the per-row checks (:func:`sound_rows`) is dropped, not refused.
+
+    Why: the device answers a server it does not trust, and a refusal decided by one sample (a label outside
+    the run's classes, a pixel that is not finite) would tell the server about that sample outside any
+    release. Dropping looks at each row alone, so neighbouring files stay neighbours (a replaced row dropped
+    is a row removed, which the clipped sensitivity covers); the count goes to the device's own log only.
+    A file that cannot be read at all, or that keeps no row, is still refused (a fault of the file)."""
+    path = Path(path).expanduser()
+    x, y = _read(path, labels_path, writer)
+    if x.shape[0] != y.shape[0]:
+        raise DataError(f"data-path {path}", "as many labels as samples are needed; allowed: one label per "
+                                             "sample")
+    keep = sound_rows(x, y, num_classes)
+    x, y = check_samples(x[keep], y[keep], f"data-path {path}", num_classes)
+    return torch.from_numpy(x), torch.from_numpy(y), int((~keep).sum())
+
+
+def _read(path: Path, labels_path: str | os.PathLike, writer: str) -> tuple[np.ndarray, np.ndarray]:
+    """The file's (x, y) by its format, before any check of its values."""
     if not path.is_file():
         raise FileNotFoundError(f"data-path {path} is not a file")
     name = path.name
     if name.endswith((".json", ".json.gz")):
-        x, y = _leaf(path, writer)
-    elif name.endswith(".npz"):
-        x, y = _npz(path)
-    elif "idx" in name:
-        x, y = _idx(path, labels_path)
-    else:
-        raise DataError(f"data-path {path}", "unknown format; allowed: a LEAF .json/.json.gz file, an IDX "
-                                             "image file (with labels-path) or an .npz with arrays x and y")
-    x, y = check_samples(x, y, f"data-path {path}", num_classes)
-    return torch.from_numpy(x), torch.from_numpy(y)
+        return _leaf(path, writer)
+    if name.endswith(".npz"):
+        return _npz(path)
+    if "idx" in name:
+        return _idx(path, labels_path)
+    raise DataError(f"data-path {path}", "unknown format; allowed: a LEAF .json/.json.gz file, an IDX image "
+                                         "file (with labels-path) or an .npz with arrays x and y")
+
+
+def sound_rows(x: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
+    """[n] bool: the rows :func:`check_samples` accepts, each judged alone (x finite and in [0, 1], its label
+    a whole number in 0..K-1)."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "biuf":
+        return np.zeros(y.shape[0], dtype=bool)
+    with np.errstate(invalid="ignore"):
+        labels = (y >= 0) & (y <= num_classes - 1) & (np.floor(y) == y if y.dtype.kind == "f" else True)
+        flat = x.reshape(x.shape[0], -1)
+        pixels = (np.isfinite(flat) & (flat >= 0) & (flat <= 1)).all(axis=1)
+    return np.asarray(labels & pixels, dtype=bool)
 
 
 def check_samples(x: np.ndarray, y: np.ndarray, source: str, num_classes: int | None = None

@@ -181,6 +181,17 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     return LocalResult(z_sent=z_sent, z_last=z, noise_magnitude=magnitude / steps)
 
 
+def release_bound(config: RunConfig, largest: float) -> float:
+    """An a-priori bound on any coordinate of an agent's gradient before its noise (eq. (9a) of 003, with the
+    oracle's g = (1/(qI)) sum_i clip(g_i) + (2 beta / P) z): 2 (beta / P) max|z| + C / q. A clipped term has
+    norm at most C, hence each of its coordinates; at most I terms are summed, scaled by 1/(qI) (1/I without
+    sampling, q = 1; a minibatch's I_p / (B I) over B terms gives at most C too). ``largest`` bounds |z| for
+    the round's first step (the server's w, lambda_p and last iterate); later steps start from released
+    values. A device checks it before it reads its data (``clients.gate``), so that whether the sums stay
+    finite is decided by what the server sent and the run config, never by a sample."""
+    return 2.0 * config.beta / config.num_agents * largest + config.clip_norm / config.sampling_rate
+
+
 def _step(config: RunConfig, t: int, rho_t: float, scale: torch.Tensor | None,
           z: Tree) -> Callable[..., torch.Tensor]:
     """The elementwise local step of round t (eq. (8), or ObjT's trust region) with a = the configured scale

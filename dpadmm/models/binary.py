@@ -58,7 +58,8 @@ def clipped_gradient_sum(features: torch.Tensor, labels: torch.Tensor, x: torch.
         if row_norms is None:
             row_norms = torch.linalg.vector_norm(features, dim=1)
         norms = coefficients.abs() * row_norms
-        coefficients = coefficients * (clip / norms).clamp(max=1.0)
+        # total: a term of non-finite norm (a server's extreme x) counts 0, whatever the rows hold
+        coefficients = torch.where(torch.isfinite(norms), coefficients * (clip / norms).clamp(max=1.0), 0.0)
     return coefficients @ features
 
 

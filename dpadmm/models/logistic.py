@@ -143,7 +143,7 @@ def gradient(data: AgentData, z: torch.Tensor, *, scale: torch.Tensor | float, r
     h = probabilities(data.x, z) if probs is None else probs
     residual = h - data.y
     if clip is not None:
-        residual = residual * clip_factors(data, residual, clip, norm).unsqueeze(-1)
+        residual = clipped_terms(residual, clip_factors(data, residual, clip, norm))
     if isinstance(scale, torch.Tensor):
         residual = residual * scale.reshape(-1, 1, 1)
         scale = 1.0
@@ -173,13 +173,28 @@ def clip_factors(data: AgentData, residual: torch.Tensor, clip: float, norm: str
 
     Both norms of the rank-one term factorise, ||x_i||_1 ||h_i - y_i||_1 and
     ||x_i||_2 ||h_i - y_i||_2 (Frobenius), so clipping needs no per-sample gradient tensors.
-    Padding rows (x_i = 0) get factor 1 (their term is zero).
+    Padding rows (x_i = 0) get factor 1 (their term is zero). Clipping is total: a term whose norm is not
+    finite (the logits of a server's extreme z overflowed) gets factor 0, a rule that never looks at the
+    data's values and stays within C, so that nothing computed from the data can make the release fail.
     """
     if norm == "l2":
         norms = data.x_l2 * torch.linalg.vector_norm(residual, dim=-1)
     else:
         norms = data.x_l1 * residual.abs().sum(dim=-1)
-    return (clip / norms).clamp(max=1.0)
+    return total_clip_factors(clip, norms)
+
+
+def clipped_terms(residual: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Each sample's residual [..., K] times its clip factor [...]: a term of non-finite norm has factor 0
+    (:func:`total_clip_factors`), and its NaN or inf entries become 0 with it."""
+    return (residual * factors.unsqueeze(-1)).nan_to_num_(0.0, 0.0, 0.0)
+
+
+def total_clip_factors(clip: float, norms: torch.Tensor) -> torch.Tensor:
+    """min(1, C / norm), and 0 where the norm is not finite: per-sample clipping that is total, so that a
+    sample's term is within C whatever the server sent and the data hold (the caller zeroes the non-finite
+    entries of a dropped term, whose factor is 0)."""
+    return torch.where(torch.isfinite(norms), (clip / norms).clamp(max=1.0), torch.zeros_like(norms))
 
 
 def sensitivity(data: AgentData, probs: torch.Tensor) -> torch.Tensor:

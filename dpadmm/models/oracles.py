@@ -40,7 +40,13 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpadmm import native
-from dpadmm.models.logistic import AgentData, gradient, gradient_and_sensitivity, probabilities
+from dpadmm.models.logistic import (
+    AgentData,
+    gradient,
+    gradient_and_sensitivity,
+    probabilities,
+    total_clip_factors,
+)
 from dpadmm.models.modules import Params, numel
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
@@ -248,8 +254,9 @@ class ModuleOracle:
                 norms = torch.sqrt(sum(torch.linalg.vector_norm(f, dim=1).square() for f in flat))
             else:
                 norms = sum(torch.linalg.vector_norm(f, ord=1, dim=1) for f in flat)
-            factors = (clip / norms).clamp(max=1.0)  # padding rows: gradient 0, norm 0, factor 1
-            return {k: torch.tensordot(factors, g, dims=1) for k, g in grads.items()}
+            factors = total_clip_factors(clip, norms)  # padding rows: gradient 0, norm 0, factor 1
+            return {k: torch.tensordot(factors, g.nan_to_num(0.0, 0.0, 0.0), dims=1)
+                    for k, g in grads.items()}
 
         if clip is not None and spec.per_sample == "factorized":
             layers = factorizable_layers(module)
@@ -413,17 +420,19 @@ def factorized_clipped_sum(module: nn.Module, layers: dict[str, nn.Module], para
                 per_sample[f"{name}.bias"] = d.sum(dim=(2, 3))
                 add(per_sample[f"{name}.bias"])
     norms = norms if power == 1 else norms.sqrt()
-    factors = (clip / norms).clamp(max=1.0)  # padding rows: zero gradient, norm 0, factor 1
+    factors = total_clip_factors(clip, norms)  # padding rows: zero gradient, norm 0, factor 1
+    kept = factors > 0  # a dropped sample (non-finite norm): its inputs and gradients, maybe inf, count 0
     sums: Params = {}
     for name in names:
         layer, a, d = layers[name], inputs[name], grads[name]
         if isinstance(layer, nn.Linear):
-            scaled = d * factors.unsqueeze(1)
-            sums[f"{name}.weight"] = scaled.T @ a
+            scaled = (d * factors.unsqueeze(1)).nan_to_num_(0.0, 0.0, 0.0)
+            sums[f"{name}.weight"] = scaled.T @ torch.where(kept.unsqueeze(1), a, 0.0)
             if layer.bias is not None:
                 sums[f"{name}.bias"] = scaled.sum(dim=0)
         else:
             for key in (f"{name}.weight", f"{name}.bias"):
                 if key in per_sample:
-                    sums[key] = torch.tensordot(factors, per_sample[key], dims=1).reshape(params[key].shape)
+                    summed = torch.tensordot(factors, per_sample[key].nan_to_num(0.0, 0.0, 0.0), dims=1)
+                    sums[key] = summed.reshape(params[key].shape)
     return {k: sums[k] for k in params}

@@ -311,8 +311,11 @@ INLINE void FN(residual)(const FN(job_t) *job, int64_t i, real_t *restrict r, do
         const double d = xl1 * l1;
         if (worst && d > worst[s]) worst[s] = d;
         if (job->clip > 0) {
-            const double f = job->clip / (job->l2 ? xl2 * sqrt(sq) : d);
-            if (f < 1.0) for (int64_t k = 0; k < K; k++) rs[k] = (real_t)(rs[k] * f);
+            /* total clipping: a term whose norm is not finite (logits that overflowed on a server's extreme
+               z) is dropped, a rule that stays within C and never fails on the data */
+            const double n = job->l2 ? xl2 * sqrt(sq) : d;
+            if (!isfinite(n)) for (int64_t k = 0; k < K; k++) rs[k] = 0;
+            else if (job->clip < n) for (int64_t k = 0; k < K; k++) rs[k] = (real_t)(rs[k] * (job->clip / n));
         }
     }
 }

@@ -106,10 +106,19 @@ GRID_TAIL = 2**-64, MIN_GAUSSIAN_MULTIPLIER = 2**-10):
 
 In both cases the final conversions (int64 to float64, the multiplication by g, the cast to ``value``'s
 dtype and device) are deterministic functions of the integer ``round(value / g) + Z``, i.e.
-post-processing. The release refuses (ValueError) values so large that |value / g| + 60 noise scales
-could exceed 2**62 (int64 arithmetic), and raises OverflowError if a noise integer reaches 2**62, an
-event of probability below e^-60 ~ 1e-26 per coordinate under that check (it depends on the noise alone;
-the accounting above does not count this abort).
+post-processing.
+
+The range. int64 arithmetic holds |value / g| + 60 noise scales below 2**62; each coordinate of value / g
+is clamped into that range (+-inf included) before the rounding, never refused by its size. A refusal
+decided by the value would tell whoever sent the release's other inputs one noise-free bit about the data
+(a server can push the public part of a value to the edge of the range, so that one sample decides it).
+Clamping is 1-Lipschitz in each coordinate, so it never increases the L1 or L2 distance between the values
+of neighbouring data sets: the mechanism above, applied to clamp(value), keeps its sensitivity and its
+guarantee, and where nothing reaches the edge (|value| below about 2**30 noise scales) it changes nothing.
+A NaN is refused (its text names no number): a caller whose data-dependent part is finite by construction
+(clipped) gets a NaN only from its public inputs, so the refusal is decided by them. OverflowError is raised
+if a noise integer reaches 2**62, an event of probability below e^-60 ~ 1e-26 per coordinate (it depends on
+the noise alone; the accounting above does not count this abort).
 
 What this module does not defend. The samplers are exact but not constant-time: the number of rejection
 rounds of a draw (over the whole vector) depends on the noise, and Jin et al. show that timing can leak it.
@@ -755,23 +764,18 @@ def _release(value: torch.Tensor, kind: str, spread: float, stream: Stream) -> t
         return value.detach().clone()
     g = grid(kind, spread, d)
     x = value.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
-    if not np.isfinite(x).all():
+    if np.isnan(x).any():
         # no number computed from the value in the text: a deployed node's error reaches the server
-        raise ValueError("value has a non-finite entry; a release needs finite values")
-    q = x / g  # exact: g is a power of two (and a value small enough to underflow rounds to 0 anyway)
+        raise ValueError("value has a NaN entry; a release needs numbers")
     noise = float(math.ceil(spread / g)) if kind == "laplace" else spread / g  # in grid units
     limit = float(_INT_LIMIT) - _RANGE_SIGMAS * noise
-    largest = float(np.abs(q).max())
     if limit <= 0:
         raise ValueError(f"a {kind} release of {d} coordinates needs noise of {noise:.4g} grid steps, so "
                          "large that int64 arithmetic cannot hold it; release fewer coordinates at a time")
-    if largest > limit:
-        allowed = max(limit, 0.0) * g
-        raise ValueError(
-            f"value is too large for a {kind} release on a grid of {g!r} (= 2**{math.frexp(g)[1] - 1}): "
-            f"at most {allowed:.6g} is allowed with "
-            f"{what}={spread:g} over {d} coordinates (|value / grid| + {_RANGE_SIGMAS:g} noise scales "
-            "must stay below 2**62 for exact int64 arithmetic)")
+    # exact (g is a power of two; a value small enough to underflow rounds to 0 anyway), then clamped into
+    # int64's range: 1-Lipschitz, so the sensitivity holds and no value is refused for its size
+    with np.errstate(over="ignore"):  # a value beyond float64 / g is +-inf here, clamped like the rest
+        q = np.clip(x / g, -limit, limit)
     k = np.rint(q).astype(np.int64)  # round half to even: exact
     z = _laplace(stream, d, int(noise)) if kind == "laplace" else _gaussian(stream, d, noise)
     if np.abs(z).max() >= _INT_LIMIT:

@@ -120,7 +120,17 @@ def x_step(geo: Geometry, target: torch.Tensor, y: torch.Tensor, rho: float, l2:
         slope = (scaled.square() / (h + nu.unsqueeze(-1))).sum(dim=-1) / norm**3
         step = (1 / norm - 1 / bound) / slope
         nu = torch.where(outside, nu - step, nu)
-    return torch.einsum("mde,sme->smd", geo.eigenvectors, c / (h + nu.unsqueeze(-1)))
+    x = torch.einsum("mde,sme->smd", geo.eigenvectors, c / (h + nu.unsqueeze(-1)))
+    return onto_ball(x, bound)
+
+
+def onto_ball(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """x [..., d] projected onto ||x|| <= b, and 0 where its norm is not finite (a singular H with l2 = 0):
+    the sensitivity 2 b sqrt(N) of the messages (:mod:`dpadmm.sharing.privacy`) needs ||x_m|| <= b whatever
+    the x-step's Newton iterations reached, and a deployed party must never fail on its data."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    inside = x * (bound / norm).clamp(max=1.0)
+    return torch.where(torch.isfinite(norm), inside, torch.zeros_like(x))
 
 
 def z_step(s: torch.Tensor, y: torch.Tensor, labels: torch.Tensor, rho: float) -> torch.Tensor:

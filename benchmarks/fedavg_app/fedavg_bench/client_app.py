@@ -41,11 +41,12 @@ def train(msg: Message, context: Context) -> Message:
         metrics = MetricRecord({"num-examples": 1})
         return Message(content=RecordDict({"arrays": ArrayRecord(echoed), "metrics": metrics}), reply_to=msg)
 
-    from clients.client_app import agent_data_for, model_for, num_classes_for
+    from clients.client_app import agent_data_for, model_for
     from clients.dpiadmm import local_update
+    from dpadmm.data import NUM_CLASSES
 
     config = _run_config(context.run_config)
-    data = agent_data_for(config, context.node_config, num_classes_for(config, arrays))
+    data = agent_data_for(config, context.node_config, NUM_CLASSES[config.dataset])
     out = local_update(config, data, arrays, int(msg.content["config"]["server-round"]), model_for(config))
     metrics = MetricRecord({"num-examples": int(data.counts[0])})
     return Message(content=RecordDict({"arrays": ArrayRecord(out), "metrics": metrics}), reply_to=msg)
