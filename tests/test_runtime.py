@@ -148,6 +148,7 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     started = time.monotonic()
     status, details, log = _run(d, _main_job(d.root / "run-3"))
     assert status == "finished:failed" and "the device's lifetime budget would be crossed" in log, log[-3000:]
+    assert not (d.root / "run-3").exists()  # refused at the partition query: no round, no run folder
     assert time.monotonic() - started < 300
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [2, 2]
     spent = sum(c.epsilon for c in Device(state, 0).charges().values())

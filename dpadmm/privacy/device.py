@@ -11,7 +11,8 @@ the node releases anything, and the device:
   the node's own data; the algorithms it accepts; non-private, not-covered and central-DP runs refused
   unless the operator opts in;
 - charges the run's whole (epsilon, delta) once, at its first release, to the agent's budget file, and
-  refuses a run that would cross the lifetime budget: the budget is spent by everything the device ever
+  refuses a run that would cross the lifetime budget (decided first at the partition query, which names the
+  run, before any node releases): the budget is spent by everything the device ever
   released, across runs and run identities. Runs compose by basic composition (the sums of epsilon and of
   delta), which stays valid when each run's parameters are chosen after the last one's output: basic
   composition is a privacy filter (Rogers, Roth, Ullman & Vadhan, "Privacy Odometers and Filters:
@@ -301,8 +302,8 @@ class Device:
 
     def preview(self, request: RunRequest) -> RunCost:
         """What :meth:`admit` would charge a new run, or its refusal by the policy, without writing anything
-        and without a run identity (the partition query, before the first release). The lifetime budget is
-        checked at the first release, when the run identity tells a new run from one already charged."""
+        and without a run identity: the partition query of a server that names no run. Given the identity,
+        the query checks :meth:`admit` with ``charge=False`` instead, the budgets included."""
         return self.cost(self.policy(), request)
 
     @staticmethod
