@@ -9,8 +9,9 @@ node holds, and moves a partition to a new node when its old node is gone.
 Two kinds of fault. A transient one (a timeout, a lost node, a reply that fails a check) costs that
 node its round, by each strategy's dropout rules. A fault that would repeat every round ends the run
 (:class:`RunRefused`, ``finished:failed``): a node that refuses its configuration or its data (it replies
-with ``wire.REFUSED_KEY``, :func:`refusal_in`) and a federation sized against the configuration (a node
-claiming a partition the run does not have, or fewer nodes than the run needs within ``node-timeout``).
+with ``wire.REFUSED_KEY``, :func:`dpadmm.wire.refusal_in`) and a federation sized against the configuration
+(a node claiming a partition the run does not have, or fewer nodes than the run needs within
+``node-timeout``).
 
 Both are looked for before round 1 (:meth:`Roster.admit`), which a ServerApp calls before it creates the
 run folder: a node answers the partition query only after it has read its configuration and its data, and
@@ -32,7 +33,7 @@ from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
 from dpadmm.privacy.randomness import DEPLOYMENT, FORCED_SIMULATION, SIMULATION, forced_kind
-from dpadmm.wire import IDENTITY_KEY, KIND_KEY, MECHANISM_KEY, REFUSED_KEY
+from dpadmm.wire import IDENTITY_KEY, KIND_KEY, MECHANISM_KEY, refusal_in
 
 
 class RunRefused(RuntimeError):
@@ -46,16 +47,6 @@ def refuse_run(reason: str) -> NoReturn:
     """Log ``reason`` on one line and raise :class:`RunRefused` with it."""
     log(ERROR, "dpadmm: the run cannot go on: %s", reason)
     raise RunRefused(reason)
-
-
-def refusal_in(reply: Message) -> str | None:
-    """The reason a reply refuses the run (``wire.REFUSED_KEY``), or None."""
-    if reply.has_error():
-        return None
-    try:
-        return str(reply.content["config"][REFUSED_KEY])
-    except (KeyError, TypeError):
-        return None
 
 
 def refused(replies: Iterable[Message]) -> list[Message]:

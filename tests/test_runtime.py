@@ -16,7 +16,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import runtime
 from dpadmm.privacy.device import Device, Policy
-from tests.conftest import Deployment, last_run_status, shipped_app
+from dpadmm.privacy.randomness import new_run_identity
+from dpadmm.wire import IDENTITY_KEY, refusal_in
+from tests.conftest import Deployment, flat_app_config, last_run_status, shipped_app
 
 AGENTS = 2
 
@@ -49,6 +51,27 @@ def test_a_failure_reaches_the_server_as_one_fixed_text(caplog: pytest.LogCaptur
         texts.append(reply.error.reason)
         assert str(leaked) in caplog.text
     assert texts == [runtime.FAILED, runtime.FAILED]
+
+
+@pytest.mark.usefixtures("server_process")
+def test_the_device_logs_each_refusal_and_its_reason(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The installed ClientApp refuses a query on a device whose policy accepts another algorithm: the
+    device's own log states the refusal and its reason (not "completed"), and the task is ``failed`` with
+    the reason, as the server's log states it."""
+    (tmp_path / "policy.toml").write_text(Policy(algorithms=("objp",)).to_toml())
+    question = Message(content=RecordDict({"config": ConfigRecord({"query": "partition-id",
+                                                                   IDENTITY_KEY: new_run_identity()})}),
+                       message_type=MessageType.QUERY, dst_node_id=1)
+    context = Context(run_id=5, node_id=1, state=RecordDict(), run_config=flat_app_config(),
+                      node_config={"partition-id": 0, "num-partitions": 10, "state-dir": str(tmp_path)})
+    with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+        reply, status, details = runtime.answer(question, context, runtime.APP_ID,
+                                                runtime.installed_version())
+    reason = "algorithm='objpm' is not accepted by this device; its operator accepts objp"
+    assert refusal_in(reply) == details == reason and status == "failed"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"dpadmm node: refused a query message of run {question.metadata.run_id}: {reason}")]
 
 
 @pytest.fixture(scope="module")
