@@ -47,6 +47,7 @@ from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
+from dpadmm.privacy.device import DeviceRefused, node_state_dir, policy_in_force
 from dpadmm.wire import refusal_in
 
 APP_ID = "dpadmm/dpadmm"  # the FAB's id: [tool.flwr.app] publisher / [project] name
@@ -178,6 +179,12 @@ def serve(options: Options, stop: threading.Event | None = None) -> None:
     client = _client(options, _invoker(tries=1), RuntimeVersionHttpInterceptor(component_name="SuperExec"))
     log.info("dpadmm node: answering the SuperNode at %s with %s %s", options.address, APP_ID,
              installed_version())
+    state = node_state_dir()  # the runs' state folder unless a SuperNode's node config names another
+    try:
+        log.info("dpadmm node: %s (state folder %s, unless a node config names another state-dir)",
+                 policy_in_force(state), state)
+    except DeviceRefused as refused:  # each run is refused with this reason until the operator acts
+        log.error("dpadmm node: %s", refused)
     last_error = ""
     running: list[threading.Thread] = []
     try:

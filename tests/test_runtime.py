@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import runtime
-from dpadmm.privacy.device import Device, Policy
-from dpadmm.privacy.randomness import new_run_identity
+from dpadmm.privacy.device import STATE_ENV, Device, Policy
+from dpadmm.privacy.randomness import NodeSecret, new_run_identity
 from dpadmm.wire import IDENTITY_KEY, refusal_in
 from tests.conftest import Deployment, flat_app_config, last_run_status, shipped_app
 
@@ -72,6 +73,35 @@ def test_the_device_logs_each_refusal_and_its_reason(tmp_path: Path,
     assert refusal_in(reply) == details == reason and status == "failed"
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", f"dpadmm node: refused a query message of run {question.metadata.run_id}: {reason}")]
+
+
+def test_the_runtime_says_at_start_which_policy_is_in_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """`dpadmm node serve` (and `dpadmm deploy supernode`, which runs it) states the policy of its state
+    folder at start: the defaults on a device that never answered, an error on one that answered and lost
+    its policy file (it then refuses every run), else the file."""
+    monkeypatch.setenv(STATE_ENV, str(tmp_path))
+    stop = threading.Event()
+    stop.set()  # say what it says at start, then stop before asking the SuperNode anything
+
+    def started() -> list[tuple[str, str]]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+            runtime.serve(runtime.Options(), stop)
+        return [(r.levelname, r.getMessage()) for r in caplog.records][1:]
+
+    policy = tmp_path / "policy.toml"
+    [(level, said)] = started()
+    assert level == "INFO" and said.startswith(f"dpadmm node: no policy file {policy}: the defaults are in "
+                                               "force (one run at most (eps = 8, delta = 1e-05)")
+    assert said.endswith(f"(state folder {tmp_path}, unless a node config names another state-dir)")
+    NodeSecret(tmp_path, 0).secret()
+    [(level, said)] = started()
+    assert level == "ERROR" and said.startswith(f"dpadmm node: the device's policy {policy} is missing but "
+                                                "this device has answered before (agent-0.key exists)")
+    policy.write_text(Policy().to_toml())
+    assert started() == [("INFO", f"dpadmm node: the device's policy is {policy} (state folder {tmp_path}, "
+                                  "unless a node config names another state-dir)")]
 
 
 @pytest.fixture(scope="module")
