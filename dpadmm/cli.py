@@ -513,6 +513,13 @@ def _node(args: argparse.Namespace) -> int:
     from dpadmm.privacy import device
 
     if args.step == "serve":
+        from dpadmm.deploy import RUNTIME_API_ADDRESS, check_address
+
+        try:  # as `dpadmm deploy supernode` checks its SuperLink's: a bad one would be retried forever
+            check_address(args.runtime_api_address, "runtime-api-address", RUNTIME_API_ADDRESS)
+        except ValueError as err:
+            print(f"dpadmm: error: {err}", file=sys.stderr)
+            return 2
         from clients import runtime
 
         runtime.configure_logging()

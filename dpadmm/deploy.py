@@ -240,7 +240,7 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
     the code of the run's FAB (:mod:`clients.runtime`).
     """
     _check_port(port)
-    _check_superlink(superlink)
+    check_address(superlink)
     _check_node_config(node_config)
     command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
                "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
@@ -273,7 +273,7 @@ def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecur
     """
     if not _CONNECTION_NAME.fullmatch(name):
         raise ValueError(f"connection name {name!r} is not allowed; use letters, digits, '-' and '_'")
-    _check_superlink(address, "address")
+    check_address(address, "address")
     lines = [f"[superlink.{name}]", f"address = {_toml_string(address)}"]
     if insecure:
         warnings.warn(INSECURE_WARNING, stacklevel=2)
@@ -302,13 +302,19 @@ NODE_KEYS = ("partition-id", "num-partitions", "data-path", "num-samples-total",
              "randomness", "state-dir")
 
 
-def _check_superlink(address: str, name: str = "superlink") -> None:
-    """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode would only
-    refuse after it started, on the device, or keep retrying."""
+SUPERLINK_ADDRESS = ("the SuperLink's HOST:PORT, e.g. 192.168.1.10:9092, superlink.example.org:9092 or "
+                     "[fd00::1]:9092")
+RUNTIME_API_ADDRESS = ("the SuperNode's runtime API, HOST:PORT with the port in 1..65535 (the SuperNode's "
+                       "--port), e.g. 127.0.0.1:9094")
+
+
+def check_address(address: str, name: str = "superlink", wanted: str = SUPERLINK_ADDRESS) -> None:
+    """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode (or the device's
+    runtime, ``dpadmm node serve``) would only refuse after it started, on the device, or keep retrying.
+    The error names ``name``, the value and ``wanted``."""
     match = _ADDRESS.fullmatch(address or "")
     if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise ValueError(f"{name}={address!r} is not allowed; give the SuperLink's HOST:PORT, e.g. "
-                         "192.168.1.10:9092, superlink.example.org:9092 or [fd00::1]:9092")
+        raise ValueError(f"{name}={address!r} is not allowed; give {wanted}")
 
 
 def _check_host(name: str, host: str) -> None:
