@@ -4,6 +4,7 @@ SuperLink, authenticated SuperNodes started with `dpadmm deploy supernode`) as a
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
@@ -206,4 +207,7 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [2, 2]
     spent = sum(c.epsilon for c in Device(state, 0).charges().values())
     assert 15.9 < spent <= 16.0 * (1 + 1e-6)
-    assert "over 2 run(s)" in d.dpadmm("node", "status", "--state-dir", str(state)).stdout
+    shown = d.dpadmm("node", "status", "--state-dir", str(state)).stdout
+    assert "over 2 run(s)" in shown
+    for run in ("run-1", "run-2"):  # the server's folder and the device name each run alike
+        assert f"  run {json.loads((d.root / run / 'config.json').read_text())['run-identity']}: " in shown
