@@ -71,7 +71,7 @@ from dpadmm.privacy.device import DeviceRefused, RunRequest
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
 from dpadmm.sharing.config import SharingConfig
-from dpadmm.wire import REFUSED_KEY
+from dpadmm.wire import IDENTITY_KEY, REFUSED_KEY
 
 app = ClientApp()
 log = logging.getLogger("dpadmm.node")
@@ -132,13 +132,16 @@ def model_for(config: RunConfig) -> nn.Module | None:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which agent this node is (its partition id, from the node config), once the node has
-    read its configuration and its data as its rounds will (:func:`read_node`): a node that refuses them says
-    why instead (:func:`refusal`), and the server ends the run before round 1 (``Roster.admit``), before it
-    writes anything and before any node releases anything."""
+    read its configuration and its data as its rounds will (:func:`read_node`) and its device has admitted
+    the run the query names (``wire.IDENTITY_KEY``) as it would at the run's first release
+    (:func:`~clients.randomness.node_admission`): a node that refuses says why instead (:func:`refusal`), and
+    the server ends the run before round 1 (``Roster.admit``), before it writes anything and before any node
+    releases anything."""
     try:
         check_query(msg)
         config, held = read_node(context)
         node_admission(context.node_config, int(context.node_config["partition-id"]),
+                       str(msg.content.config_records.get("config", {}).get(IDENTITY_KEY, "")),
                        lambda: device_request_for(config, held, context.node_config))
     except (Refused, DeviceRefused) as error:
         return refusal(msg, str(error))

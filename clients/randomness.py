@@ -77,12 +77,23 @@ def data_digest(*tensors: torch.Tensor) -> str:
     return device.digest(*parts)
 
 
-def node_admission(node_config: Mapping[str, object], agent: int, request: Callable[[], RunRequest]) -> None:
-    """Before any release (the partition query): on a deployed node, refuse a run the device's policy rules
-    out (:meth:`~dpadmm.privacy.device.Device.preview`, :class:`~dpadmm.privacy.device.DeviceRefused`).
-    Simulation kinds check nothing (they protect nothing), so ``request`` is built only on a deployed node."""
-    if node_kind(node_config) == DEPLOYMENT:
-        Device(state_dir(node_config), agent).preview(request())
+def node_admission(node_config: Mapping[str, object], agent: int, identity: str,
+                   request: Callable[[], RunRequest]) -> None:
+    """Before any release (the partition query): on a deployed node, refuse a run that admission at its first
+    release would refuse. With the run identity the server drew (``identity``), everything that admission
+    checks, the lifetime and period budgets included, without writing anything
+    (:meth:`~dpadmm.privacy.device.Device.admit` with ``charge=False``: a run already charged under that
+    identity is admitted as it would be at its next release); without one (a server that sends none), the
+    policy and the cap of one run (:meth:`~dpadmm.privacy.device.Device.preview`), and the first release
+    refuses such a run. Simulation kinds check nothing (they protect nothing), so ``request`` is built only on
+    a deployed node."""
+    if node_kind(node_config) != DEPLOYMENT:
+        return
+    budget = Device(state_dir(node_config), agent)
+    if identity:
+        budget.admit(identity, request(), charge=False)
+    else:
+        budget.preview(request())
 
 
 def node_charge(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int, round_: int,

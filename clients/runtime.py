@@ -47,6 +47,9 @@ from flwr.supercore.retry import RetryInvoker, make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
+from dpadmm.privacy.device import DeviceRefused, node_state_dir, policy_in_force
+from dpadmm.wire import refusal_in
+
 APP_ID = "dpadmm/dpadmm"  # the FAB's id: [tool.flwr.app] publisher / [project] name
 FAILED = "the node could not answer this message; its operator's log has the reason"
 TASK_RETRY_SECONDS = 30.0  # the longest a task's call to the SuperNode is retried
@@ -103,23 +106,30 @@ def fab_refusal(fab_id: str, fab_version: str) -> str | None:
 
 def answer(message: Message, context: object, fab_id: str, fab_version: str,
            app: Callable[..., Message] | None = None) -> tuple[Message, str, str]:
-    """(the reply, its sub-status, its details) of one task: the installed ClientApp's reply, a refusal of
-    another app's run (``wire.REFUSED_KEY``), or :data:`FAILED` where the ClientApp raised (details logged
-    here only)."""
+    """(the reply, its sub-status, its details) of one task: the installed ClientApp's reply, a refusal
+    (``wire.REFUSED_KEY``: of another app's run, or the ClientApp's own, by its device's policy and budget or
+    of its configuration or data), or :data:`FAILED` where the ClientApp raised (details logged here only).
+    A refusal is logged here with its reason, as the server logs it, and its task is ``failed`` with the
+    reason as details."""
     from clients import client_app
 
     refused = fab_refusal(fab_id, fab_version)
     if refused is not None:  # a refusal, which a dpadmm ServerApp of any version ends the run on at once
-        log.error("dpadmm node: %s", refused)
-        return client_app.refusal(message, refused), SubStatus.FAILED, refused
-    app = app or client_app.app
-    try:
-        return app(message=message, context=context), SubStatus.COMPLETED, ""
-    except Exception:  # noqa: BLE001 (any failure: the server learns only that it failed)
-        log.error("dpadmm node: the ClientApp failed on a %s message of run %s:\n%s",
-                  message.metadata.message_type, message.metadata.run_id, traceback.format_exc())
-        return (Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=FAILED), reply_to=message),
-                SubStatus.FAILED, FAILED)
+        reply = client_app.refusal(message, refused)
+    else:
+        try:
+            reply = (app or client_app.app)(message=message, context=context)
+        except Exception:  # noqa: BLE001 (any failure: the server learns only that it failed)
+            log.error("dpadmm node: the ClientApp failed on a %s message of run %s:\n%s",
+                      message.metadata.message_type, message.metadata.run_id, traceback.format_exc())
+            return (Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=FAILED),
+                            reply_to=message), SubStatus.FAILED, FAILED)
+        refused = refusal_in(reply)
+    if refused is None:
+        return reply, SubStatus.COMPLETED, ""
+    log.warning("dpadmm node: refused a %s message of run %s: %s", message.metadata.message_type,
+                message.metadata.run_id, refused)
+    return reply, SubStatus.FAILED, refused
 
 
 def run_task(options: Options, token: str) -> None:
@@ -169,6 +179,12 @@ def serve(options: Options, stop: threading.Event | None = None) -> None:
     client = _client(options, _invoker(tries=1), RuntimeVersionHttpInterceptor(component_name="SuperExec"))
     log.info("dpadmm node: answering the SuperNode at %s with %s %s", options.address, APP_ID,
              installed_version())
+    state = node_state_dir()  # the runs' state folder unless a SuperNode's node config names another
+    try:
+        log.info("dpadmm node: %s (state folder %s, unless a node config names another state-dir)",
+                 policy_in_force(state), state)
+    except DeviceRefused as refused:  # each run is refused with this reason until the operator acts
+        log.error("dpadmm node: %s", refused)
     last_error = ""
     running: list[threading.Thread] = []
     try:

@@ -388,6 +388,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _add_deploy(commands: argparse._SubParsersAction) -> None:
+    from dpadmm.catalog import DATASET_NAMES as IADMM_DATASETS
     from dpadmm.deploy import CERT_DAYS
     from dpadmm.sharing.config import DATASETS
 
@@ -481,6 +482,26 @@ def _add_deploy(commands: argparse._SubParsersAction) -> None:
                         help="how the drawn rows are dealt: contiguous (the paper's IID agents), "
                              "dirichlet:ALPHA or shards:K (label skew, b each; default: contiguous)")
     agents.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
+    parts = steps.add_parser(
+        "partitions", help="write the agents' data files of DP-IADMM (its simulation's partition)",
+        description="Write agent-<p>.npz per agent (x: its samples, uint8 pixels or floats in [0, 1]; y: its "
+                    "labels) in --out, the block of the data set that the simulation of the same run "
+                    "config deals agent p, so that a deployment trains on the simulation's data. Agent p's "
+                    "SuperNode reads its own file (node config partition-id=<p> data-path=<file> "
+                    "num-samples-total=<I>). Nothing is written unless a run could use the files.")
+    parts.add_argument("--dataset", choices=IADMM_DATASETS, default=IADMM_DATASETS[0],
+                       help=f"the data set (default: {IADMM_DATASETS[0]}, the embedded MNIST sample)")
+    parts.add_argument("--data-dir", default="",
+                       help="folder with the data set's files (default: the cache, fetched on first use)")
+    parts.add_argument("--num-agents", type=int, default=0,
+                       help="P, the number of agents (default: 0, the data set's count: 10 for default and "
+                            "mnist, 195 for femnist)")
+    parts.add_argument("--partition", default="contiguous",
+                       help="how the samples are dealt, as the run's iadmm.partition: contiguous, "
+                            "dirichlet:ALPHA, shards:K or quantity:ALPHA (default: contiguous)")
+    parts.add_argument("--partition-seed", type=int, default=0,
+                       help="the run's iadmm.partition-seed (default: 0)")
+    parts.add_argument("--out", required=True, help="folder to write into (existing files are refused)")
 
 
 def _add_node(commands: argparse._SubParsersAction) -> None:
@@ -513,6 +534,13 @@ def _node(args: argparse.Namespace) -> int:
     from dpadmm.privacy import device
 
     if args.step == "serve":
+        from dpadmm.deploy import RUNTIME_API_ADDRESS, check_address
+
+        try:  # as `dpadmm deploy supernode` checks its SuperLink's: a bad one would be retried forever
+            check_address(args.runtime_api_address, "runtime-api-address", RUNTIME_API_ADDRESS)
+        except ValueError as err:
+            print(f"dpadmm: error: {err}", file=sys.stderr)
+            return 2
         from clients import runtime
 
         runtime.configure_logging()
@@ -742,6 +770,16 @@ def _deploy(args: argparse.Namespace) -> int:
             print(f"the server holds no data: --run-config \"algorithm='ldp-admm' "
                   f"decentral.agents={args.agents} decentral.samples={args.samples} "
                   f"decentral.seed={args.seed}\" with the graph's keys (decentral.graph, decentral.edges)")
+        elif args.step == "partitions":
+            paths, total = deploy.partition_files(args.dataset, args.data_dir, args.num_agents, args.out,
+                                                  args.partition, args.partition_seed)
+            for p, path in enumerate(paths):
+                print(path)
+                print(f"  agent {p}'s device only: --node-config \"partition-id={p} "
+                      f"data-path='{path.resolve()}' num-samples-total={total}\"")
+            print(f"the server: --run-config \"iadmm.dataset='{args.dataset}' iadmm.num-agents={len(paths)} "
+                  f"iadmm.partition='{args.partition}' iadmm.partition-seed={args.partition_seed}\" (it "
+                  "evaluates on the data set's test samples)")
     except (ValueError, OSError) as err:  # OSError: existing, missing or unwritable files
         print(f"dpadmm: error: {err}", file=sys.stderr)
         return 2

@@ -18,7 +18,8 @@ the model, the duals and each agent's z_p in clear text and lets any process joi
 
 For ADMM sharing (001, vertical learning) :func:`vertical_files` cuts a data set into the files
 a deployment starts from: one per party with its column block, and the server's labels; for 004
-(decentralised local DP) :func:`agent_files` writes one file of samples per agent.
+(decentralised local DP) :func:`agent_files` writes one file of samples per agent; for DP-IADMM
+:func:`partition_files` writes one file per agent, its block of the simulation's partition.
 """
 
 from __future__ import annotations
@@ -204,6 +205,44 @@ def agent_files(data_dir: str | Path, agents: int, samples: int, seed: int, out:
     return write_agent_files(dataset, agents, samples, seed, out, partition)
 
 
+def partition_files(dataset: str, data_dir: str | Path, num_agents: int, out: str | Path,
+                    partition: str = "contiguous", partition_seed: int = 0) -> tuple[list[Path], int]:
+    """The files of a DP-IADMM deployment and I, its ``num-samples-total``: ``agent-<p>.npz`` for each of
+    the run's agents (``num_agents``; 0: the data set's count), its block of ``dataset`` as the simulation
+    deals it (:func:`dpadmm.iadmm.federation.load_for`, :meth:`dpadmm.data.Dataset.partition`), in the layout
+    :func:`dpadmm.data.node.load_node_data` reads: ``x`` as uint8 pixels where the values are whole pixels
+    (MNIST and its embedded sample), else float64 in [0, 1] (FEMNIST's), so that a device reads back exactly
+    the simulation's samples, and ``y``. Outside a test each agent's data would already live on its device.
+
+    Nothing is written unless a run could use the files: DP-IADMM's configuration accepts ``dataset``,
+    ``data_dir``, ``num_agents``, ``partition`` and ``partition_seed``, the data set loads and is dealt, and
+    no file of the set exists yet.
+    """
+    import numpy as np
+
+    from dpadmm.data.checks import write_npz
+    from dpadmm.iadmm.config import RunConfig
+    from dpadmm.iadmm.federation import load_for
+
+    config = RunConfig(dataset=dataset, data_dir=str(data_dir), num_agents=num_agents, partition=partition,
+                       partition_seed=partition_seed)
+    loaded = load_for(config)
+    blocks = loaded.partition(config.num_agents)
+    folder = Path(out).expanduser()
+    paths = [folder / f"agent-{p}.npz" for p in range(config.num_agents)]
+    taken = [str(p) for p in paths if p.exists()]
+    if taken:
+        raise FileExistsError(f"{taken[0]} exists; give an empty --out folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, block in zip(paths, blocks, strict=True):
+        x = loaded.x_train[block].numpy()
+        pixels = np.rint(x * 255.0)
+        if np.array_equal(pixels / 255.0, x):  # what the reader computes from uint8: the same values
+            x = pixels.astype(np.uint8)
+        write_npz(path, x=x, y=loaded.y_train[block].numpy())
+    return paths, loaded.num_train
+
+
 def superlink_command(certs: str | Path | None, *, host: str = "0.0.0.0", port: int = 9093,
                       database: str | Path | None = None, insecure: bool = False) -> list[str]:
     """The ``flower-superlink`` command: TLS from ``certs`` and SuperNode authentication.
@@ -240,7 +279,7 @@ def supernode_command(superlink: str, node_config: str, *, ca_cert: str | Path |
     the code of the run's FAB (:mod:`clients.runtime`).
     """
     _check_port(port)
-    _check_superlink(superlink)
+    check_address(superlink)
     _check_node_config(node_config)
     command = ["flower-supernode", "--superlink", superlink, "--node-config", node_config,
                "--isolation", "process", "--host", "127.0.0.1", "--port", str(port)]
@@ -273,7 +312,7 @@ def connection_toml(name: str, address: str, ca_cert: str | Path | None, insecur
     """
     if not _CONNECTION_NAME.fullmatch(name):
         raise ValueError(f"connection name {name!r} is not allowed; use letters, digits, '-' and '_'")
-    _check_superlink(address, "address")
+    check_address(address, "address")
     lines = [f"[superlink.{name}]", f"address = {_toml_string(address)}"]
     if insecure:
         warnings.warn(INSECURE_WARNING, stacklevel=2)
@@ -302,13 +341,19 @@ NODE_KEYS = ("partition-id", "num-partitions", "data-path", "num-samples-total",
              "randomness", "state-dir")
 
 
-def _check_superlink(address: str, name: str = "superlink") -> None:
-    """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode would only
-    refuse after it started, on the device, or keep retrying."""
+SUPERLINK_ADDRESS = ("the SuperLink's HOST:PORT, e.g. 192.168.1.10:9092, superlink.example.org:9092 or "
+                     "[fd00::1]:9092")
+RUNTIME_API_ADDRESS = ("the SuperNode's runtime API, HOST:PORT with the port in 1..65535 (the SuperNode's "
+                       "--port), e.g. 127.0.0.1:9094")
+
+
+def check_address(address: str, name: str = "superlink", wanted: str = SUPERLINK_ADDRESS) -> None:
+    """``host:port`` (an IPv6 host in brackets), the port in 1..65535: what flower-supernode (or the device's
+    runtime, ``dpadmm node serve``) would only refuse after it started, on the device, or keep retrying.
+    The error names ``name``, the value and ``wanted``."""
     match = _ADDRESS.fullmatch(address or "")
     if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise ValueError(f"{name}={address!r} is not allowed; give the SuperLink's HOST:PORT, e.g. "
-                         "192.168.1.10:9092, superlink.example.org:9092 or [fd00::1]:9092")
+        raise ValueError(f"{name}={address!r} is not allowed; give {wanted}")
 
 
 def _check_host(name: str, host: str) -> None:

@@ -11,6 +11,7 @@ workers filling one cache) each rename a whole file of their own.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,28 @@ def replacing(path: str | Path, *, private: bool = False) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_once(path: str | Path, data: bytes, *, mode: int = 0o644) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; True when this call made it. The file appears whole
+    and already fsynced (written to a temporary file of this thread, then linked to its name), so a crash
+    never leaves a part of it; of two writers at once one makes it and the other keeps theirs."""
+    path = Path(path)
+    if path.exists():
+        return False
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # fails if another writer made it first: theirs is kept
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+    return True
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, private: bool = False) -> None:

@@ -11,7 +11,10 @@ may, so a key splits at its first dot.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # the server reads refusals, and so does the device's runtime, which logs its own
+    from flwr.app import Message
 
 T = TypeVar("T")
 
@@ -42,6 +45,16 @@ IDS_DIGEST_KEY = "ids-sha256"  # party -> server, in the train reply's config re
 EXCHANGED_KEY = "exchanged"  # router -> agent: x^{k-1} of the agent and its neighbours, [1 + |N_i|, d];
 # agent -> router: its x^k, [d]
 NEIGHBOURS_KEY = "agents"  # router -> agent, in the config record: the ids of those rows, the agent's first
+
+
+def refusal_in(reply: Message) -> str | None:
+    """The reason a reply refuses the run (:data:`REFUSED_KEY`), or None."""
+    if reply.has_error():
+        return None
+    try:
+        return str(reply.content["config"][REFUSED_KEY])
+    except (KeyError, TypeError):
+        return None
 
 
 def pack(variables: Mapping[str, Mapping[str, T]]) -> dict[str, T]:

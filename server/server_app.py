@@ -140,16 +140,18 @@ def configured(run_config: Mapping[str, Any]) -> Any:
 def run_folder(config: Any, ledger: Ledger | Statement | None,
                kinds: Callable[[], Iterable[str]] | None = None, *,
                released: Callable[[], int] = lambda: 0,
-               spent: Callable[[int], Ledger | Statement] | None = None) -> Iterator[RunWriter]:
-    """A fresh run folder of ``config`` (config.json; privacy.json for a private run), open while the strategy
+               spent: Callable[[int], Ledger | Statement] | None = None,
+               run_identity: str = "") -> Iterator[RunWriter]:
+    """A fresh run folder of ``config`` (config.json, with the ``run_identity`` sent to the nodes:
+    :func:`opened`; privacy.json for a private run), open while the strategy
     runs and closed whatever happens: when the strategy raises, the folder is marked failed (failed.json)
     and privacy.json states ``spent(released())``, what the rounds with releases spent (a round in flight
     counts: its nodes may have released), not the planned run. At the end, ``kinds`` (the kinds of
     randomness the nodes reported, :mod:`clients.randomness`) goes into the statement, privacy.json is
     written again with it, and the statement's summary is logged."""
     writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
-                       fresh=True)
-    log(INFO, "dpadmm: writing %s", Path(writer.directory).resolve() / "metrics.jsonl")
+                       fresh=True, run_identity=run_identity)
+    opened(writer, "writing", run_identity)
     if ledger:
         writer.write_ledger(ledger)
         writer.spent = spent
@@ -162,6 +164,13 @@ def run_folder(config: Any, ledger: Ledger | Statement | None,
         ledger = dataclasses.replace(ledger, randomness=statement(set(kinds())))
         writer.write_ledger(ledger)
     log(INFO, "dpadmm: %s", ledger.summary() if ledger else "privacy: none (non-private run, no noise)")
+
+
+def opened(writer: RunWriter, doing: str, run_identity: str) -> None:
+    """Log the run folder's metrics file and the run's identity: the name each deployed device's ``dpadmm
+    node status`` gives the run, which config.json records as ``run-identity``."""
+    log(INFO, "dpadmm: %s %s (run identity %s, as `dpadmm node status` names the run on each device)", doing,
+        Path(writer.directory).resolve() / "metrics.jsonl", run_identity)
 
 
 def metric_record(record: Mapping[str, Any]) -> MetricRecord:
@@ -193,7 +202,8 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
     strategy = SecureSum(config, agents) if config.exchange == "secret" else GraphRouter(config, agents)
     strategy.roster.admit(grid)
     with run_folder(config, stated, lambda: strategy.kinds.values(), released=lambda: strategy.sent,
-                    spent=lambda k: decentral_privacy.spent(config, FEATURES[config.dataset], k)) as writer:
+                    spent=lambda k: decentral_privacy.spent(config, FEATURES[config.dataset], k),
+                    run_identity=strategy.run_identity) as writer:
         if isinstance(strategy, SecureSum):
             decentral_secure(grid, context, config, strategy, problem, writer)
         else:
@@ -283,7 +293,8 @@ def linadmm_main(grid: Grid, config: LinAdmmConfig) -> None:
 
     # the server releases (its noise) in each round's aggregation, which sets strategy.round
     with run_folder(config, ledger, released=lambda: strategy.round,
-                    spent=lambda t: linadmm_privacy.ledger(config, problem.num_samples, t)) as writer:
+                    spent=lambda t: linadmm_privacy.ledger(config, problem.num_samples, t),
+                    run_identity=strategy.run_identity) as writer:
         strategy.start(grid=grid, evaluate_fn=lambda t, state, y: evaluate(writer, t, state, y))
 
 
@@ -316,7 +327,8 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
     ledger = sharing_privacy.ledger(config, len(labels)) if config.private else None
     strategy.roster.admit(grid)  # the parties refuse what they cannot run, before a run folder is made
     with run_folder(config, ledger, lambda: strategy.kinds.values(), released=lambda: strategy.sent,
-                    spent=lambda t: sharing_privacy.ledger(config, len(labels), t)) as writer:
+                    spent=lambda t: sharing_privacy.ledger(config, len(labels), t),
+                    run_identity=strategy.run_identity) as writer:
 
         def evaluate(t: int, record: dict[str, float]) -> MetricRecord:
             record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
@@ -343,14 +355,14 @@ def iadmm_main(grid: Grid, config: RunConfig) -> None:
     ledger = strategy.statement(total_samples=dataset.num_train)
     if resume:
         writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out,
-                           save_weights=config.save_weights, resume_round=strategy.round)
+                           save_weights=config.save_weights, resume_round=strategy.round,
+                           run_identity=strategy.run_identity)
     else:
         writer = RunWriter(config.to_mapping(), engine="flower", directory=config.out or config.default_out(),
-                           fresh=True, save_weights=config.save_weights)
+                           fresh=True, save_weights=config.save_weights, run_identity=strategy.run_identity)
         strategy.checkpoint_path = writer.directory / CHECKPOINT
     strategy.on_round = lambda report: writer.record_round(report.to_dict())
-    log(INFO, "dpadmm: %s %s", "resuming" if resume else "writing",
-        Path(writer.directory).resolve() / "metrics.jsonl")
+    opened(writer, "resuming" if resume else "writing", strategy.run_identity)
     if ledger:
         writer.write_ledger(ledger)
     last: dict[str, Any] = {}  # the last evaluated round's record, for the closing line

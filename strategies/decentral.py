@@ -80,12 +80,13 @@ class GraphRouter(Strategy):
         self.adjacency = agents.adjacency[0]
         self.n = int(self.adjacency.shape[0])
         self.state = engine.initial_state(agents, [config.seed])
-        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}")
+        self.run_identity = new_run_identity()  # what the deployed agents bind their secrets to, per run
+        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}",
+                             identity=self.run_identity)
         self.rejected: list[tuple[int, int, str]] = []  # (iteration, agent, reason)
         self.seconds = 0.0  # of the last iteration, from sending the iterates to the last reply
         self.elapsed = 0.0  # of iterations 1..k, as the engine's ``elapsed``
         self.sent = 0  # the last iteration sent out: a run stopped in it counts the releases up to it
-        self.run_identity = new_run_identity()  # what the deployed agents bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
         # the mechanism this run's statement covers: an iterate that states another is rejected
         self.mechanism = privacy.mechanism_of(config, int(self.state.x.shape[-1]))
@@ -207,15 +208,16 @@ class SecureSum(LegacyStrategy):
                              f"exchange='secret' on Flower takes at most {MODULUS // QUANTIZATION - 1}")
         self.config = config
         self.evaluate_fn = evaluate_fn
+        self.run_identity = new_run_identity()  # as GraphRouter's: sent with S^{k-1} to every agent
         # the federation's check before iteration 1 (Roster.admit); SecAgg+ then samples the connected nodes
-        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}")
+        self.roster = Roster(self.n, config.node_timeout, config.round_timeout, source=f"agents={self.n}",
+                             identity=self.run_identity)
         self.total = engine.initial_state(agents, [config.seed]).x[0].sum(dim=0)  # S^0
         self.summed = 0  # the last iteration whose sum arrived
         self.sent = 0  # the last iteration sent out: a run stopped in it counts the releases up to it
         self.started = 0.0
         self.seconds = 0.0  # of the last iteration, from sending S^{k-1} to the sum S^k
         self.elapsed = 0.0
-        self.run_identity = new_run_identity()  # as GraphRouter's: sent with S^{k-1} to every agent
         self.kinds: dict[int, str] = {}  # the randomness each agent reported in its fit metrics
         self.mechanism = privacy.mechanism_of(config, int(agents.features.shape[-1]))
 

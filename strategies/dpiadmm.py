@@ -156,18 +156,18 @@ class DPIADMM(Strategy):
         self.lam: Params = {name: torch.zeros_like(p) for name, p in self.z.items()}
         self.round = 0
         self.taken = [0] * config.num_agents  # rounds each agent was asked to compute (its releases)
+        # The run's identity, which deployed nodes bind their secrets to: new for each run, kept by the
+        # checkpoint, so that a resumed run asks its nodes for the same draws and a new run for new ones.
+        self.run_identity = new_run_identity()
         # every round samples the same number of agents: the run can start once that many are connected
         self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout,
-                             needed=len(schedules.participants(config, 1)))
+                             needed=len(schedules.participants(config, 1)), identity=self.run_identity)
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.on_round = on_round
         self.last_train_metrics: MetricRecord | None = None
         self.last_report: RoundReport | None = None
         self._sent: list[tuple[Message, int, int]] = []  # this round's (message, node id, partition)
         self._started = time.perf_counter()
-        # The run's identity, which deployed nodes bind their secrets to: new for each run, kept by the
-        # checkpoint, so that a resumed run asks its nodes for the same draws and a new run for new ones.
-        self.run_identity = new_run_identity()
         self.kinds: dict[int, str] = {}  # the randomness each agent last reported (clients.randomness)
         # the mechanism this run's statement covers: a reply that states another is rejected
         self.mechanism = privacy.mechanism_of(config)
@@ -364,6 +364,7 @@ class DPIADMM(Strategy):
         self.taken = [int(k) for k in saved["taken"]]
         self.roster.nodes = {int(n): int(p) for n, p in saved["nodes"]}
         self.run_identity = str(saved.get("run_identity", self.run_identity))
+        self.roster.identity = self.run_identity  # the nodes charged this run under it: their query names it
         self.kinds = {int(p): str(k) for p, k in saved.get("kinds", [])}
         log(INFO, "DP-IADMM: resuming after round %d from %s", self.round, self.checkpoint_path)
 

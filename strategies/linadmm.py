@@ -86,7 +86,8 @@ class DPLinADMM(Strategy):
         self.constants = engine.settings(config, a)
         self.sigma = privacy.noise_std(config, num_samples)
         self.state = engine.initial_state(config, a, 1)
-        self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout)
+        self.roster = Roster(config.num_agents, config.node_timeout, config.round_timeout,
+                             identity=self.run_identity)
         self.round = 0
         self.last_y: torch.Tensor | None = None
         self.seconds = 0.0  # wall time of the last iteration, from sending the point to the new iterate

@@ -9,12 +9,14 @@ node holds, and moves a partition to a new node when its old node is gone.
 Two kinds of fault. A transient one (a timeout, a lost node, a reply that fails a check) costs that
 node its round, by each strategy's dropout rules. A fault that would repeat every round ends the run
 (:class:`RunRefused`, ``finished:failed``): a node that refuses its configuration or its data (it replies
-with ``wire.REFUSED_KEY``, :func:`refusal_in`) and a federation sized against the configuration (a node
-claiming a partition the run does not have, or fewer nodes than the run needs within ``node-timeout``).
+with ``wire.REFUSED_KEY``, :func:`dpadmm.wire.refusal_in`) and a federation sized against the configuration
+(a node claiming a partition the run does not have, or fewer nodes than the run needs within
+``node-timeout``).
 
 Both are looked for before round 1 (:meth:`Roster.admit`), which a ServerApp calls before it creates the
-run folder: a node answers the partition query only after it has read its configuration and its data, so
-such a run ends with nothing written and nothing released.
+run folder: a node answers the partition query only after it has read its configuration and its data, and
+its device has admitted the run the query names (its identity, as its first release would), so such a run
+ends with nothing written and nothing released.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
 from dpadmm.privacy.randomness import DEPLOYMENT, FORCED_SIMULATION, SIMULATION, forced_kind
-from dpadmm.wire import KIND_KEY, MECHANISM_KEY, REFUSED_KEY
+from dpadmm.wire import IDENTITY_KEY, KIND_KEY, MECHANISM_KEY, refusal_in
 
 
 class RunRefused(RuntimeError):
@@ -45,16 +47,6 @@ def refuse_run(reason: str) -> NoReturn:
     """Log ``reason`` on one line and raise :class:`RunRefused` with it."""
     log(ERROR, "dpadmm: the run cannot go on: %s", reason)
     raise RunRefused(reason)
-
-
-def refusal_in(reply: Message) -> str | None:
-    """The reason a reply refuses the run (``wire.REFUSED_KEY``), or None."""
-    if reply.has_error():
-        return None
-    try:
-        return str(reply.content["config"][REFUSED_KEY])
-    except (KeyError, TypeError):
-        return None
 
 
 def refused(replies: Iterable[Message]) -> list[Message]:
@@ -74,11 +66,16 @@ def refused(replies: Iterable[Message]) -> list[Message]:
 class Roster:
     """node id -> partition id of the connected agents, for ``num_agents`` agents of which a run can start
     with ``needed`` (default: all of them). ``source`` says where the family's configuration sets that
-    number, for the messages (``num-agents=10``; ADMM sharing's ``parties='66,57'``)."""
+    number, for the messages (``num-agents=10``; ADMM sharing's ``parties='66,57'``). ``identity`` is the
+    run's identity (``wire.IDENTITY_KEY``), sent with every partition query: a deployed node's device
+    decides there, before any node releases, everything it would decide at the run's first release (its
+    lifetime and period budgets included); a strategy that restores another identity (a resumed run) sets
+    it here too."""
 
     def __init__(self, num_agents: int, node_timeout: float, round_timeout: float,
-                 needed: int | None = None, source: str | None = None) -> None:
+                 needed: int | None = None, source: str | None = None, identity: str = "") -> None:
         self.num_agents = num_agents
+        self.identity = identity
         self.source = source or f"num-agents={num_agents}"
         self.needed = num_agents if needed is None else needed
         self.node_timeout = node_timeout
@@ -131,7 +128,8 @@ class Roster:
 
     def _query(self, grid: Grid, nodes: list[int], connected: set[int]) -> None:
         """Ask new nodes for their partition id and bind the valid, unclaimed ones."""
-        question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
+        asked = ConfigRecord({"query": "partition-id", IDENTITY_KEY: self.identity})
+        question = RecordDict({"config": asked})
         replies = refused(grid.send_and_receive(
             [Message(content=question, message_type=MessageType.QUERY, dst_node_id=n) for n in nodes],
             timeout=self.round_timeout))

@@ -90,13 +90,13 @@ class ADMMSharing(Strategy):
         self.y = labels.new_zeros((1, n))
         self.held = [0] * self.parties  # the round of each party's message the server holds (0: the start)
         self.resend = [False] * self.parties  # whether the party must be sent the message the server holds
+        self.run_identity = new_run_identity()  # what deployed parties bind their secrets to, per run
         self.roster = Roster(self.parties, config.node_timeout, config.round_timeout,
-                             source=f"parties={config.parties!r}")
+                             source=f"parties={config.parties!r}", identity=self.run_identity)
         self.rejected: list[tuple[int, int, str]] = []  # (round, party, reason)
         self.seconds = 0.0  # of the last round: from sending s - z and y to the new z and y
         self.elapsed = 0.0  # of rounds 1..t (evaluations excluded), as the engine's ``elapsed``
         self.sent = 0  # the last round sent out: a run stopped in it counts the parties' releases up to it
-        self.run_identity = new_run_identity()  # what deployed parties bind their secrets to, per run
         self.kinds: dict[int, str] = {}  # the randomness each party last reported (clients.randomness)
         # the mechanism this run's statement covers: a message that states another is rejected
         self.mechanism = privacy.mechanism_of(config, n)

@@ -492,6 +492,18 @@ def test_node_policy_and_status_are_the_devices_own(tmp_path: Path, dpadmm: Run)
     assert "is damaged at line 1" in damaged.stderr and len(damaged.stderr.splitlines()) == 1
 
 
+def test_node_serve_refuses_an_address_it_would_retry_forever(tmp_path: Path, dpadmm: Run) -> None:
+    """A runtime API address that is no HOST:PORT (or a port out of range) was retried forever, and the
+    killed process exited 0; it is checked as `dpadmm deploy supernode` checks its SuperLink's."""
+    refused = _script("node", "serve", "--runtime-api-address", "foo", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr == (
+        "dpadmm: error: runtime-api-address='foo' is not allowed; give the SuperNode's runtime API, "
+        "HOST:PORT with the port in 1..65535 (the SuperNode's --port), e.g. 127.0.0.1:9094\n")
+    port = dpadmm("node", "serve", "--runtime-api-address", "127.0.0.1:99999", cwd=tmp_path)
+    assert port.returncode == 2 and port.stderr.startswith(
+        "dpadmm: error: runtime-api-address='127.0.0.1:99999' is not allowed; give the SuperNode's")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
 @pytest.mark.parametrize("command", [("train",), ("train", "--algorithm", "ldp-admm"),
                                      ("reproduce", "--paper", "004", "--out", "r")])

@@ -11,11 +11,22 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients.client_app import agent_data_for, decentral_agent, decentral_dataset, query
+from clients.client_app import (
+    agent_data_for,
+    decentral_agent,
+    decentral_dataset,
+    device_request_for,
+    query,
+    read_node,
+)
+from clients.randomness import node_charge
 from dpadmm.data.vertical import load_vertical, write_vertical_files
 from dpadmm.decentral.config import DecentralConfig
 from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
+from dpadmm.privacy.device import Device, Policy
+from dpadmm.privacy.randomness import new_run_identity
+from dpadmm.wire import IDENTITY_KEY
 from strategies.nodes import claimed_partition, refusal_in
 from tests.conftest import flat_app_config
 
@@ -106,3 +117,37 @@ def test_a_node_reads_its_configuration_and_data_before_it_says_its_partition(bi
     assert refused is not None and str(tmp_path / "short.npz") in refused
     assert "x has 56 columns but parties='66,57' gives party 1 57" in refused and "\n" not in refused
     assert claimed_partition(asked({"partition-id": 1, "data-path": str(tmp_path / "short.npz")})) is None
+
+
+@pytest.mark.usefixtures("server_process")
+def test_a_device_whose_budget_is_spent_refuses_at_the_query(tmp_path: Path) -> None:
+    """The query names the run (its identity): the device checks there what the run's first release would
+    check, its lifetime budget included, and writes nothing. A run already charged is admitted again; a new
+    one that would cross the budget is refused before any node releases round 1 (it was refused only at
+    round 1's train message, after the other devices had released and each charged the whole run)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "policy.toml").write_text(Policy(lifetime_epsilon=8.0).to_toml())  # one main job in all
+    node_config = {"partition-id": 1, "num-partitions": 2, "randomness": "deployment",
+                   "state-dir": str(state)}
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
+                      run_config={**flat_app_config(), "iadmm.num-agents": 2})
+
+    def asked(identity: str | None) -> Message:
+        question = {"query": "partition-id"} | ({} if identity is None else {IDENTITY_KEY: identity})
+        return query(Message(content=RecordDict({"config": ConfigRecord(question)}),
+                             message_type=MessageType.QUERY, dst_node_id=7), context)
+
+    first = new_run_identity()
+    assert claimed_partition(asked(first)) == 1
+    assert not Device(state, 1).path.exists()  # checked at the query, charged at the first release only
+    config, held = read_node(context)
+    node_charge(node_config, {IDENTITY_KEY: first}, 1, 1,  # the run's first release
+                lambda: device_request_for(config, held, node_config))
+    assert claimed_partition(asked(first)) == 1  # the run charged is admitted again (a resumed run)
+    refused = refusal_in(asked(new_run_identity()))
+    assert refused is not None and refused.startswith(
+        "the device's lifetime budget would be crossed: it has spent (eps = 7.99")
+    assert "its operator allows (eps = 8, delta = 0.0001) in all" in refused
+    assert claimed_partition(asked(None)) == 1  # a server that names no run: its first release decides
+    assert list(Device(state, 1).charges()) == [first]

@@ -24,15 +24,20 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+from clients.client_app import agent_data_for
 from dpadmm import deploy
 from dpadmm.cli import main
 from dpadmm.data.checks import DataError
 from dpadmm.data.node import load_node_data
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.iadmm.federation import agent_data, load_for
 from tests.conftest import free_ports
 from tests.corrupt import head, write_gz
 
@@ -484,4 +489,50 @@ def test_cli_refuses_files_no_run_could_use(tmp_path: Path, binary_dir: Path,
     assert main(["deploy", *argv, "--data-dir", str(data), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpadmm: error: ") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("dataset", "agents", "partition", "pixels"), [
+    ("default", 4, "dirichlet:0.5", True),  # the embedded MNIST sample, dealt with label skew
+    ("femnist", 3, "contiguous", False),  # LEAF's values are no whole pixels: written as floats
+])
+def test_partition_files_hold_the_simulations_agents(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest, dataset: str,
+        agents: int, partition: str, pixels: bool) -> None:
+    """`dpadmm deploy partitions` writes each DP-IADMM agent's file: what the ClientApp reads from it is the
+    simulation's agent of the same run config, and it prints each node's node config."""
+    data_dir = str(request.getfixturevalue("femnist_dir")) if dataset == "femnist" else ""
+    out = tmp_path / "partitions"
+    argv = ["deploy", "partitions", "--dataset", dataset, "--num-agents", str(agents), "--partition",
+            partition, "--partition-seed", "3", "--out", str(out)]
+    argv += ["--data-dir", data_dir] if data_dir else []
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    config = RunConfig(dataset=dataset, data_dir=data_dir, num_agents=agents, partition=partition,
+                       partition_seed=3)
+    total = load_for(config).num_train
+    for p in range(agents):
+        path = out / f"agent-{p}.npz"
+        node_config = {"partition-id": p, "data-path": str(path.resolve()), "num-samples-total": total}
+        assert (f"  agent {p}'s device only: --node-config \"partition-id={p} data-path='{path.resolve()}' "
+                f"num-samples-total={total}\"") in printed
+        with np.load(path) as held:
+            assert (held["x"].dtype == np.uint8) == pixels
+        device = agent_data_for(config, node_config, num_classes=load_for(config).num_classes)
+        simulated = agent_data(load_for(config), config, [p])
+        assert device.total == simulated.total == total
+        assert torch.equal(device.x, simulated.x) and torch.equal(device.y, simulated.y)
+    assert f"iadmm.num-agents={agents} iadmm.partition='{partition}' iadmm.partition-seed=3" in printed
+    assert main(argv) == 2  # the files exist: refused, kept
+    assert "agent-0.npz exists; give an empty --out folder" in capsys.readouterr().err
+
+
+def test_partition_files_refuse_a_run_that_cannot_be(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "partitions"
+    assert main(["deploy", "partitions", "--partition", "shards", "--out", str(out)]) == 2
+    assert "partition='shards' is not allowed" in capsys.readouterr().err
+    assert main(["deploy", "partitions", "--dataset", "default", "--data-dir", str(tmp_path), "--out",
+                 str(out)]) == 2
+    assert "is not read by dataset='default'" in capsys.readouterr().err
     assert not out.exists()

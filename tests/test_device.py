@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from dpadmm.privacy.device import (
     Policy,
     RunCost,
     RunRequest,
+    policy_in_force,
     read_policy,
     status,
 )
@@ -68,6 +70,43 @@ def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path:
     (tmp_path / "policy.toml").write_text("max-run-epsilon = -1\n")
     with pytest.raises(DeviceRefused, match=r"max-run-epsilon=-1.0 is not allowed; it must be a number >= 0"):
         read_policy(tmp_path)
+
+
+def test_a_missing_policy_is_the_defaults_on_a_new_device_and_refused_on_one_that_answered(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A device that never answered takes the defaults and says so; its first charge writes them to its
+    policy file. Once it has answered (a budget file or a secret), a missing policy file is refused, as a
+    missing budget file is: it never runs silently looser than its operator set."""
+    device = Device(tmp_path, 0)
+    assert read_policy(tmp_path) == Policy()
+    assert policy_in_force(tmp_path).startswith(
+        f"no policy file {tmp_path / 'policy.toml'}: the defaults are in force (one run at most (eps = 8, "
+        "delta = 1e-05), all runs (eps = 64, delta = 0.0001)")
+    device.admit("a", _request(), charge=False)  # the query: nothing written
+    assert list(tmp_path.iterdir()) == [tmp_path / "agent-0.budget.lock"]
+    device.admit("a", _request())
+    assert (tmp_path / "policy.toml").read_text() == Policy().to_toml()
+    assert policy_in_force(tmp_path) == f"the device's policy is {tmp_path / 'policy.toml'}"
+    (tmp_path / "policy.toml").unlink()
+    missing = (f"the device's policy {tmp_path / 'policy.toml'} is missing but this device has answered "
+               "before (agent-0.budget.jsonl exists); it does not fall back to the defaults")
+    for refused in (lambda: device.admit("b", _request(), charge=False),
+                    lambda: device.admit("a", _request()), lambda: Device(tmp_path, 1).admit("c", _request()),
+                    lambda: policy_in_force(tmp_path)):
+        with pytest.raises(DeviceRefused, match=re.escape(missing)):
+            refused()
+    assert main(["node", "status", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"device {tmp_path}: no policy: {missing}" in shown and "write --state-dir" in shown
+    assert "agent 0: spent (eps = 7.99" in shown and "over 1 run(s)" in shown
+    assert main(["node", "policy", "--state-dir", str(tmp_path)]) == 2
+    assert missing in capsys.readouterr().err
+    assert main(["node", "policy", "--write", "--state-dir", str(tmp_path)]) == 0
+    assert device.admit("a", _request()).run == "a"
+    fresh = tmp_path / "secret-only"  # a secret alone is an answer too
+    NodeSecret(fresh, 3).secret()
+    with pytest.raises(DeviceRefused, match="answered before \\(agent-3.key exists\\)"):
+        read_policy(fresh)
 
 
 @pytest.mark.parametrize(("request_", "reason"), [

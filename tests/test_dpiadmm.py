@@ -43,6 +43,7 @@ def test_checkpoint_round_trip_and_refusal(tmp_path: Path) -> None:
     resumed = DPIADMM(dataclasses.replace(config, node_timeout=5.0, round_timeout=30.0), model,
                       checkpoint_path=path)
     assert resumed.round == 2 and resumed.taken == [2, 1, 2] and resumed.roster.nodes == strategy.roster.nodes
+    assert resumed.run_identity == resumed.roster.identity == strategy.run_identity  # its query names it
     for name in ("w", "z", "z_chain", "lam"):
         for key, value in getattr(strategy, name).items():
             assert torch.equal(getattr(resumed, name)[key], value)

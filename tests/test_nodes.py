@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
 
+from clients.dpiadmm import answer_query
+from dpadmm.decentral.config import DecentralConfig
+from dpadmm.decentral.problem import public_agents
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.sharing.config import SharingConfig
+from dpadmm.wire import IDENTITY_KEY
 from strategies import DPIADMM
+from strategies.decentral import GraphRouter, SecureSum
 from strategies.linadmm import DPLinADMM
 from strategies.sharing import ADMMSharing
 
@@ -40,3 +47,59 @@ def test_a_strategy_refuses_arguments_no_round_could_use(build: Callable[[], obj
                                                           message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         build()
+
+
+class Answering(Grid):
+    """``count`` connected nodes (ids 1..count, partition = id - 1) that answer every message at once with
+    ``answer(message, partition)``; the messages sent are kept in :attr:`sent`."""
+
+    def __init__(self, count: int, answer: Callable[[Message, int], Message]) -> None:
+        self.count, self.answer, self.sent = count, answer, []
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        messages = list(messages)
+        self.sent += messages
+        return [self.answer(m, m.metadata.dst_node_id - 1) for m in messages]
+
+    def create_message(self, *args: object, **kwargs: object) -> Message:
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return range(1, self.count + 1)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return []
+
+    @property
+    def run(self) -> None:
+        return None
+
+    def set_run(self, run_id: int) -> None:
+        return None
+
+
+SECRET = DecentralConfig(exchange="secret", graph="complete")
+
+
+@pytest.mark.parametrize("build", [
+    lambda: DPIADMM(RunConfig(), {"weight": torch.zeros(784, 10)}),
+    lambda: DPLinADMM(LinAdmmConfig(), EYE, 5),
+    lambda: ADMMSharing(SharingConfig(epsilon=math.inf), ONES, ONES, "ids"),
+    lambda: GraphRouter(DecentralConfig(), public_agents(DecentralConfig(), torch.float64)),
+    lambda: SecureSum(SECRET, public_agents(SECRET, torch.float64)),
+])
+@pytest.mark.usefixtures("server_process")
+def test_every_strategys_partition_query_names_its_run(
+        build: Callable[[], DPIADMM | DPLinADMM | ADMMSharing | GraphRouter | SecureSum]) -> None:
+    """The query carries the run identity the strategy sends with every release, so that a deployed node's
+    device decides at the query, before any node releases, what it would decide at the first release."""
+    strategy = build()
+    grid = Answering(strategy.roster.num_agents, answer_query)
+    strategy.roster.admit(grid)
+    assert len(strategy.roster.nodes) == strategy.roster.num_agents
+    assert [m.content["config"][IDENTITY_KEY] for m in grid.sent] == [strategy.run_identity] * len(grid.sent)
+    assert len(strategy.run_identity) == 32

@@ -4,9 +4,11 @@ SuperLink, authenticated SuperNodes started with `dpadmm deploy supernode`) as a
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +17,10 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import runtime
-from dpadmm.privacy.device import Device, Policy
-from tests.conftest import Deployment, last_run_status, shipped_app
+from dpadmm.privacy.device import STATE_ENV, Device, Policy
+from dpadmm.privacy.randomness import NodeSecret, new_run_identity
+from dpadmm.wire import IDENTITY_KEY, refusal_in
+from tests.conftest import Deployment, flat_app_config, last_run_status, shipped_app
 
 AGENTS = 2
 
@@ -49,6 +53,56 @@ def test_a_failure_reaches_the_server_as_one_fixed_text(caplog: pytest.LogCaptur
         texts.append(reply.error.reason)
         assert str(leaked) in caplog.text
     assert texts == [runtime.FAILED, runtime.FAILED]
+
+
+@pytest.mark.usefixtures("server_process")
+def test_the_device_logs_each_refusal_and_its_reason(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The installed ClientApp refuses a query on a device whose policy accepts another algorithm: the
+    device's own log states the refusal and its reason (not "completed"), and the task is ``failed`` with
+    the reason, as the server's log states it."""
+    (tmp_path / "policy.toml").write_text(Policy(algorithms=("objp",)).to_toml())
+    question = Message(content=RecordDict({"config": ConfigRecord({"query": "partition-id",
+                                                                   IDENTITY_KEY: new_run_identity()})}),
+                       message_type=MessageType.QUERY, dst_node_id=1)
+    context = Context(run_id=5, node_id=1, state=RecordDict(), run_config=flat_app_config(),
+                      node_config={"partition-id": 0, "num-partitions": 10, "state-dir": str(tmp_path)})
+    with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+        reply, status, details = runtime.answer(question, context, runtime.APP_ID,
+                                                runtime.installed_version())
+    reason = "algorithm='objpm' is not accepted by this device; its operator accepts objp"
+    assert refusal_in(reply) == details == reason and status == "failed"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"dpadmm node: refused a query message of run {question.metadata.run_id}: {reason}")]
+
+
+def test_the_runtime_says_at_start_which_policy_is_in_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """`dpadmm node serve` (and `dpadmm deploy supernode`, which runs it) states the policy of its state
+    folder at start: the defaults on a device that never answered, an error on one that answered and lost
+    its policy file (it then refuses every run), else the file."""
+    monkeypatch.setenv(STATE_ENV, str(tmp_path))
+    stop = threading.Event()
+    stop.set()  # say what it says at start, then stop before asking the SuperNode anything
+
+    def started() -> list[tuple[str, str]]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+            runtime.serve(runtime.Options(), stop)
+        return [(r.levelname, r.getMessage()) for r in caplog.records][1:]
+
+    policy = tmp_path / "policy.toml"
+    [(level, said)] = started()
+    assert level == "INFO" and said.startswith(f"dpadmm node: no policy file {policy}: the defaults are in "
+                                               "force (one run at most (eps = 8, delta = 1e-05)")
+    assert said.endswith(f"(state folder {tmp_path}, unless a node config names another state-dir)")
+    NodeSecret(tmp_path, 0).secret()
+    [(level, said)] = started()
+    assert level == "ERROR" and said.startswith(f"dpadmm node: the device's policy {policy} is missing but "
+                                                "this device has answered before (agent-0.key exists)")
+    policy.write_text(Policy().to_toml())
+    assert started() == [("INFO", f"dpadmm node: the device's policy is {policy} (state folder {tmp_path}, "
+                                  "unless a node config names another state-dir)")]
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +202,12 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     started = time.monotonic()
     status, details, log = _run(d, _main_job(d.root / "run-3"))
     assert status == "finished:failed" and "the device's lifetime budget would be crossed" in log, log[-3000:]
+    assert not (d.root / "run-3").exists()  # refused at the partition query: no round, no run folder
     assert time.monotonic() - started < 300
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [2, 2]
     spent = sum(c.epsilon for c in Device(state, 0).charges().values())
     assert 15.9 < spent <= 16.0 * (1 + 1e-6)
-    assert "over 2 run(s)" in d.dpadmm("node", "status", "--state-dir", str(state)).stdout
+    shown = d.dpadmm("node", "status", "--state-dir", str(state)).stdout
+    assert "over 2 run(s)" in shown
+    for run in ("run-1", "run-2"):  # the server's folder and the device name each run alike
+        assert f"  run {json.loads((d.root / run / 'config.json').read_text())['run-identity']}: " in shown

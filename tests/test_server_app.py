@@ -17,12 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Context, RecordDict
 
 from dpadmm.iadmm import engine
+from dpadmm.iadmm import privacy as iadmm_privacy
 from dpadmm.iadmm.config import main_job, papers
+from dpadmm.privacy.device import Device, status
 from dpadmm.runs.results import read_jsonl, read_metrics
 from server import server_app
+from strategies import DPIADMM
 from tests.conftest import ROOT, flat_app_config, flwr_run, last_run_status, run_config_of, shipped_app
 
 pytestmark = pytest.mark.slow
@@ -204,3 +208,21 @@ def test_the_femnist_federation_of_195_writers_equals_the_engine(flwr_env: dict[
                                   progress=False).directory / "weights.npz")
     for key in ("round-1", "round-2"):
         np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-4, atol=1e-6)
+
+
+def test_the_run_folder_names_the_run_as_its_devices_do(tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """config.json records the run identity the strategy sends its nodes (``run-identity``), under which each
+    deployed device's `dpadmm node status` lists its charge for the run: the server's folder and the devices
+    name the same run alike (the folder held no identity, so an operator could not tell which it was)."""
+    config = dataclasses.replace(main_job(), out=str(tmp_path / "run"))
+    strategy = DPIADMM(config, {"weight": torch.zeros(784, 10)})
+    with caplog.at_level(logging.INFO, logger="flwr"), server_app.run_folder(
+            config, None, run_identity=strategy.run_identity) as writer:
+        pass
+    said = (f"dpadmm: writing {writer.directory.resolve() / 'metrics.jsonl'} (run identity "
+            f"{strategy.run_identity}, as `dpadmm node status` names the run on each device)")
+    assert said in caplog.messages
+    assert json.loads((writer.directory / "config.json").read_text())["run-identity"] == strategy.run_identity
+    Device(tmp_path / "state", 0).admit(strategy.run_identity, iadmm_privacy.device_request(config, "data-d"))
+    assert f"\n  run {strategy.run_identity}: objpm, gaussian, (eps = 7.99" in status(tmp_path / "state")

@@ -11,7 +11,8 @@ the node releases anything, and the device:
   the node's own data; the algorithms it accepts; non-private, not-covered and central-DP runs refused
   unless the operator opts in;
 - charges the run's whole (epsilon, delta) once, at its first release, to the agent's budget file, and
-  refuses a run that would cross the lifetime budget: the budget is spent by everything the device ever
+  refuses a run that would cross the lifetime budget (decided first at the partition query, which names the
+  run, before any node releases): the budget is spent by everything the device ever
   released, across runs and run identities. Runs compose by basic composition (the sums of epsilon and of
   delta), which stays valid when each run's parameters are chosen after the last one's output: basic
   composition is a privacy filter (Rogers, Roth, Ullman & Vadhan, "Privacy Odometers and Filters:
@@ -44,6 +45,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from dpadmm.files import write_once
 
 POLICY_FILE = "policy.toml"
 STATE_ENV = "DPADMM_NODE_STATE"  # the node's state folder (default ~/.dpadmm/node)
@@ -143,11 +146,34 @@ def node_state_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(chosen) if chosen else Path.home() / ".dpadmm" / "node"
 
 
+def answered_before(directory: str | Path) -> list[Path]:
+    """The files in the node's state folder that show its agents have answered before (their budgets and
+    their secrets), sorted."""
+    directory = Path(directory)
+    patterns = (f"agent-*{BUDGET_SUFFIX}", "agent-*.key")
+    return sorted(p for pattern in patterns for p in directory.glob(pattern))
+
+
+def _missing_policy(directory: Path, answered: list[Path]) -> str:
+    """Why a device that has answered before refuses without its policy file."""
+    return (f"the device's policy {directory / POLICY_FILE} is missing but this device has answered before "
+            f"({answered[0].name} exists); it does not fall back to the defaults, which may be looser than "
+            "its operator's policy, and refuses every run until its operator restores the file or writes the "
+            f"defaults with `dpadmm node policy --write --state-dir {directory}`")
+
+
 def read_policy(directory: str | Path) -> Policy:
-    """The operator's policy in ``directory`` (the node's state folder); the defaults where there is none.
-    A policy file that cannot be read is refused (the node does not fall back to anything)."""
-    path = Path(directory) / POLICY_FILE
+    """The operator's policy in ``directory`` (the node's state folder). Without a policy file: the defaults
+    on a device that has never answered (its first charge writes them to the file, :meth:`Device.admit`),
+    refused on one that has (:func:`answered_before`: the file was lost or removed, and the device never
+    runs silently looser than its operator set, as a missing budget file fails closed). A policy file that
+    cannot be read is refused (the node does not fall back to anything)."""
+    directory = Path(directory)
+    path = directory / POLICY_FILE
     if not path.exists():
+        answered = answered_before(directory)
+        if answered:
+            raise DeviceRefused(_missing_policy(directory, answered))
         return Policy()
     try:
         return Policy.from_mapping(tomllib.loads(path.read_text(encoding="utf-8")))
@@ -237,7 +263,7 @@ class Device:
         before any release)."""
         if not run:
             raise DeviceRefused("the server sent no run identity; the device charges every release to one")
-        policy = self.policy()
+        policy = self.policy()  # without a policy file, a device that never answered takes the defaults
         check_policy(policy, request)  # the kind of run first: refused before its cost is computed
         with self._locked():
             charges = self._charges()
@@ -279,7 +305,9 @@ class Device:
                               epsilon=float(cost.epsilon), delta=float(cost.delta), mechanism=cost.mechanism,
                               settings=dict(cost.settings), config=request.config, data=request.data,
                               at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
-            if charge:
+            if charge:  # the defaults, when the first charge was made under them, become the device's file
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                write_once(self.directory / POLICY_FILE, policy.to_toml().encode())
                 self._append(admitted)
             return admitted
 
@@ -301,8 +329,8 @@ class Device:
 
     def preview(self, request: RunRequest) -> RunCost:
         """What :meth:`admit` would charge a new run, or its refusal by the policy, without writing anything
-        and without a run identity (the partition query, before the first release). The lifetime budget is
-        checked at the first release, when the run identity tells a new run from one already charged."""
+        and without a run identity: the partition query of a server that names no run. Given the identity,
+        the query checks :meth:`admit` with ``charge=False`` instead, the budgets included."""
         return self.cost(self.policy(), request)
 
     @staticmethod
@@ -444,15 +472,34 @@ def answered_records(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def policy_in_force(directory: str | Path) -> str:
+    """One line on the policy the device in ``directory`` answers under (what ``dpadmm node serve`` says at
+    its start): its file, or the defaults on a device that has never answered. Refused as
+    :func:`read_policy` refuses (a damaged file; a missing one on a device that has answered)."""
+    directory = Path(directory)
+    path = directory / POLICY_FILE
+    policy = read_policy(directory)
+    if path.exists():
+        return f"the device's policy is {path}"
+    return (f"no policy file {path}: the defaults are in force (one run at most (eps = "
+            f"{policy.max_run_epsilon:g}, delta = {policy.max_run_delta:g}), all runs (eps = "
+            f"{policy.lifetime_epsilon:g}, delta = {policy.lifetime_delta:g}), private runs with a proven "
+            "bound only); the first run charged writes them to that file, and `dpadmm node policy --write "
+            f"--state-dir {directory}` writes them now, to edit")
+
+
 def status(directory: str | Path) -> str:
     """What the device in ``directory`` has spent, per agent and run, against its lifetime budget, and how
-    many rounds of each run it answered."""
+    many rounds of each run it answered; a missing policy file on a device that has answered is said, as
+    the refusal it causes (:func:`read_policy`)."""
     directory = Path(directory)
-    policy = read_policy(directory)
-    where = directory / POLICY_FILE if (directory / POLICY_FILE).exists() else "defaults, no policy file"
-    lines = [f"device {directory}: policy ({where})"]
-    lines += [f"  {line}" for line in policy.to_toml().splitlines()]
-    found = [p for pattern in (f"agent-*{BUDGET_SUFFIX}", "agent-*.key") for p in directory.glob(pattern)]
+    found = answered_before(directory)
+    policy = None if not (directory / POLICY_FILE).exists() and found else read_policy(directory)
+    if policy is None:
+        lines = [f"device {directory}: no policy: {_missing_policy(directory, found)}"]
+    else:
+        lines = [f"device {directory}: {policy_in_force(directory)}"]
+        lines += [f"  {line}" for line in policy.to_toml().splitlines()]
     agents = sorted({int(p.name.split("-")[1].split(".")[0]) for p in found})
     if not agents and not directory.is_dir():  # a device's first answer makes it; or the path is mistyped
         lines.append(f"no agent has answered on this device: nothing spent ({directory} does not exist yet: "
@@ -463,10 +510,10 @@ def status(directory: str | Path) -> str:
         charges = Device(directory, agent).charges()
         eps = math.fsum(c.epsilon for c in charges.values())
         delta = math.fsum(c.delta for c in charges.values())
-        lines.append(f"agent {agent}: spent (eps = {eps:.6g}, delta = {delta:.3g}) of (eps = "
-                     f"{policy.lifetime_epsilon:g}, delta = {policy.lifetime_delta:g}) over "
-                     f"{len(charges)} run(s)"
-                     " (basic composition across runs)")
+        of = "" if policy is None else (f" of (eps = {policy.lifetime_epsilon:g}, delta = "
+                                        f"{policy.lifetime_delta:g})")
+        lines.append(f"agent {agent}: spent (eps = {eps:.6g}, delta = {delta:.3g}){of} over "
+                     f"{len(charges)} run(s) (basic composition across runs)")
         answered: dict[str, int] = {}
         for record in answered_records(directory / f"agent-{agent}.answered.jsonl"):
             answered[record["run"]] = answered.get(record["run"], 0) + 1

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpadmm.files import write_once
 from dpadmm.privacy import secure
 from dpadmm.privacy.device import answered_records, node_state_dir
 from dpadmm.privacy.ledger import NO_RUN
@@ -211,18 +212,7 @@ class NodeSecret:
         """The node's secret for this agent, created on first use."""
         if not self.key_path.exists():
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.key_path.with_suffix(f".tmp-{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secure.new_key())
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, self.key_path)  # fails if another process made it first: keep theirs
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
+            write_once(self.key_path, secure.new_key(), mode=stat.S_IRUSR | stat.S_IWUSR)
         key = self.key_path.read_bytes()
         if len(key) != secure.KEY_BYTES:
             raise ValueError(f"{self.key_path} holds {len(key)} bytes, not a {secure.KEY_BYTES}-byte secret; "

@@ -77,11 +77,14 @@ class RunWriter:
     checkpointed runs, a resumed Flower server) passes ``fresh=False``: the folder is used as
     is, its logs restarted, or with ``resume_round`` kept up to that round (the metrics kept
     are in :attr:`kept`) and appended to. The Flower server also writes ``rounds.jsonl``, one
-    operator report per round.
+    operator report per round, and with ``run_identity`` (the identity it drew for the run and sent to the
+    nodes) records it in config.json as ``run-identity``: the name under which each deployed device's
+    ``dpadmm node status`` lists the run.
     """
 
     def __init__(self, settings: Mapping[str, Any], *, engine: str, directory: str | Path,
-                 fresh: bool = False, save_weights: bool = False, resume_round: int | None = None) -> None:
+                 fresh: bool = False, save_weights: bool = False, resume_round: int | None = None,
+                 run_identity: str = "") -> None:
         if resume_round is not None and fresh:
             raise ValueError("resume_round needs the directory of the run to resume, not a fresh one")
         if resume_round is not None and save_weights:
@@ -95,6 +98,8 @@ class RunWriter:
         self._weights: dict[str, np.ndarray] = {}
         header = {key: json_value(v) for key, v in settings.items()}
         header["engine"] = engine
+        if run_identity:
+            header["run-identity"] = run_identity
         (self.directory / "config.json").write_text(json.dumps(header, indent=2) + "\n")
         self.last_round: int | None = resume_round
         # Rounds finished (evaluated or not), set by the engine's loop; with ``spent`` (the ledger of the
