@@ -39,6 +39,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -51,6 +52,9 @@ BUDGET_SUFFIX = ".budget.jsonl"
 # a run's epsilon may exceed a cap by this relative slack: a calibration that meets its target to the
 # accountant's precision (8 within 1e-9) is the target
 SLACK = 1e-6
+# The longest run identity a device stores: a dpadmm server draws 32 hex characters (new_run_identity)
+IDENTITY_LIMIT = 64
+_IDENTITY = re.compile(r"[0-9A-Za-z_.-]*")
 
 
 class DeviceRefused(ValueError):
@@ -235,11 +239,10 @@ class Device:
         (:class:`DeviceRefused`). The first time a run is seen its cost is computed and, with ``charge``,
         appended to the budget and fsynced; ``charge=False`` checks without writing (the partition query,
         before any release)."""
-        if not run:
-            raise DeviceRefused("the server sent no run identity; the device charges every release to one")
+        check_run_identity(run)
         policy = self.policy()
         check_policy(policy, request)  # the kind of run first: refused before its cost is computed
-        with self._locked():
+        with agent_lock(self.directory, self.agent):
             charges = self._charges()
             known = charges.get(run)
             if known is not None:
@@ -315,7 +318,7 @@ class Device:
 
     def charges(self) -> dict[str, Charge]:
         """Every run charged so far, by run identity (the budget file; see :meth:`_charges`)."""
-        with self._locked():
+        with agent_lock(self.directory, self.agent):
             return self._charges()
 
     def _charges(self) -> dict[str, Charge]:
@@ -352,8 +355,9 @@ class Device:
                 if math.isnan(charge.epsilon) or not 0 <= charge.delta <= 1 or charge.epsilon < 0:
                     raise ValueError("a charge must have epsilon >= 0 and delta in [0, 1]")
             except (json.JSONDecodeError, TypeError, ValueError) as error:
-                raise DeviceRefused(f"the budget file {self.path} is damaged at line {number} ({error}); the "
-                                    "device refuses until its operator restores it") from None
+                raise DeviceRefused(f"the budget file {self.path} is damaged at line {number} "
+                                    f"({shown(error)}); the device refuses until its operator restores it"
+                                    ) from None
             out[charge.run] = charge
         return out
 
@@ -375,16 +379,36 @@ class Device:
             finally:
                 os.close(folder)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """An exclusive lock over the agent's budget (two messages of one agent at once take turns)."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.directory / f"agent-{self.agent}.budget.lock", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+@contextlib.contextmanager
+def agent_lock(directory: Path, agent: int) -> Iterator[None]:
+    """An exclusive lock over one agent's files in the node's state folder: its budget, its record of answered
+    requests and the creation of its secret (:class:`~dpadmm.privacy.randomness.NodeSecret`). Two messages
+    of one agent at once, in threads or processes, take turns: each reads and appends with nobody writing
+    in between. Not reentrant (each call opens the lock file anew, and ``flock`` locks of two open files
+    exclude each other also within one process): a holder must not take it again."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(directory / f"agent-{int(agent)}.budget.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_run_identity(run: str) -> None:
+    """Refuse a run identity the device would not store, before anything is written: empty, longer than
+    :data:`IDENTITY_LIMIT` characters, or holding characters outside [0-9A-Za-z_.-]. The identity is kept
+    in the budget and answered files and printed by ``dpadmm node status``, so a server must neither grow
+    those files at will (100 identities of 1 MB made a 100 MiB budget, read at every admission) nor put
+    control characters in them. The refusal names the rule and the identity's length, never its value."""
+    if not run:
+        raise DeviceRefused("the server sent no run identity; the device charges every release to one")
+    if len(run) > IDENTITY_LIMIT:
+        raise DeviceRefused(f"the server's run identity is {len(run)} characters long; this device accepts "
+                            f"at most {IDENTITY_LIMIT} (a dpadmm server draws 32)")
+    if not _IDENTITY.fullmatch(run):
+        raise DeviceRefused(f"the server's run identity ({len(run)} characters) holds characters other than "
+                            "0-9, A-Z, a-z, '_', '.' and '-'; this device accepts only those")
 
 
 def check_policy(policy: Policy, request: RunRequest) -> None:
@@ -472,8 +496,18 @@ def status(directory: str | Path) -> str:
             answered[record["run"]] = answered.get(record["run"], 0) + 1
         for charge in charges.values():
             done = f", {answered.get(charge.run, 0)} answered"
-            lines.append(f"  run {charge.run}: {charge.algorithm}, {charge.mechanism}, (eps = "
-                         f"{charge.epsilon:.6g}, delta = {charge.delta:.3g}) for {charge.rounds} "
-                         f"rounds{done}; "
-                         f"admitted {charge.at}")
+            lines.append(f"  run {shown(charge.run)}: {shown(charge.algorithm)}, {shown(charge.mechanism)}, "
+                         f"(eps = {charge.epsilon:.6g}, delta = {charge.delta:.3g}) for "
+                         f"{shown(charge.rounds)} rounds{done}; admitted {shown(charge.at)}")
     return "\n".join(lines)
+
+
+def shown(value: object) -> str:
+    """``value`` as text a terminal shows as it is: its non-printable characters escaped as Python writes
+    them in a string literal (an ESC as ``\\x1b``, a newline as ``\\n``). What ``dpadmm node status`` prints
+    from the budget file: a run identity stored before identities were checked, or a field of a hand-edited
+    file, must not move the operator's cursor or forge a line."""
+    text = str(value)
+    if text.isprintable():  # every field of a device's own charges: no copy, 10^4 runs stay fast
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
