@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def _request(config: RunConfig = MAIN, data: str = "data-d") -> RunRequest:
 
 def _priced() -> RunRequest:
     """A private, covered objpm run of 10 rounds priced (1, 0) without an accountant (no calibration)."""
-    return RunRequest("objpm", 10, "c", "d", True, True, lambda: RunCost(1.0, 0.0, "laplace"))
+    return RunRequest("objpm", 10, "c", "d", True, True, lambda: RunCost(1.0, 0.0, "laplace"), "add-remove")
 
 
 def _policy(directory: Path, **values: object) -> None:
@@ -73,6 +74,15 @@ def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path:
     (tmp_path / "policy.toml").write_text("max-run-epsilon = -1\n")
     with pytest.raises(DeviceRefused, match=r"max-run-epsilon=-1.0 is not allowed; it must be a number >= 0"):
         read_policy(tmp_path)
+    assert Policy().neighbouring == "add-remove"  # the main job's
+    _policy(tmp_path, neighbouring="replace-one")
+    assert read_policy(tmp_path) == Policy(neighbouring="replace-one")
+    assert 'neighbouring = "replace-one"' in (tmp_path / "policy.toml").read_text()
+    for value in ('"add-or-remove"', "1"):
+        (tmp_path / "policy.toml").write_text(f"neighbouring = {value}\n")
+        with pytest.raises(DeviceRefused, match=r"neighbouring=.* is not allowed; choose one of add-remove, "
+                                                "replace-one"):
+            read_policy(tmp_path)
 
 
 @pytest.mark.parametrize(("request_", "reason"), [
@@ -96,6 +106,32 @@ def test_what_a_server_sets_cannot_make_a_device_release_without_its_guarantee(
     with pytest.raises(DeviceRefused, match=reason):
         device.admit(new_run_identity(), request_)
     assert not device.path.exists()  # refused before anything was charged
+
+
+def test_the_neighbouring_relation_is_the_operators(tmp_path: Path) -> None:
+    """Each family states the relation its cost is computed under (DP-IADMM's and DP-ADMM's configured one,
+    replace-one for 001 and 004); a run stated for another relation than the policy's is refused before its
+    cost is computed, whatever the run config asks."""
+    sharing = sharing_privacy.device_request(SharingConfig(epsilon=0.5, rounds=3), "d", 100)
+    decentral = decentral_privacy.device_request(DecentralConfig(), "d", 8)
+    replaced = _request(dataclasses.replace(MAIN, neighbouring="replace-one", sampling_rate=1.0))
+    assert [r.neighbouring for r in (_request(), replaced, sharing, decentral)] == [
+        "add-remove", "replace-one", "replace-one", "replace-one"]
+    assert [linadmm_privacy.device_request(LinAdmmConfig(neighbouring=n), "d", 100).neighbouring
+            for n in ("add-remove", "replace-one")] == ["add-remove", "replace-one"]
+    for request_ in (replaced, sharing, decentral):
+        expected = (f"algorithm={request_.algorithm!r} as configured states its guarantee for "
+                    "neighbouring='replace-one'; this device's operator holds every run to "
+                    "neighbouring='add-remove' (the policy key neighbouring)")
+        with pytest.raises(DeviceRefused, match=re.escape(expected)):
+            Device(tmp_path, 0).admit(new_run_identity(), dataclasses.replace(
+                request_, cost=lambda: pytest.fail("the accountant ran for a refused relation")))
+    assert not Device(tmp_path, 0).path.exists()
+    _policy(tmp_path, neighbouring="replace-one")
+    assert Device(tmp_path, 0).admit("sharing", sharing).epsilon > 0
+    with pytest.raises(DeviceRefused, match="neighbouring='add-remove'; this device's operator holds every "
+                                            "run to neighbouring='replace-one'"):
+        Device(tmp_path, 0).preview(_request())
 
 
 def test_the_operator_may_allow_central_dp_and_a_non_private_run_ends_the_budget(tmp_path: Path) -> None:

@@ -113,7 +113,8 @@ def test_the_server_recomputes_a_simulated_agent_and_not_a_deployed_one(main_con
 
 @pytest.mark.usefixtures("server_process")
 def test_a_deployed_agent_repeats_a_round_but_answers_no_other_request_for_it(tmp_path: Path) -> None:
-    config = papers(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3)
+    # the papers' objp on one sample added or removed: the relation a device's default policy holds runs to
+    config = papers(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3, neighbouring="add-remove")
     data = _agent(config)
     node = {"state-dir": str(tmp_path)}
     identity = new_run_identity()

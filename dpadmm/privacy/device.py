@@ -55,6 +55,11 @@ SLACK = 1e-6
 # The longest run identity a device stores: a dpadmm server draws 32 hex characters (new_run_identity)
 IDENTITY_LIMIT = 64
 _IDENTITY = re.compile(r"[0-9A-Za-z_.-]*")
+# The neighbouring relations a guarantee is stated for: one sample added or removed, or one replaced. Which
+# one a device's runs are held to is its policy's (a guarantee under one does not give the same (eps, delta)
+# under the other: a replacement is a removal and an addition, so add-remove (eps, delta) gives replace-one
+# (2 eps, (1 + e^eps) delta) only)
+NEIGHBOURING = ("add-remove", "replace-one")
 
 
 class DeviceRefused(ValueError):
@@ -69,7 +74,9 @@ class Policy:
     (64, 1e-4), eight such runs; only private runs whose sensitivity is a proven bound, with the noise added
     on the device. The least noise is set as the largest epsilon of one release (``max-release-epsilon``);
     a budget per period (``period-days`` > 0) caps what the runs admitted in the last so many days spend,
-    beside the lifetime budget, which always holds.
+    beside the lifetime budget, which always holds. The neighbouring relation every run's guarantee must be
+    stated for is the operator's too (``neighbouring``, the main job's add-remove by default), never the
+    run config's.
     """
 
     max_run_epsilon: float = 8.0
@@ -84,6 +91,7 @@ class Policy:
     allow_non_private: bool = False  # a run that releases without noise
     allow_not_covered: bool = False  # a run whose guarantee rests on a data-dependent or unproven bound
     allow_central_dp: bool = False  # a run that sends exact values and trusts the server to add the noise
+    neighbouring: str = "add-remove"  # the relation a run's guarantee must be stated for (NEIGHBOURING)
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:
@@ -94,6 +102,9 @@ class Policy:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be true or "
                                  "false")
+        if self.neighbouring not in NEIGHBOURING:
+            raise ValueError(f"neighbouring={self.neighbouring!r} is not allowed; choose one of "
+                             f"{', '.join(NEIGHBOURING)}")
         if not all(isinstance(a, str) for a in self.algorithms):
             raise ValueError(f"algorithms={list(self.algorithms)!r} is not allowed; it must be a list of "
                              "names")
@@ -125,6 +136,8 @@ class Policy:
                 shown = "true" if value else "false"
             elif isinstance(value, tuple):
                 shown = "[" + ", ".join(json.dumps(v) for v in value) + "]"
+            elif isinstance(value, str):
+                shown = json.dumps(value)
             else:
                 shown = repr(float(value))
             lines.append(f"{_key(f.name)} = {shown}")
@@ -178,7 +191,15 @@ class RunRequest:
     """A family's description of one run to the device, before its first release (a ledger event).
 
     ``config`` is the digest of the run's configuration as the server sent it, ``data`` that of the node's
-    data (:func:`digest`); ``cost`` is the node's accountant, called once, when the run is first seen."""
+    data (:func:`digest`); ``cost`` is the node's accountant, called once, when the run is first seen.
+
+    ``neighbouring`` is the relation (one of :data:`NEIGHBOURING`) the guarantee that ``cost`` states is
+    proven for: DP-IADMM's and DP-ADMM's configured one (their run configs choose); replace-one for ADMM
+    sharing, whose guarantee (001 Theorem 3) holds for a party's whole block of features replaced, so a
+    fortiori for one sample's features replaced, its sample count and ids being public; replace-one for 004,
+    whose guarantee holds for an agent's loss replaced by any loss whose gradient is within B_inf in every
+    coordinate, one sample replaced when B_inf >= 2/b_i (its sample count b_i is public). The device refuses
+    a run whose relation is not its policy's (:func:`check_policy`)."""
 
     algorithm: str
     rounds: int
@@ -187,6 +208,7 @@ class RunRequest:
     private: bool
     covered: bool
     cost: Callable[[], RunCost]
+    neighbouring: str
     central: bool = False
 
 
@@ -356,8 +378,8 @@ class Device:
                     raise ValueError("a charge must have epsilon >= 0 and delta in [0, 1]")
             except (json.JSONDecodeError, TypeError, ValueError) as error:
                 raise DeviceRefused(f"the budget file {self.path} is damaged at line {number} "
-                                    f"({shown(error)}); the device refuses until its operator restores it"
-                                    ) from None
+                                    f"({printable(error)}); the device refuses until its operator restores "
+                                    "it") from None
             out[charge.run] = charge
         return out
 
@@ -428,6 +450,10 @@ def check_policy(policy: Policy, request: RunRequest) -> None:
         raise DeviceRefused(f"algorithm={request.algorithm!r} sends exact values and trusts the server "
                             "to add the noise (central DP); this device refuses that (its operator may "
                             "allow it: allow-central-dp)")
+    if request.private and request.neighbouring != policy.neighbouring:
+        raise DeviceRefused(f"algorithm={request.algorithm!r} as configured states its guarantee for "
+                            f"neighbouring={request.neighbouring!r}; this device's operator holds every run "
+                            f"to neighbouring={policy.neighbouring!r} (the policy key neighbouring)")
     if int(request.rounds) < 1:
         raise DeviceRefused(f"rounds={request.rounds} is not allowed; a run has at least one round")
 
@@ -496,13 +522,14 @@ def status(directory: str | Path) -> str:
             answered[record["run"]] = answered.get(record["run"], 0) + 1
         for charge in charges.values():
             done = f", {answered.get(charge.run, 0)} answered"
-            lines.append(f"  run {shown(charge.run)}: {shown(charge.algorithm)}, {shown(charge.mechanism)}, "
-                         f"(eps = {charge.epsilon:.6g}, delta = {charge.delta:.3g}) for "
-                         f"{shown(charge.rounds)} rounds{done}; admitted {shown(charge.at)}")
+            lines.append(f"  run {printable(charge.run)}: {printable(charge.algorithm)}, "
+                         f"{printable(charge.mechanism)}, (eps = {charge.epsilon:.6g}, delta = "
+                         f"{charge.delta:.3g}) for {printable(charge.rounds)} rounds{done}; admitted "
+                         f"{printable(charge.at)}")
     return "\n".join(lines)
 
 
-def shown(value: object) -> str:
+def printable(value: object) -> str:
     """``value`` as text a terminal shows as it is: its non-printable characters escaped as Python writes
     them in a string literal (an ESC as ``\\x1b``, a newline as ``\\n``). What ``dpadmm node status`` prints
     from the budget file: a run identity stored before identities were checked, or a field of a hand-edited
