@@ -8,8 +8,8 @@ the node releases anything, and the device:
 
 - checks the run against its operator's :class:`Policy` (``<state-dir>/policy.toml``, which no run config
   reaches): the largest (epsilon, delta) of one run, computed by the node's accountant from the request and
-  the node's own data; the algorithms it accepts; non-private, not-covered and central-DP runs refused
-  unless the operator opts in;
+  the node's own data; the algorithms it accepts; the neighbouring relation every run's guarantee must be
+  stated for; non-private, not-covered and central-DP runs refused unless the operator opts in;
 - charges the run's whole (epsilon, delta) once, at its first release, to the agent's budget file, and
   refuses a run that would cross the lifetime budget: the budget is spent by everything the device ever
   released, across runs and run identities. Runs compose by basic composition (the sums of epsilon and of
@@ -19,7 +19,9 @@ the node releases anything, and the device:
 - binds the charge to the run: the digest of its configuration as the server sent it, the digest of the
   node's data, its planned rounds. A second configuration under one run identity, changed data under a
   reused identity, and a round beyond the run's rounds are refused. A request repeated exactly costs nothing
-  more: its draws are fixed by (node secret, run identity, round), so the repeat is the same release.
+  more: its draws are fixed by (node secret, run identity, round), so the repeat is the same release. A run
+  identity the device would not store (empty, over 64 characters, or not of [0-9A-Za-z_.-]) is refused
+  before anything is written (:func:`check_run_identity`).
 
 The budget is written and fsynced before the release leaves the device. A missing or damaged budget file
 fails closed: the node refuses and says why, it never starts again from zero by itself.
