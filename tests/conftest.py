@@ -408,9 +408,19 @@ clientapp = "{client_module}:app"
     return app
 
 
-# A test deployment's devices accept runs of the papers' settings (more than the defaults' (8, 1e-5) per run)
-# and many runs on one state folder; the defaults are attacked in test_runtime.py and test_device.py
-TEST_POLICY = Policy(max_run_epsilon=1e3, max_run_delta=1e-2, lifetime_epsilon=1e6, lifetime_delta=1.0)
+# A test deployment's devices accept runs of the papers' settings (more than the defaults' (8, 1e-5) per run,
+# one sample replaced, as 001's and 004's guarantees are stated) and many runs on one state folder; the
+# defaults are attacked in test_runtime.py and test_device.py
+TEST_POLICY = Policy(max_run_epsilon=1e3, max_run_delta=1e-2, lifetime_epsilon=1e6, lifetime_delta=1.0,
+                     neighbouring="replace-one")
+
+
+def replace_one_device(folder: Path) -> Path:
+    """``folder``, made the state folder of a device whose operator holds every run to one sample replaced
+    (the policy's ``neighbouring``; its defaults otherwise): the relation of 001's and 004's guarantees."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / POLICY_FILE).write_text(Policy(neighbouring="replace-one").to_toml())
+    return folder
 
 
 class Deployment:

@@ -28,7 +28,7 @@ from dpadmm.privacy.device import Device, Policy
 from dpadmm.privacy.randomness import new_run_identity
 from dpadmm.wire import IDENTITY_KEY
 from strategies.nodes import claimed_partition, refusal_in
-from tests.conftest import flat_app_config
+from tests.conftest import flat_app_config, replace_one_device
 
 
 def test_device_file_gives_the_same_agent_as_the_partition(mnist_dir: Path, tmp_path: Path) -> None:
@@ -100,9 +100,9 @@ def test_a_node_reads_its_configuration_and_data_before_it_says_its_partition(bi
     run_config = {**flat_app_config(), "algorithm": "admm-sharing", "sharing.parties": "66,57",
                   "sharing.data-dir": str(binary_dir / "a9a")}
 
-    def asked(node_config: dict[str, object]) -> Message:
-        context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
-                          run_config=run_config)
+    def asked(node_config: dict[str, object]) -> Message:  # a device holding runs to 001's relation
+        node = {**node_config, "state-dir": str(replace_one_device(tmp_path / "state"))}
+        context = Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config=run_config)
         question = RecordDict({"config": ConfigRecord({"query": "partition-id"})})
         return query(Message(content=question, message_type=MessageType.QUERY, dst_node_id=7), context)
 

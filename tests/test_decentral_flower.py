@@ -24,7 +24,7 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.runs.results import read_metrics
 from dpadmm.wire import EXCHANGED_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
-from tests.conftest import flwr_run, run_config_of
+from tests.conftest import flwr_run, replace_one_device, run_config_of
 
 
 @pytest.mark.slow
@@ -176,8 +176,10 @@ def test_the_mod_leaves_every_other_message_alone() -> None:
 
 def _deployed(folder: Path) -> Context:
     """A deployed node's context: the deployment kind (forced, as a test process is no SuperNode) and its own
-    state folder, where its secret and its record of answered iterations live."""
-    return Context(run_id=1, node_id=1, node_config={"randomness": "deployment", "state-dir": str(folder)},
+    state folder, where its secret and its record of answered iterations live, with a policy that holds runs
+    to 004's relation (one sample replaced)."""
+    return Context(run_id=1, node_id=1, node_config={"randomness": "deployment",
+                                                     "state-dir": str(replace_one_device(folder))},
                    state=RecordDict(), run_config={})
 
 

@@ -45,6 +45,11 @@ def _request(config: RunConfig = MAIN, data: str = "data-d") -> RunRequest:
     return iadmm_privacy.device_request(config, data)
 
 
+def _priced() -> RunRequest:
+    """A private, covered objpm run of 10 rounds priced (1, 0) without an accountant (no calibration)."""
+    return RunRequest("objpm", 10, "c", "d", True, True, lambda: RunCost(1.0, 0.0, "laplace"), "add-remove")
+
+
 def _policy(directory: Path, **values: object) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "policy.toml").write_text(Policy(**values).to_toml())  # type: ignore[arg-type]
@@ -70,6 +75,15 @@ def test_the_defaults_are_private_and_a_policy_file_is_read_or_refused(tmp_path:
     (tmp_path / "policy.toml").write_text("max-run-epsilon = -1\n")
     with pytest.raises(DeviceRefused, match=r"max-run-epsilon=-1.0 is not allowed; it must be a number >= 0"):
         read_policy(tmp_path)
+    assert Policy().neighbouring == "add-remove"  # the main job's
+    _policy(tmp_path, neighbouring="replace-one")
+    assert read_policy(tmp_path) == Policy(neighbouring="replace-one")
+    assert 'neighbouring = "replace-one"' in (tmp_path / "policy.toml").read_text()
+    for value in ('"add-or-remove"', "1"):
+        (tmp_path / "policy.toml").write_text(f"neighbouring = {value}\n")
+        with pytest.raises(DeviceRefused, match=r"neighbouring=.* is not allowed; choose one of add-remove, "
+                                                "replace-one"):
+            read_policy(tmp_path)
 
 
 def test_a_missing_policy_is_the_defaults_on_a_new_device_and_refused_on_one_that_answered(
@@ -132,6 +146,32 @@ def test_what_a_server_sets_cannot_make_a_device_release_without_its_guarantee(
     assert not device.path.exists()  # refused before anything was charged
 
 
+def test_the_neighbouring_relation_is_the_operators(tmp_path: Path) -> None:
+    """Each family states the relation its cost is computed under (DP-IADMM's and DP-ADMM's configured one,
+    replace-one for 001 and 004); a run stated for another relation than the policy's is refused before its
+    cost is computed, whatever the run config asks."""
+    sharing = sharing_privacy.device_request(SharingConfig(epsilon=0.5, rounds=3), "d", 100)
+    decentral = decentral_privacy.device_request(DecentralConfig(), "d", 8)
+    replaced = _request(dataclasses.replace(MAIN, neighbouring="replace-one", sampling_rate=1.0))
+    assert [r.neighbouring for r in (_request(), replaced, sharing, decentral)] == [
+        "add-remove", "replace-one", "replace-one", "replace-one"]
+    assert [linadmm_privacy.device_request(LinAdmmConfig(neighbouring=n), "d", 100).neighbouring
+            for n in ("add-remove", "replace-one")] == ["add-remove", "replace-one"]
+    for request_ in (replaced, sharing, decentral):
+        expected = (f"algorithm={request_.algorithm!r} as configured states its guarantee for "
+                    "neighbouring='replace-one'; this device's operator holds every run to "
+                    "neighbouring='add-remove' (the policy key neighbouring)")
+        with pytest.raises(DeviceRefused, match=re.escape(expected)):
+            Device(tmp_path, 0).admit(new_run_identity(), dataclasses.replace(
+                request_, cost=lambda: pytest.fail("the accountant ran for a refused relation")))
+    assert not Device(tmp_path, 0).path.exists()
+    _policy(tmp_path, neighbouring="replace-one")
+    assert Device(tmp_path, 0).admit("sharing", sharing).epsilon > 0
+    with pytest.raises(DeviceRefused, match="neighbouring='add-remove'; this device's operator holds every "
+                                            "run to neighbouring='replace-one'"):
+        Device(tmp_path, 0).preview(_request())
+
+
 def test_the_operator_may_allow_central_dp_and_a_non_private_run_ends_the_budget(tmp_path: Path) -> None:
     _policy(tmp_path, allow_central_dp=True, allow_non_private=True)
     device = Device(tmp_path, 0)
@@ -188,6 +228,56 @@ def test_one_identity_is_one_run_on_one_data_set_for_its_rounds(tmp_path: Path) 
     for round_ in (0, MAIN.rounds + 1, 1_000_000):
         with pytest.raises(DeviceRefused, match=f"round {round_} is not allowed; .* rounds 1..{MAIN.rounds}"):
             Device.check_round(first, round_)
+
+
+@pytest.mark.parametrize(("identity", "rule"), [
+    ("", "the server sent no run identity"),
+    ("a" * 65, "run identity is 65 characters long; this device accepts at most 64"),
+    ("a" * 2**20, "run identity is 1048576 characters long; this device accepts at most 64"),
+    ("run\x1b[2J", r"run identity \(7 characters\) holds characters other than 0-9, A-Z, a-z"),
+    ("run\nforged", r"run identity \(10 characters\) holds characters other than"),
+    ("../agent-1", "holds characters other than"),
+    ("r\u00e9sum\u00e9", "holds characters other than"),
+])
+def test_a_run_identity_the_device_would_not_store_is_refused_before_anything_is_written(
+        tmp_path: Path, identity: str, rule: str) -> None:
+    """100 identities of 1 MB made a 100 MiB budget, and an ESC or a newline in one reached `node status`:
+    admission, the secret and the record of answers refuse it by one rule, naming its length, not its
+    value."""
+    device, keeper = Device(tmp_path, 0), NodeSecret(tmp_path, 0)
+    request = _priced()
+    for call in (lambda: device.admit(identity, request), lambda: keeper.randomness(identity),
+                 lambda: keeper.answer(identity, 1, "0" * 64)):
+        with pytest.raises(DeviceRefused, match=rule) as refused:
+            call()
+        assert len(str(refused.value)) < 200 and str(refused.value).isprintable()
+    assert not device.path.exists() and not keeper.key_path.exists() and not keeper.record_path.exists()
+    longest = "Az09_.-" * 9 + "x"  # 64 characters, every kind allowed
+    assert device.admit(longest, request).run == longest and keeper.randomness(longest).keys[0]
+
+
+def test_node_status_prints_nothing_raw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A budget file written before identities were checked (or edited by hand) holds an ESC and a newline
+    in a run identity, an algorithm and a mechanism: the status shows them escaped, each charge on its one
+    line."""
+    device = Device(tmp_path, 0)
+    device.admit("plain", _priced())
+    record = json.loads(device.path.read_text())
+    forged = {**record, "run": "r\x1b[2J\nrun forged: objpm", "algorithm": "objpm\x1b]0;x\x07",
+              "mechanism": "gauss\u202eian"}
+    device.path.write_text(device.path.read_text() + json.dumps(forged) + "\n")
+    (tmp_path / "agent-0.answered.jsonl").write_text(json.dumps({"run": forged["run"], "round": 1,
+                                                                 "request": "0" * 64}) + "\n")
+    assert main(["node", "status", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.splitlines())
+    assert ("  run r\\x1b[2J\\nrun forged: objpm: objpm\\x1b]0;x\\x07, gauss\\u202eian, (eps = 1,"
+            in out)
+    assert "for 10 rounds, 1 answered" in out and "  run plain: objpm, laplace" in out
+    device.path.write_text(json.dumps({**record, "x\x1b": 1}) + "\n")  # a damaged file: its error escaped
+    with pytest.raises(DeviceRefused, match=r"damaged at line 1 \(.*'x\\x1b'\)") as refused:
+        status(tmp_path)
+    assert str(refused.value).isprintable()
 
 
 def test_a_missing_or_damaged_budget_fails_closed(tmp_path: Path) -> None:
@@ -260,7 +350,7 @@ def test_admission_and_status_read_a_long_history_in_under_a_second(tmp_path: Pa
     (tmp_path / "agent-0.answered.jsonl").write_text("".join(
         json.dumps({"run": run, "round": t, "request": "0" * 64}) + "\n"
         for run in runs for t in range(1, 11)))
-    request = RunRequest("objpm", 10, "c", "d", True, True, lambda: RunCost(1.0, 0.0, "laplace"))
+    request = _priced()
     # The command's one-time imports first, on a device with no history (they are the process's start, not
     # the reading of the history: about 0.25 s of CPU, which took the timed call past 1 s under load).
     (tmp_path / "fresh").mkdir()

@@ -10,7 +10,11 @@ deployment kind (the node's own secret) it finds neither.
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +113,8 @@ def test_the_server_recomputes_a_simulated_agent_and_not_a_deployed_one(main_con
 
 @pytest.mark.usefixtures("server_process")
 def test_a_deployed_agent_repeats_a_round_but_answers_no_other_request_for_it(tmp_path: Path) -> None:
-    config = papers(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3)
+    # the papers' objp on one sample added or removed: the relation a device's default policy holds runs to
+    config = papers(algorithm="objp", epsilon=0.5, num_agents=10, rounds=3, neighbouring="add-remove")
     data = _agent(config)
     node = {"state-dir": str(tmp_path)}
     identity = new_run_identity()
@@ -207,6 +212,45 @@ def test_the_state_folder_and_a_damaged_secret(tmp_path: Path, monkeypatch: pyte
     NodeSecret(tmp_path, 5).answer("r", 1, "a")  # a line cut short by a crash is no answer
     with pytest.raises(ValueError, match="already answered round 1"):
         NodeSecret(tmp_path, 5).answer("r", 1, "b")
+
+
+def _at_once(threads: int, call: Callable[[int], object]) -> list[object]:
+    """``call(i)`` in ``threads`` real threads released together by a barrier: each one's result, or the
+    exception it raised."""
+    barrier = threading.Barrier(threads)
+
+    def run(i: int) -> object:
+        barrier.wait()
+        try:
+            return call(i)
+        except Exception as error:  # noqa: BLE001 - the outcome under test
+            return error
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(run, range(threads)))
+
+
+def test_two_requests_for_one_round_at_once_are_never_both_answered(tmp_path: Path) -> None:
+    """8 threads, half with one request and half with another for (run, round 1): the record is read and
+    appended under the agent's lock, so exactly one request is recorded and the other's threads refused."""
+    identity = new_run_identity()
+    outcomes = _at_once(8, lambda i: NodeSecret(tmp_path, 0).answer(identity, 1, "ab"[i % 2] * 64))
+    refused = [o for o in outcomes if isinstance(o, ValueError)]
+    assert len(refused) == 4 and all("already answered round 1" in str(o) for o in refused)
+    assert outcomes.count(None) == 4
+    records = (tmp_path / "agent-0.answered.jsonl").read_text().splitlines()
+    assert len(records) == 1
+    answered = json.loads(records[0])["request"]
+    assert [o is None for o in outcomes] == [("ab"[i % 2] * 64) == answered for i in range(8)]
+
+
+def test_a_fresh_devices_secret_is_made_once_under_concurrency(tmp_path: Path) -> None:
+    """Two threads creating a fresh device's secret collided on one temporary file (FileExistsError after
+    the run was charged): now every caller gets the same 32 bytes, and no temporary file is left."""
+    keys = _at_once(8, lambda i: NodeSecret(tmp_path / "fresh", 0).secret())
+    assert all(isinstance(k, bytes) and len(k) == 32 for k in keys) and len(set(keys)) == 1
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["agent-0.budget.lock", "agent-0.key"]
+    assert (tmp_path / "fresh" / "agent-0.key").read_bytes() == keys[0]
 
 
 def test_every_statement_says_its_randomness() -> None:

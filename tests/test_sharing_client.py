@@ -22,6 +22,7 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.config import SharingConfig
 from dpadmm.wire import DUAL_KEY, MESSAGE_KEY, PULLED_KEY
+from tests.conftest import replace_one_device
 from tests.test_sharing_engine import synthetic
 
 F64 = torch.float64
@@ -36,9 +37,10 @@ def _config(**changes: object) -> SharingConfig:
 
 
 def _node(folder: Path | None) -> Context:
-    """A party's context: deployed with its state folder, or (None) forced to the simulation kind."""
+    """A party's context: deployed with its state folder (its operator's policy holds runs to 001's relation,
+    one sample replaced), or (None) forced to the simulation kind."""
     node = {"randomness": "simulation"} if folder is None else {"randomness": "deployment",
-                                                                "state-dir": str(folder)}
+                                                                "state-dir": str(replace_one_device(folder))}
     return Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
 
 

@@ -507,14 +507,17 @@ def mechanism_of(config: DecentralConfig, d: int) -> str:
 def device_request(config: DecentralConfig, data: str, d: int) -> RunRequest:
     """One agent's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the pure epsilon of
     :func:`statement` for d coordinates, against the other agents; covered when B_inf is at least the proven
-    2/b_i. ``data``: the digest of the agent's samples."""
+    2/b_i. ``data``: the digest of the agent's samples. Its relation is replace-one: the guarantee holds for
+    f_i replaced by any loss whose gradient is within B_inf per coordinate, one sample replaced at
+    B_inf = 2/b_i (b_i is the run's public ``samples``)."""
 
     def cost() -> RunCost:  # one release's epsilon is bounded by the run's (the a-priori sum of all of them)
         return RunCost(statement(config, d).epsilon, 0.0, "laplace")
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),
-                      data=data, private=config.private, covered=config.covered, cost=cost)
+                      data=data, private=config.private, covered=config.covered, cost=cost,
+                      neighbouring="replace-one")
 
 
 def stated(config: DecentralConfig) -> Statement:

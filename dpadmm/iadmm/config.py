@@ -25,13 +25,13 @@ from dpadmm.catalog import DEFAULT_AGENTS, GENERATORS, MODELS
 from dpadmm.data import refuse_unread_folder
 from dpadmm.data.partition import parse_scheme
 from dpadmm.keys import allowed, key
+from dpadmm.privacy.device import NEIGHBOURING
 
 ALGORITHMS = ("iadmm", "objp", "objpm", "objt", "outp")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float64", "float32")
 RHO_PRESETS = ("main", "auto", "mnist", "femnist", "custom")
 SENSITIVITIES = ("clipped", "data-dependent")
-NEIGHBOURING = ("replace-one", "add-remove")
 MECHANISMS = ("laplace", "gaussian")
 PER_SAMPLE = ("vmap", "factorized")
 TRUST_RADII = ("paper", "reference")

@@ -122,7 +122,8 @@ def device_request(config: RunConfig, data: str) -> RunRequest:
     covered = config.algorithm == "outp" or config.sensitivity == "clipped"
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),
-                      data=data, private=config.private, covered=covered, cost=cost)
+                      data=data, private=config.private, covered=covered, cost=cost,
+                      neighbouring=config.neighbouring)
 
 
 def mechanism_of(config: RunConfig) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from dpadmm import keys
 from dpadmm.catalog import BINARY_DATASET_NAMES
 from dpadmm.keys import allowed
+from dpadmm.privacy.device import NEIGHBOURING
 
 ALGORITHMS = ("dp-admm", "dp-accadmm")
-NEIGHBOURING = ("add-remove", "replace-one")
 DUAL_INITS = ("zero", "paper")
 RESTARTS = ("none", "goldstein")
 DEVICES = ("cpu", "cuda")

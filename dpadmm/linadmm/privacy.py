@@ -148,7 +148,8 @@ def device_request(config: LinAdmmConfig, data: str, num_samples: int) -> RunReq
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),
-                      data=data, private=config.private, covered=True, cost=cost, central=True)
+                      data=data, private=config.private, covered=True, cost=cost,
+                      neighbouring=config.neighbouring, central=True)
 
 
 def stated(config: LinAdmmConfig) -> Ledger:

@@ -8,8 +8,8 @@ the node releases anything, and the device:
 
 - checks the run against its operator's :class:`Policy` (``<state-dir>/policy.toml``, which no run config
   reaches): the largest (epsilon, delta) of one run, computed by the node's accountant from the request and
-  the node's own data; the algorithms it accepts; non-private, not-covered and central-DP runs refused
-  unless the operator opts in;
+  the node's own data; the algorithms it accepts; the neighbouring relation every run's guarantee must be
+  stated for; non-private, not-covered and central-DP runs refused unless the operator opts in;
 - charges the run's whole (epsilon, delta) once, at its first release, to the agent's budget file, and
   refuses a run that would cross the lifetime budget (decided first at the partition query, which names the
   run, before any node releases): the budget is spent by everything the device ever
@@ -20,7 +20,9 @@ the node releases anything, and the device:
 - binds the charge to the run: the digest of its configuration as the server sent it, the digest of the
   node's data, its planned rounds. A second configuration under one run identity, changed data under a
   reused identity, and a round beyond the run's rounds are refused. A request repeated exactly costs nothing
-  more: its draws are fixed by (node secret, run identity, round), so the repeat is the same release.
+  more: its draws are fixed by (node secret, run identity, round), so the repeat is the same release. A run
+  identity the device would not store (empty, over 64 characters, or not of [0-9A-Za-z_.-]) is refused
+  before anything is written (:func:`check_run_identity`).
 
 The budget is written and fsynced before the release leaves the device. A missing or damaged budget file
 fails closed: the node refuses and says why, it never starts again from zero by itself.
@@ -40,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -54,6 +57,14 @@ BUDGET_SUFFIX = ".budget.jsonl"
 # a run's epsilon may exceed a cap by this relative slack: a calibration that meets its target to the
 # accountant's precision (8 within 1e-9) is the target
 SLACK = 1e-6
+# The longest run identity a device stores: a dpadmm server draws 32 hex characters (new_run_identity)
+IDENTITY_LIMIT = 64
+_IDENTITY = re.compile(r"[0-9A-Za-z_.-]*")
+# The neighbouring relations a guarantee is stated for: one sample added or removed, or one replaced. Which
+# one a device's runs are held to is its policy's (a guarantee under one does not give the same (eps, delta)
+# under the other: a replacement is a removal and an addition, so add-remove (eps, delta) gives replace-one
+# (2 eps, (1 + e^eps) delta) only)
+NEIGHBOURING = ("add-remove", "replace-one")
 
 
 class DeviceRefused(ValueError):
@@ -68,7 +79,9 @@ class Policy:
     (64, 1e-4), eight such runs; only private runs whose sensitivity is a proven bound, with the noise added
     on the device. The least noise is set as the largest epsilon of one release (``max-release-epsilon``);
     a budget per period (``period-days`` > 0) caps what the runs admitted in the last so many days spend,
-    beside the lifetime budget, which always holds.
+    beside the lifetime budget, which always holds. The neighbouring relation every run's guarantee must be
+    stated for is the operator's too (``neighbouring``, the main job's add-remove by default), never the
+    run config's.
     """
 
     max_run_epsilon: float = 8.0
@@ -83,6 +96,7 @@ class Policy:
     allow_non_private: bool = False  # a run that releases without noise
     allow_not_covered: bool = False  # a run whose guarantee rests on a data-dependent or unproven bound
     allow_central_dp: bool = False  # a run that sends exact values and trusts the server to add the noise
+    neighbouring: str = "add-remove"  # the relation a run's guarantee must be stated for (NEIGHBOURING)
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:
@@ -93,6 +107,9 @@ class Policy:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be true or "
                                  "false")
+        if self.neighbouring not in NEIGHBOURING:
+            raise ValueError(f"neighbouring={self.neighbouring!r} is not allowed; choose one of "
+                             f"{', '.join(NEIGHBOURING)}")
         if not all(isinstance(a, str) for a in self.algorithms):
             raise ValueError(f"algorithms={list(self.algorithms)!r} is not allowed; it must be a list of "
                              "names")
@@ -124,6 +141,8 @@ class Policy:
                 shown = "true" if value else "false"
             elif isinstance(value, tuple):
                 shown = "[" + ", ".join(json.dumps(v) for v in value) + "]"
+            elif isinstance(value, str):
+                shown = json.dumps(value)
             else:
                 shown = repr(float(value))
             lines.append(f"{_key(f.name)} = {shown}")
@@ -200,7 +219,15 @@ class RunRequest:
     """A family's description of one run to the device, before its first release (a ledger event).
 
     ``config`` is the digest of the run's configuration as the server sent it, ``data`` that of the node's
-    data (:func:`digest`); ``cost`` is the node's accountant, called once, when the run is first seen."""
+    data (:func:`digest`); ``cost`` is the node's accountant, called once, when the run is first seen.
+
+    ``neighbouring`` is the relation (one of :data:`NEIGHBOURING`) the guarantee that ``cost`` states is
+    proven for: DP-IADMM's and DP-ADMM's configured one (their run configs choose); replace-one for ADMM
+    sharing, whose guarantee (001 Theorem 3) holds for a party's whole block of features replaced, so a
+    fortiori for one sample's features replaced, its sample count and ids being public; replace-one for 004,
+    whose guarantee holds for an agent's loss replaced by any loss whose gradient is within B_inf in every
+    coordinate, one sample replaced when B_inf >= 2/b_i (its sample count b_i is public). The device refuses
+    a run whose relation is not its policy's (:func:`check_policy`)."""
 
     algorithm: str
     rounds: int
@@ -209,6 +236,7 @@ class RunRequest:
     private: bool
     covered: bool
     cost: Callable[[], RunCost]
+    neighbouring: str
     central: bool = False
 
 
@@ -261,11 +289,10 @@ class Device:
         (:class:`DeviceRefused`). The first time a run is seen its cost is computed and, with ``charge``,
         appended to the budget and fsynced; ``charge=False`` checks without writing (the partition query,
         before any release)."""
-        if not run:
-            raise DeviceRefused("the server sent no run identity; the device charges every release to one")
+        check_run_identity(run)
         policy = self.policy()  # without a policy file, a device that never answered takes the defaults
         check_policy(policy, request)  # the kind of run first: refused before its cost is computed
-        with self._locked():
+        with agent_lock(self.directory, self.agent):
             charges = self._charges()
             known = charges.get(run)
             if known is not None:
@@ -343,7 +370,7 @@ class Device:
 
     def charges(self) -> dict[str, Charge]:
         """Every run charged so far, by run identity (the budget file; see :meth:`_charges`)."""
-        with self._locked():
+        with agent_lock(self.directory, self.agent):
             return self._charges()
 
     def _charges(self) -> dict[str, Charge]:
@@ -380,8 +407,9 @@ class Device:
                 if math.isnan(charge.epsilon) or not 0 <= charge.delta <= 1 or charge.epsilon < 0:
                     raise ValueError("a charge must have epsilon >= 0 and delta in [0, 1]")
             except (json.JSONDecodeError, TypeError, ValueError) as error:
-                raise DeviceRefused(f"the budget file {self.path} is damaged at line {number} ({error}); the "
-                                    "device refuses until its operator restores it") from None
+                raise DeviceRefused(f"the budget file {self.path} is damaged at line {number} "
+                                    f"({printable(error)}); the device refuses until its operator restores "
+                                    "it") from None
             out[charge.run] = charge
         return out
 
@@ -403,16 +431,36 @@ class Device:
             finally:
                 os.close(folder)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """An exclusive lock over the agent's budget (two messages of one agent at once take turns)."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.directory / f"agent-{self.agent}.budget.lock", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+@contextlib.contextmanager
+def agent_lock(directory: Path, agent: int) -> Iterator[None]:
+    """An exclusive lock over one agent's files in the node's state folder: its budget, its record of answered
+    requests and the creation of its secret (:class:`~dpadmm.privacy.randomness.NodeSecret`). Two messages
+    of one agent at once, in threads or processes, take turns: each reads and appends with nobody writing
+    in between. Not reentrant (each call opens the lock file anew, and ``flock`` locks of two open files
+    exclude each other also within one process): a holder must not take it again."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(directory / f"agent-{int(agent)}.budget.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_run_identity(run: str) -> None:
+    """Refuse a run identity the device would not store, before anything is written: empty, longer than
+    :data:`IDENTITY_LIMIT` characters, or holding characters outside [0-9A-Za-z_.-]. The identity is kept
+    in the budget and answered files and printed by ``dpadmm node status``, so a server must neither grow
+    those files at will (100 identities of 1 MB made a 100 MiB budget, read at every admission) nor put
+    control characters in them. The refusal names the rule and the identity's length, never its value."""
+    if not run:
+        raise DeviceRefused("the server sent no run identity; the device charges every release to one")
+    if len(run) > IDENTITY_LIMIT:
+        raise DeviceRefused(f"the server's run identity is {len(run)} characters long; this device accepts "
+                            f"at most {IDENTITY_LIMIT} (a dpadmm server draws 32)")
+    if not _IDENTITY.fullmatch(run):
+        raise DeviceRefused(f"the server's run identity ({len(run)} characters) holds characters other than "
+                            "0-9, A-Z, a-z, '_', '.' and '-'; this device accepts only those")
 
 
 def check_policy(policy: Policy, request: RunRequest) -> None:
@@ -432,6 +480,10 @@ def check_policy(policy: Policy, request: RunRequest) -> None:
         raise DeviceRefused(f"algorithm={request.algorithm!r} sends exact values and trusts the server "
                             "to add the noise (central DP); this device refuses that (its operator may "
                             "allow it: allow-central-dp)")
+    if request.private and request.neighbouring != policy.neighbouring:
+        raise DeviceRefused(f"algorithm={request.algorithm!r} as configured states its guarantee for "
+                            f"neighbouring={request.neighbouring!r}; this device's operator holds every run "
+                            f"to neighbouring={policy.neighbouring!r} (the policy key neighbouring)")
     if int(request.rounds) < 1:
         raise DeviceRefused(f"rounds={request.rounds} is not allowed; a run has at least one round")
 
@@ -519,8 +571,19 @@ def status(directory: str | Path) -> str:
             answered[record["run"]] = answered.get(record["run"], 0) + 1
         for charge in charges.values():
             done = f", {answered.get(charge.run, 0)} answered"
-            lines.append(f"  run {charge.run}: {charge.algorithm}, {charge.mechanism}, (eps = "
-                         f"{charge.epsilon:.6g}, delta = {charge.delta:.3g}) for {charge.rounds} "
-                         f"rounds{done}; "
-                         f"admitted {charge.at}")
+            lines.append(f"  run {printable(charge.run)}: {printable(charge.algorithm)}, "
+                         f"{printable(charge.mechanism)}, (eps = {charge.epsilon:.6g}, delta = "
+                         f"{charge.delta:.3g}) for {printable(charge.rounds)} rounds{done}; admitted "
+                         f"{printable(charge.at)}")
     return "\n".join(lines)
+
+
+def printable(value: object) -> str:
+    """``value`` as text a terminal shows as it is: its non-printable characters escaped as Python writes
+    them in a string literal (an ESC as ``\\x1b``, a newline as ``\\n``). What ``dpadmm node status`` prints
+    from the budget file: a run identity stored before identities were checked, or a field of a hand-edited
+    file, must not move the operator's cursor or forge a line."""
+    text = str(value)
+    if text.isprintable():  # every field of a device's own charges: no copy, 10^4 runs stay fast
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

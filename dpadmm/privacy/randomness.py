@@ -44,7 +44,7 @@ import torch
 
 from dpadmm.files import write_once
 from dpadmm.privacy import secure
-from dpadmm.privacy.device import answered_records, node_state_dir
+from dpadmm.privacy.device import agent_lock, answered_records, check_run_identity, node_state_dir
 from dpadmm.privacy.ledger import NO_RUN
 
 SIMULATION, DEPLOYMENT = "simulation", "deployment"
@@ -159,8 +159,7 @@ class Secret:
 
 def run_key(node_secret: bytes, run_identity: str, agent: int) -> bytes:
     """An agent's key for one run: its node's secret bound to the run's identity and the agent's id."""
-    if not run_identity:
-        raise ValueError("the server sent no run identity; a deployed node needs one to key its draws")
+    check_run_identity(run_identity)
     return secure.derive(node_secret, "dpadmm-run", run_identity, agent)
 
 
@@ -209,10 +208,15 @@ class NodeSecret:
         self.record_path = self.directory / f"agent-{self.agent}.answered.jsonl"
 
     def secret(self) -> bytes:
-        """The node's secret for this agent, created on first use."""
+        """The node's secret for this agent, created on first use: once, under the agent's lock
+        (:func:`~dpadmm.privacy.device.agent_lock`), so that every caller, in any thread or process, gets the
+        same key; written to a temporary file of its own, fsynced, and linked into place with its folder
+        fsynced, so that a crash leaves either no key or the whole one (a key lost after a release would
+        answer the same round again with other noise)."""
         if not self.key_path.exists():
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_once(self.key_path, secure.new_key(), mode=stat.S_IRUSR | stat.S_IWUSR)
+            with agent_lock(self.directory, self.agent):  # once: not made by another caller meanwhile
+                write_once(self.key_path, secure.new_key(), mode=stat.S_IRUSR | stat.S_IWUSR)
         key = self.key_path.read_bytes()
         if len(key) != secure.KEY_BYTES:
             raise ValueError(f"{self.key_path} holds {len(key)} bytes, not a {secure.KEY_BYTES}-byte secret; "
@@ -220,28 +224,31 @@ class NodeSecret:
         return key
 
     def randomness(self, run_identity: str) -> Secret:
-        """This agent's deployment randomness for one run (a request without a run identity is refused before
-        a secret is made)."""
-        if not run_identity:
-            raise ValueError("the server sent no run identity; a deployed node needs one to key its draws")
+        """This agent's deployment randomness for one run (a request whose run identity the device would not
+        store, :func:`~dpadmm.privacy.device.check_run_identity`, is refused before a secret is made)."""
+        check_run_identity(run_identity)
         return Secret({self.agent: run_key(self.secret(), run_identity, self.agent)})
 
     def answer(self, run_identity: str, round_: int, digest: str) -> None:
         """Record that this agent answers ``round_`` of the run with the request of ``digest``; refuse a
-        request for a (run, round) it answered with another request (its draws would be used twice)."""
-        for line in self._records():
-            if line["run"] == run_identity and line["round"] == round_:
-                if line["request"] != digest:
-                    raise ValueError(f"agent {self.agent} already answered round {round_} of this run for "
-                                     "another request; answering again would reuse its noise on a different "
-                                     "input, so it refuses")
-                return
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, stat.S_IRUSR | stat.S_IWUSR)
-        with os.fdopen(fd, "a") as f:
-            f.write(json.dumps({"run": run_identity, "round": int(round_), "request": digest}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        request for a (run, round) it answered with another request (its draws would be used twice). The
+        record is read and appended under the agent's lock (:func:`~dpadmm.privacy.device.agent_lock`), so
+        of two different requests for one (run, round) at once exactly one is recorded."""
+        check_run_identity(run_identity)
+        with agent_lock(self.directory, self.agent):
+            for line in self._records():
+                if line["run"] == run_identity and line["round"] == round_:
+                    if line["request"] != digest:
+                        raise ValueError(f"agent {self.agent} already answered round {round_} of this run "
+                                         "for another request; answering again would reuse its noise on a "
+                                         "different input, so it refuses")
+                    return
+            fd = os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         stat.S_IRUSR | stat.S_IWUSR)
+            with os.fdopen(fd, "a") as f:
+                f.write(json.dumps({"run": run_identity, "round": int(round_), "request": digest}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
 
     def _records(self) -> list[dict]:
         return answered_records(self.record_path)

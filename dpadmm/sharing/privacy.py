@@ -130,7 +130,9 @@ def mechanism_of(config: SharingConfig, num_samples: int) -> str:
 def device_request(config: SharingConfig, data: str, num_samples: int) -> RunRequest:
     """One party's run as the device's ledger event (:mod:`dpadmm.privacy.device`): the whole run's
     (epsilon, delta) of :func:`ledger` for the party's N samples; covered with the noise on the message
-    (``noise='message'``). ``data``: the digest of the party's block."""
+    (``noise='message'``). ``data``: the digest of the party's block. Its relation is replace-one: Theorem 3
+    holds for the party's whole block replaced, a fortiori for one sample's features (N and the ids are
+    public); a row cannot be added or removed in one party alone."""
 
     def cost() -> RunCost:
         account = ledger(config, num_samples)
@@ -139,7 +141,8 @@ def device_request(config: SharingConfig, data: str, num_samples: int) -> RunReq
 
     return RunRequest(algorithm=config.algorithm, rounds=config.rounds,
                       config=config_digest(config.to_mapping()),
-                      data=data, private=config.private, covered=config.noise == "message", cost=cost)
+                      data=data, private=config.private, covered=config.noise == "message", cost=cost,
+                      neighbouring="replace-one")
 
 
 def stated(config: SharingConfig) -> Ledger:
