@@ -59,7 +59,7 @@ def test_bad_node_configs_are_named(tmp_path: Path) -> None:
                                    "num-samples-total": 100}, num_classes=10)
     assert data.counts.tolist() == [2.0]
     np.savez(tmp_path / "none.npz", x=np.zeros((1, 784), np.uint8), y=np.array([12]))
-    with pytest.raises(ValueError, match="no sample"):  # a file with no usable row: the file's fault
+    with pytest.raises(ValueError, match="holds no usable sample"):  # no usable row: the file's fault
         agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "none.npz"),
                                 "num-samples-total": 100}, num_classes=10)
     with pytest.raises(ValueError, match="10 SuperNodes but num-agents=5 needs 5"):

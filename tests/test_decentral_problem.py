@@ -77,14 +77,26 @@ def test_a_label_skewed_partition_deals_the_same_rows_and_the_files_follow_it(tm
      "agent 1 holds 99 samples but the run has samples=100"),
     ({"x": np.full((100, 13), 0.5), "y": np.zeros(100, dtype=np.int64)},
      "agent 1's samples have 13 columns; adult has 14"),
-    ({"x": np.full((100, 14), 0.5), "y": np.full(100, 2)}, "label 2; the labels must be 0 or 1"),
-    ({"x": np.full((100, 14), 1.5), "y": np.zeros(100, dtype=np.int64)}, "float x must lie in \\[0, 1\\]"),
+    ({"x": np.full((100, 14), 0.5), "y": np.full(100, 2)}, "holds no usable sample"),
+    ({"x": np.full((100, 14), 1.5), "y": np.zeros(100, dtype=np.int64)}, "holds no usable sample"),
 ])
 def test_a_bad_agent_file_is_named(tmp_path: Path, arrays: dict, message: str) -> None:
     path = tmp_path / "agent-1.npz"
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=message):
         read_agent_file(DecentralConfig(agents=4, edges=4), 1, path)
+
+
+def test_a_row_outside_the_agents_range_is_a_zero_row_not_a_refusal(tmp_path: Path) -> None:
+    """One sample's value never decides whether a deployed agent answers: a row with another label or
+    outside [0, 1] counts as a zero row of label 0 (it keeps its b samples, B_inf = 2/b holds)."""
+    x, y = np.full((100, 14), 0.5), np.zeros(100, dtype=np.int64)
+    x[3, 2], y[7] = 1.5, 2
+    path = tmp_path / "agent-1.npz"
+    np.savez(path, x=x, y=y)
+    view = read_agent_file(DecentralConfig(agents=4, edges=4), 1, path)
+    assert view.features[0, 1, 3].abs().sum() == 0 and view.features[0, 1, 7].abs().sum() == 0
+    assert view.features[0, 1, 0].abs().sum() > 0
 
 
 def test_an_agent_outside_the_run_is_refused(tmp_path: Path) -> None:

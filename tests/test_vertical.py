@@ -117,9 +117,6 @@ def _party(tmp_path: Path, **changes: object) -> Path:
     ({"x_test": np.ones((2, 1))}, ": x_test has 1 columns but parties='4,2' gives party 1 2"),
     ({"x": np.ones((2, 2))}, ": x has 2 rows but ids lists 3 samples; allowed: one row per id"),
     ({"x": np.ones(6)}, ": x is float64 of shape (6,); allowed: a 2-D array of real numbers [N, d_m]"),
-    ({"x": np.array([[1.0, 0.0], [np.nan, 1.0], [1.0, 1.0]])},
-     " row 1 (id 11), column 0: x is nan; allowed: finite numbers"),
-    ({"x_test": np.array([[1.0, np.inf], [1.0, 1.0]])}, " row 0 (id 't0'), column 1: x_test is inf"),
     ({"ids": np.array([0.0, 1.0, 2.0])}, ": ids is float64 of shape (3,); allowed: a 1-D array of integers"),
     ({"ids": np.array([1, 2, 1])}, ": ids repeats 1; allowed: every sample with its own id"),
     ({"test_ids": np.array([], dtype=np.int64), "x_test": np.ones((0, 2))},
@@ -130,6 +127,16 @@ def test_a_bad_party_file_is_named(tmp_path: Path, changes: dict, message: str) 
     path = _party(tmp_path, **changes)
     with pytest.raises(DataError, match=re.escape(f"data-path {path}{message}")):
         read_party_file(path, (4, 2), 1)
+
+
+def test_a_deployed_party_keeps_a_row_that_is_not_finite_as_a_zero_row(tmp_path: Path) -> None:
+    """A refusal decided by one sample's value would tell the server about it: the party's reader keeps the
+    row, and the party's row scaling (the one the simulation uses) makes it a zero row."""
+    x = np.array([[1.0, 0.0], [np.nan, 1.0], [3.0, 4.0]])
+    own = read_party_file(_party(tmp_path, x=x, x_test=np.array([[1.0, np.inf], [0.0, 2.0]])), (4, 2), 1)
+    parties = engine.parties_from_blocks([own.x], [own.x_test], [1], torch.float64)
+    assert parties.blocks[0].tolist() == [[1.0, 0.0], [0.0, 0.0], [0.6, 0.8]]
+    assert parties.test_blocks[0].tolist() == [[0.0, 0.0], [0.0, 1.0]]
 
 
 def test_a_party_file_that_is_missing_or_no_npz_or_of_no_party_is_named(tmp_path: Path) -> None:

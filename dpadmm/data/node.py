@@ -59,9 +59,11 @@ def load_node_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = 
 
 
 def load_device_data(path: str | os.PathLike, *, labels_path: str | os.PathLike = "", writer: str = "",
-                     num_classes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(x, y, the number of rows dropped) of a deployed device, as :func:`load_node_data` reads them, except
-    that a row failing the per-row checks (:func:`sound_rows`) is dropped, not refused.
+                     num_classes: int, keep_count: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(x, y, the number of rows set aside) of a deployed device, as :func:`load_node_data` reads them, except
+    that a row failing the per-row checks (:func:`sound_rows`) is dropped, not refused; with ``keep_count``
+    (a family whose agents hold a fixed, public number of samples: 004) it becomes a zero row of label 0
+    instead, which adds nothing to a clipped or unit-row gradient.
 
     Why: the device answers a server it does not trust, and a refusal decided by one sample (a label outside
     the run's classes, a pixel that is not finite) would tell the server about that sample outside any
@@ -74,7 +76,14 @@ def load_device_data(path: str | os.PathLike, *, labels_path: str | os.PathLike 
         raise DataError(f"data-path {path}", "as many labels as samples are needed; allowed: one label per "
                                              "sample")
     keep = sound_rows(x, y, num_classes)
-    x, y = check_samples(x[keep], y[keep], f"data-path {path}", num_classes)
+    if x.shape[0] and not keep.any():  # the file's fault: no row this run could learn from
+        raise DataError(f"data-path {path}", f"holds no usable sample; allowed: rows in [0, 1] with labels "
+                                             f"0..{num_classes - 1}")
+    if keep_count:
+        x, y = np.where(keep[:, None], x.reshape(x.shape[0], -1), 0.0), np.where(keep, y, 0)
+    else:
+        x, y = x[keep], y[keep]
+    x, y = check_samples(x, y, f"data-path {path}", num_classes)
     return torch.from_numpy(x), torch.from_numpy(y), int((~keep).sum())
 
 

@@ -187,9 +187,13 @@ def _check_rows(source: str, name: str, values: np.ndarray, ids_name: str, ids: 
                                 "samples; allowed: one row per id, in the ids' order")
 
 
-def _party(source: str, arrays: dict[str, np.ndarray], widths: Sequence[int], party: int) -> PartyFile:
+def _party(source: str, arrays: dict[str, np.ndarray], widths: Sequence[int], party: int,
+           finite: bool = True) -> PartyFile:
     """The checked :class:`PartyFile` of ``arrays`` (:data:`PARTY_ARRAYS`): what a party reads, and what
-    :func:`write_vertical_files` checks before it writes."""
+    :func:`write_vertical_files` checks before it writes. ``finite=False`` (a deployed party's reader) keeps
+    a row with a non-finite value, which the party's row scaling makes a zero row
+    (:func:`dpadmm.data.libsvm.normalise_rows`): a refusal decided by one sample's value would tell the
+    server about it."""
     ids, test_ids = (_check_ids(source, n, arrays[n]) for n in ("ids", "test_ids"))
     blocks = []
     for name, of_name, of in (("x", "ids", ids), ("x_test", "test_ids", test_ids)):
@@ -201,7 +205,8 @@ def _party(source: str, arrays: dict[str, np.ndarray], widths: Sequence[int], pa
                                     f"allowed: this party's block of {widths[party]} columns, or the parties "
                                     "that match the files")
         values = values.astype(np.float64)
-        require_finite(values, source, name, _by_id(of))
+        if finite:
+            require_finite(values, source, name, _by_id(of))
         blocks.append(torch.from_numpy(values))
     return PartyFile(ids=ids, x=blocks[0], test_ids=test_ids, x_test=blocks[1])
 
@@ -222,13 +227,14 @@ def read_party_file(path: str | os.PathLike, widths: Sequence[int], party: int) 
     An .npz with ``ids`` [N] (integers or strings), ``x`` [N, d_m], ``test_ids`` [N_test] and ``x_test``
     [N_test, d_m], where d_m = ``widths[party]``. :class:`~dpadmm.data.checks.DataError`s (ValueErrors)
     name the file, the row and its id where that applies, the value and what is allowed
-    (FileNotFoundError for a missing file).
+    (FileNotFoundError for a missing file). A value that is not finite is no error here: the device keeps
+    its row, which becomes a zero row when the party scales its rows (``write_vertical_files`` refuses it).
     """
     if not 0 <= party < len(widths):
         raise ValueError(f"partition-id={party} is not allowed; parties={','.join(map(str, widths))!r} has "
                          f"parties 0..{len(widths) - 1}")
     source = f"data-path {Path(path).expanduser()}"
-    return _party(source, load_npz(path, PARTY_ARRAYS, _PARTY_LAYOUT, source), widths, party)
+    return _party(source, load_npz(path, PARTY_ARRAYS, _PARTY_LAYOUT, source), widths, party, finite=False)
 
 
 def read_labels_file(path: str | os.PathLike) -> LabelsFile:

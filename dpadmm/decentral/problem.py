@@ -17,6 +17,7 @@ given N and |E| is generated in each run", 10 runs. Here both are functions of t
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ from dpadmm.data import Dataset
 from dpadmm.data.adult import COLUMNS
 from dpadmm.data.checks import write_npz
 from dpadmm.data.libsvm import normalise_rows
-from dpadmm.data.node import load_node_data
+from dpadmm.data.node import load_device_data
 from dpadmm.data.partition import equal_partition, parse_scheme
 from dpadmm.decentral import graphs, updates
 from dpadmm.decentral.config import DecentralConfig
+
+log = logging.getLogger("dpadmm.node")
 
 DATA_STREAM = 0xBB67AE85  # mixed into the seed: which samples an agent gets, a stream of its own
 FEATURES = {"adult": len(COLUMNS)}  # d of each data set: public, so a server without data knows it
@@ -166,10 +169,13 @@ def read_agent_file(config: DecentralConfig, agent: int, path: str | os.PathLike
                     dtype: torch.dtype = torch.float64) -> Agents:
     """A deployed agent's view from its own file (node config ``data-path``): an .npz with ``x`` [b, d],
     the encoded columns in [0, 1] (:mod:`dpadmm.data.adult`), and ``y`` [b], labels 0/1
-    (:func:`dpadmm.data.node.load_node_data` reads and checks it)."""
-    x, y = load_node_data(path)
-    if int(y.max()) > 1:
-        raise ValueError(f"data-path {path}: label {int(y.max())}; the labels must be 0 or 1")
+    (:func:`dpadmm.data.node.load_device_data` reads it: a row outside [0, 1] or with another label becomes a
+    zero row of label 0, counted in the device's log only, so that no sample's value decides whether the
+    agent answers, and the agent keeps its b samples)."""
+    x, y, zeroed = load_device_data(path, num_classes=2, keep_count=True)
+    if zeroed:
+        log.warning("dpadmm node: data-path %s: %d row(s) outside [0, 1] or labels 0/1 count as zero rows",
+                    path, zeroed)
     features, labels = own_samples(x, y)
     return own_view(config, agent, features, labels, dtype)
 
