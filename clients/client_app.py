@@ -91,6 +91,9 @@ def _device_data(config: RunConfig, agent: int, path: str, labels_path: str, wri
     if dropped:  # the device's own log only: a count computed from the data
         log.warning("dpadmm node: data-path %s: %d row(s) outside the run's %d classes or [0, 1] are not "
                     "used", path, dropped, num_classes)
+    if x.shape[0] > total:  # the operator's setting is wrong; the text names no count of the data
+        raise ValueError(f"data-path {path} holds more samples than num-samples-total={total}, the "
+                         "federation's count; give the count of all agents' samples")
     return AgentData.from_blocks([x], [y], num_classes=num_classes, total=total, agents=[agent],
                                  dtype=DTYPES[config.dtype], device=resolve_device(config.device))
 

@@ -59,6 +59,11 @@ def test_bad_node_configs_are_named(tmp_path: Path) -> None:
                                    "num-samples-total": 100}, num_classes=10)
     assert data.counts.tolist() == [2.0]
     np.savez(tmp_path / "none.npz", x=np.zeros((1, 784), np.uint8), y=np.array([12]))
+    # more samples than the federation's count: the operator's setting, in a text naming no count of the data
+    with pytest.raises(ValueError, match=r"holds more samples than num-samples-total=1, the federation's "
+                                         r"count; give the count of all agents' samples$"):
+        agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "d.npz"),
+                                "num-samples-total": 1}, num_classes=10)
     with pytest.raises(ValueError, match="holds no usable sample"):  # no usable row: the file's fault
         agent_data_for(config, {"partition-id": 0, "data-path": str(tmp_path / "none.npz"),
                                 "num-samples-total": 100}, num_classes=10)
