@@ -22,9 +22,11 @@ party binds its own secret to it when deployed (:mod:`clients.randomness`) and r
 which the server records (:attr:`ADMMSharing.kinds`) for the privacy statement. The server chooses no
 party's kind.
 
-Evaluation asks each party for its test scores and sums them: test log loss and error, and the
-primal residual of what was sent. The training objective needs the exact training scores, which
-the noise protects, so a Flower run does not report it (the engine does).
+Evaluation, in simulation, asks each party for its test scores and sums them: test log loss and error, and
+the primal residual of what was sent. The training objective needs the exact training scores, which
+the noise protects, so a Flower run does not report it (the engine does). A deployed party refuses to send
+test scores (a noise-free function of its training rows, ``clients.gate``), so on a deployed grid the server
+asks for none and records the primal residual of the released messages only.
 """
 
 from __future__ import annotations
@@ -118,19 +120,23 @@ class ADMMSharing(Strategy):
         ServerApp-side evaluation of a round is what ``evaluate_fn`` returns, else the round's metrics."""
         num_rounds = self.config.rounds if num_rounds is None else num_rounds
         timeout = self.config.round_timeout if timeout is None else timeout
-        # deployed parties release no test scores (clients.gate): a deployed run is not evaluated
-        evaluated = server_kind(grid) == SIMULATION
-        if not evaluated:
+        # deployed parties release no test scores (clients.gate): a deployed run's rounds record what the
+        # server computes from the released messages only
+        tested = server_kind(grid) == SIMULATION
+        if not tested:
             log(INFO, "deployed parties do not send test scores, a noise-free function of their training "
-                "rows: the rounds are not evaluated")
+                "rows: each round records the primal residual of the released messages only")
 
         def after_round(t: int, seconds: float) -> MetricRecord | None:
             self.seconds = seconds
             self.elapsed += seconds
-            if evaluated and (t % self.config.eval_every == 0 or t == num_rounds):
-                asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
-                record = self.aggregate_evaluate(t, refused(grid.send_and_receive(messages=asks,
-                                                                                  timeout=timeout)))
+            if t % self.config.eval_every == 0 or t == num_rounds:
+                if tested:
+                    asks = self.configure_evaluate(t, ArrayRecord(), ConfigRecord(), grid)
+                    record = self.aggregate_evaluate(t, refused(grid.send_and_receive(messages=asks,
+                                                                                      timeout=timeout)))
+                else:
+                    record = MetricRecord({"round": t, "primal-residual": self._residual()})
                 if record is None:
                     return None
                 if evaluate_fn is not None:
@@ -252,9 +258,12 @@ class ADMMSharing(Strategy):
                 len(answered), self.parties)
             return None
         error = updates.error(scores, self.test_labels)[0]
-        residual = torch.linalg.vector_norm(self.messages.sum(dim=1) - self.z)
         return MetricRecord({"round": server_round,
                              "test-log-loss": float(updates.loss(scores, self.test_labels)[0]),
                              "test-error": float(error), "test-majority": majority_share(self.test_labels),
                              "test-undecided": float(updates.undecided(scores)[0]),
-                             "primal-residual": float(residual)})
+                             "primal-residual": self._residual()})
+
+    def _residual(self) -> float:
+        """||sum_m D_m x~_m - z||: the primal residual of the messages held, released ones."""
+        return float(torch.linalg.vector_norm(self.messages.sum(dim=1) - self.z))

@@ -81,14 +81,15 @@ def test_each_party_reads_its_own_file_and_the_run_equals_the_engine(deployment:
     config = _config(out, labels_path=str(deployment.root / "files" / "labels.npz"))
     assert deployment.submit(run_config_of(config)).wait(timeout=600) == 0
     log = (deployment.root / "flwr-run.log").read_text()
-    assert "dpadmm round 3/3: test log loss" in log, log[-3000:]
+    # deployed parties send no test scores (a noise-free function of their rows): the rounds record the
+    # primal residual of the released messages only
+    assert "dpadmm round 3/3: primal residual" in log and "not tested" in log, log[-3000:]
     assert "deployment randomness: each node's noise and samples came from its own" in log
     flower = read_metrics(out)
-    assert [r["round"] for r in flower] == [1, 2, 3]
+    assert [r["round"] for r in flower] == [1, 2, 3] and not any("test-error" in r for r in flower)
     whole = dataclasses.replace(config, labels_path="", data_dir=str(binary_dir / "a9a"))
     for ours, theirs in zip(flower, _replayed(deployment, whole), strict=True):
-        for key in ("test-log-loss", "test-error", "primal-residual"):
-            assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
+        assert ours["primal-residual"] == pytest.approx(theirs["primal-residual"], rel=1e-9, abs=1e-12)
     keyed = engine.run(whole, write=False, progress=False).records[0]  # what the run config's seed gives
     assert all(ours["primal-residual"] != theirs["primal-residual"]
                for ours, theirs in zip(flower, keyed, strict=True))
