@@ -124,8 +124,20 @@ class Node:
         for message in messages:
             reply, status, details = runtime.answer(message, context, runtime.APP_ID,
                                                     runtime.installed_version())
-            seen_.append(seen(reply, status, details))
+            seen_.append(_unnamed(seen(reply, status, details), self.node_config["data-path"]))
         return tuple(seen_)
+
+
+def _unnamed(value: Any, path: str) -> Any:
+    """``value`` with this test node's data path replaced by one name: a device's path is the same whether
+    it holds D or D' (only the test's folders differ)."""
+    if isinstance(value, str):
+        return value.replace(path, "<data-path>")
+    if isinstance(value, tuple | list):
+        return type(value)(_unnamed(v, path) for v in value)
+    if isinstance(value, dict):
+        return {k: _unnamed(v, path) for k, v in value.items()}
+    return value
 
 
 def seen(reply: Message, status: str, details: str) -> tuple[Any, ...]:
