@@ -15,28 +15,28 @@ state for each case, as after a restart):
   train messages (the issue's overflow, range-edge and nine-classes attacks, then random draws over values,
   shapes, dtypes, arrays and config values) and queries.
 - ADMM sharing (001, replace-one, as its guarantee): party 0's file as `dpadmm deploy vertical` writes it
-  (40 samples), and 5 neighbours with one sample's features replaced (another sample's, 1e300 everywhere,
-  zeros, subnormals, one entry of 1e308, whose norm overflows); train messages of any round (with ``own``)
-  or own-round 0, evaluate messages after a round on the same context, and queries.
+  (40 samples), and 6 neighbours with one sample's features replaced (another sample's, 1e300 everywhere,
+  zeros, subnormals, one entry of 1e308, whose norm overflows, a NaN: a zero row); train messages of any
+  round (with ``own``) or own-round 0, evaluate messages after a round on the same context, and queries.
 - 004 (decentral, replace-one, as its guarantee): agent 0's file as `dpadmm deploy agents` writes it (20
-  samples of Adult's 14 columns, 4 agents), and 4 neighbours with one sample replaced (another's, all ones,
-  zeros, its label flipped); exchange=plain train messages (iterations 1 and 2), the SecAgg+ form's sum
-  (iteration 1: the legacy fit message that secaggplus_mod unwraps reaches sum_reply so, without its
-  stages) and queries.
+  samples of Adult's 14 columns, 4 agents), and 6 neighbours with one sample replaced (another's, all ones,
+  zeros, its label flipped, a label 5 and values of 7 outside the domain: zero rows); exchange=plain train
+  messages (iterations 1 and 2), the SecAgg+ form's sum (iteration 1: the legacy fit message that
+  secaggplus_mod unwraps reaches sum_reply so, without its stages) and queries.
 
 Not fuzzed here: DP-ADMM (002), whose node reads the configured data set from the run config's data-dir
 (no device file), so a neighbour needs a copy of a9a per node.
 
 Every family's queries also carry adversarial run configs (keys at their allowed extremes and past them),
-refused or answered alike. Samples outside a 001 party's or a 004 agent's domain are no neighbour there: the
-sample count is public, and a file with a bad row is refused whatever the server sends (the operator's
-fault, the same for every message).
+refused or answered alike. A sample outside a 001 party's or a 004 agent's domain is kept as a zero row
+(the sample count is public), so such a file is a neighbour like any other; only a file with no usable row
+is refused.
 
 Sizes: the not-slow set runs FUZZ_CASES (6) train cases per family and kind (DP-IADMM train, sharing
 train, 004 plain and sum), 6 queries per family, 3 sharing evaluate sequences, and the sensitivity check on
 6 + 6 + 8 cases; the slow test 200 train cases per family and kind (400 for DP-IADMM), 12 evaluate sequences,
-40 queries per family. Neighbour kinds: DP-IADMM 7 (removed, added x5, replaced), sharing 5 replaced,
-004 4 replaced.
+40 queries per family. Neighbour kinds: DP-IADMM 7 (removed, added x5, replaced), sharing 6 replaced,
+004 6 replaced.
 
 Mutants caught (each test_the_fuzzer_catches_each_fix_undone): DP-IADMM's gate and total clipping, its
 release clamp, its rows dropped (by what the server sees); sharing's x-step held to its ball (by the
@@ -422,7 +422,8 @@ def parties_in(root: Path) -> dict[str, Node]:
     party = dict(np.load(write_vertical_files(dataset, WIDTHS, root / "written")[0]))
     rows = {"D": party["x"][0], "replaced": party["x"][1], "replaced-huge": np.full(WIDTHS[0], 1e300),
             "replaced-zero": np.zeros(WIDTHS[0]), "replaced-subnormal": np.full(WIDTHS[0], 5e-324),
-            "replaced-overflowing": np.array([1e308, 1e308, 0.0])}
+            "replaced-overflowing": np.array([1e308, 1e308, 0.0]),
+            "replaced-nan": np.array([np.nan, 0.5, 0.5])}
     nodes = {}
     for name, row in rows.items():
         x0 = party["x"].copy()
@@ -490,7 +491,8 @@ def agents_in(root: Path) -> dict[str, Node]:
     rng = np.random.default_rng(4)
     x, y = rng.random((SAMPLES, FEATURES)), rng.integers(0, 2, SAMPLES).astype(np.int64)
     rows = {"D": (x[0], y[0]), "replaced": (x[1], y[1]), "replaced-ones": (np.ones(FEATURES), 1),
-            "replaced-zero": (np.zeros(FEATURES), 0), "replaced-label": (x[0], 1 - y[0])}
+            "replaced-zero": (np.zeros(FEATURES), 0), "replaced-label": (x[0], 1 - y[0]),
+            "replaced-label-5": (x[1], 5), "replaced-outside": (np.full(FEATURES, 7.0), 0)}
     nodes = {}
     for name, (row, label) in rows.items():
         x0, y0 = x.copy(), y.copy()
