@@ -129,8 +129,8 @@ def test_the_message_cap_is_a_whole_number_of_bytes(tmp_path: Path) -> None:
     assert read_policy(tmp_path).max_message_bytes == 1024
     for shown in ("0", "1.5e9", "true", "'big'"):
         (tmp_path / "policy.toml").write_text(f"max-message-bytes = {shown}\n")
-        with pytest.raises(DeviceRefused, match=r"max-message-bytes=.* is not allowed; it must be a whole number "
-                                                r"of bytes >= 1"):
+        with pytest.raises(DeviceRefused, match=r"max-message-bytes=.* is not allowed; it must be a whole "
+                                                r"number of bytes >= 1"):
             read_policy(tmp_path)
 
 

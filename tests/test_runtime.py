@@ -4,10 +4,12 @@ SuperLink, authenticated SuperNodes started with `dpadmm deploy supernode`) as a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from clients import runtime
 from dpadmm.privacy.device import STATE_ENV, Device, Policy
 from dpadmm.privacy.randomness import NodeSecret, new_run_identity
 from dpadmm.wire import IDENTITY_KEY, refusal_in
-from tests.conftest import Deployment, flat_app_config, last_run_status, shipped_app
+from tests.conftest import ROOT, Deployment, flat_app_config, free_ports, last_run_status, shipped_app
 
 AGENTS = 2
 
@@ -103,6 +105,110 @@ def test_the_runtime_says_at_start_which_policy_is_in_force(tmp_path: Path, monk
     policy.write_text(Policy().to_toml())
     assert started() == [("INFO", f"dpadmm node: the device's policy is {policy} (state folder {tmp_path}, "
                                   "unless a node config names another state-dir)")]
+
+
+MiB = 2**20
+
+
+def supernode(port: int, state: str, messages: list[tuple[str, int, int]], version: str) -> None:
+    """A SuperNode as `flower-supernode` holds a server's messages: its runtime API (Flower's own, served as
+    `flower-supernode` serves it) over its in-memory state, where each message (kind, bytes, chunk bytes)
+    waits as a task of a run of its own, already pulled from a SuperLink. Prints the replies' refusal texts
+    by run, as JSON, once every message is answered. Each run's FAB is dpadmm at ``version``. ``kind``:
+    "random" values, or "zeros" (an array that Flower sends as one chunk however long). Run in a process of
+    its own (``python -c``), as a SuperNode beside the runtime."""
+    import numpy as np
+    import uvicorn
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MessageType
+    from flwr.app.message import array as flower_array
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run, RunStatus
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.main import create_app
+    from flwr.supernode.nodestate import NodeStateFactory
+    from flwr.supernode.start_client_internal import _insert_message
+
+    factory = NodeStateFactory(objectstore_factory=ObjectStoreFactory())
+    node = factory.state()
+    node.set_node_id(1)
+    fab = Fab(hash_str=hashlib.sha256(b"").hexdigest(), content=b"", verifications={})
+    node.store_fab(fab)
+    for run_id, (kind, size, chunk) in enumerate(messages, start=1):
+        node.store_run(Run(run_id, runtime.APP_ID, version, fab.hash_str, {}, "", "", "",
+                           "", RunStatus("running", "", ""), "", "", None, 0, 0, 0.0, series_id=run_id))
+        context = Context(run_id=run_id, node_id=1, node_config={"state-dir": state}, state=RecordDict(),
+                          run_config={}, series_id=run_id)
+        node.set_run_series_context(run_id, context)
+        node.create_task(TaskType.CLIENT_APP, run_id, fab.hash_str)
+        values = np.random.default_rng(run_id).random(size // 8) if kind == "random" else np.zeros(size // 8)
+        flower_array.FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE = chunk  # what the server's sender sets
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = run_id, run_id, 0
+        content = RecordDict({"arrays": ArrayRecord({"w.weight": Array(values)}), "config": ConfigRecord({})})
+        message = Message(content, message_type=MessageType.TRAIN, dst_node_id=1)
+        _insert_message(message, node, node.object_store)
+    server = uvicorn.Server(uvicorn.Config(create_app(state_factory=factory), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    replies: list[Message] = []  # a reply is listed once
+    deadline = time.monotonic() + 60
+    while len(replies) < len(messages) and time.monotonic() < deadline:
+        replies += node.get_messages_legacy(is_reply=True)
+        time.sleep(0.1)
+    said = {}
+    for reply in replies:
+        store = node.object_store
+        tree = store.get_object_tree(reply.metadata.message_id)
+        contents = {t.object_id: store.get(t.object_id) for t in _post_order(tree)}
+        answered = inflate_object_from_contents(tree.object_id, contents)
+        said[reply.metadata.run_id] = (str(answered.content["config"].get("refused", ""))
+                                       if answered.has_content() else answered.error.reason)
+    print(json.dumps(said), flush=True)
+    server.should_exit = True
+
+
+def _post_order(tree: object) -> Iterator[object]:
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+
+    return iterate_object_tree(tree)  # type: ignore[arg-type]
+
+
+def test_a_message_over_the_limit_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Four tasks at once, the device's limit 8 MiB: 48 MiB in Flower's 5 MiB chunks (refused after 8 MiB),
+    in one 48 MiB chunk (refused before its body is read), 48 MiB of zeros that Flower sends as one 5 MiB
+    chunk (refused before it is inflated); 1 MiB is pulled whole and answered (the runs' FAB is of another
+    version, which :func:`runtime.answer` refuses: the ClientApp's own allocations stay out of the
+    measurement). The server reads the operator's limit and key."""
+    limit = 8 * MiB
+    (tmp_path / "policy.toml").write_text(Policy(max_message_bytes=limit).to_toml())
+    messages = [("random", 48 * MiB, 5 * MiB), ("random", 48 * MiB, 48 * MiB), ("zeros", 48 * MiB, 5 * MiB),
+                ("random", MiB, 5 * MiB)]
+    port = free_ports(1)[0]
+    code = (f"from tests.test_runtime import supernode; "
+            f"supernode({port}, {str(tmp_path)!r}, {messages!r}, '9.9.9')")
+    node = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    import clients.client_app  # noqa: F401 (imported before the measurement, as `node serve` does at start)
+
+    stop = threading.Event()
+    options = runtime.Options(f"127.0.0.1:{port}", poll=0.1)
+    serving = threading.Thread(target=runtime.serve, args=(options, stop))
+    try:
+        with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+            serving.start()
+            said, _ = node.communicate(timeout=120)
+            stop.set()
+            serving.join(30)
+    finally:
+        stop.set()
+        node.kill()
+    refusal = (f"this device takes messages of at most {limit} bytes (its operator's max-message-bytes); the "
+               "server's message is larger, and was refused before it was read")
+    texts = {int(run): text for run, text in json.loads(said).items()}
+    assert [texts[run] for run in (1, 2, 3)] == [refusal] * 3
+    assert texts[4] == runtime.fab_refusal(runtime.APP_ID, "9.9.9")
+    assert caplog.text.count("refused a train message of run") == 3, caplog.text
 
 
 @pytest.fixture(scope="module")

@@ -110,8 +110,8 @@ class Policy:
                 raise ValueError(f"{_key(name)}={value!r} is not allowed; it must be a number >= 0")
         if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) \
                 or self.max_message_bytes < 1:
-            raise ValueError(f"max-message-bytes={self.max_message_bytes!r} is not allowed; it must be a whole "
-                             "number of bytes >= 1")
+            raise ValueError(f"max-message-bytes={self.max_message_bytes!r} is not allowed; it must be a "
+                             "whole number of bytes >= 1")
         for name in ("allow_non_private", "allow_not_covered", "allow_central_dp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be true or "
