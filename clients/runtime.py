@@ -24,7 +24,8 @@ and the operator set). Any other failure is answered with one fixed text, :data:
 to this process's own log, since an exception's text may hold a number computed from the data.
 
 A message larger than the operator's ``max-message-bytes`` (:class:`dpadmm.privacy.device.Policy`) is
-refused while it is pulled, before the bytes past the limit are read (:class:`TaskClient`).
+refused while it is pulled, before the bytes past the limit are read (:class:`TaskClient`): this process's
+memory, not the SuperNode's, which holds the whole message before it offers the task.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-from dpadmm.privacy.device import DeviceRefused, node_state_dir, policy_in_force, read_policy
+from dpadmm.privacy.device import DeviceRefused, Policy, node_state_dir, policy_in_force, read_policy
 from dpadmm.wire import refusal_in
 
 APP_ID = "dpadmm/dpadmm"  # the FAB's id: [tool.flwr.app] publisher / [project] name
@@ -180,53 +181,71 @@ class TaskClient(RuntimeHttpClient):
     """The runtime API as one task's :func:`pull_task_input` (Flower's own) calls it, which reads at most the
     device's ``max-message-bytes`` of the task's message.
 
-    What Flower 1.41 lets a device know of a message's size before it pulls the payload: nothing but its
-    object tree. ``PullMessages`` lists the message's metadata (no size field) and its tree of object ids
-    (SHA-256 of the contents; no sizes, no types); each object then comes in a ``PullObject`` call of its
-    own, two at a time (``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``), and Flower inflates the message only once
-    all are pulled, holding them all. Flower's senders cut an array into 5 MiB chunks
-    (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, the sender's setting, which a server may raise to send one object
-    of any size up to gRPC's 2 GiB), and send identical chunks once. So the runtime counts as it pulls:
+    What Flower 1.41 lets a device know of a message's size before it pulls the payload: nothing but the
+    lengths of the HTTP responses that carry it. ``PullMessages`` lists the message's metadata (no size
+    field) and its tree of object ids (SHA-256 of the contents; no sizes, no types); each object then comes
+    in a ``PullObject`` call of its own, two at a time (``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``), and Flower
+    inflates the message only once all are pulled, holding them all. Flower's senders cut an array into
+    5 MiB chunks (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, the sender's setting, which a server may raise to
+    send one object of any size up to gRPC's 2 GiB), and send identical chunks once; the listing holds no
+    content as Flower's ServerApp pushes a message, but Flower's SuperLink and SuperNode pass on whatever
+    content a ServerApp of its own puts there. No bound on the message follows from its tree (a count of
+    objects times the largest object is unbounded, the sender choosing the chunk size), so the runtime
+    counts as it pulls:
 
-    - each object's length as the SuperNode's HTTP response announces it (``Content-Length``), before its
-      body is read: the pull stops at the object that crosses the limit, whatever the server's chunk size;
+    - the listing's and each object's length as the SuperNode's HTTP response announces it
+      (``Content-Length``), before its body is read (:meth:`_count`): the pull stops at the response that
+      crosses the limit, whatever the server's chunk size, and no more than the limit is ever read;
     - once every object is there and before Flower inflates them, the message's size as inflated (a chunk
       counted each time an array uses it, an array and a record each time a name uses it): an array of zeros
       sent as one chunk cannot inflate past the limit either.
 
+    Measured (tests/test_runtime.py, limit 8 MiB, five 48 MiB and 1 MiB messages, four tasks at once): the
+    runtime's peak allocation is 11.4 to 11.9 MiB, one 5 MiB chunk as read and as parsed; a message in one
+    48 MiB chunk, or inside its listing, is refused before its body is read.
+
     A refusal is a reply (``wire.REFUSED_KEY``) to the message's metadata as listed, which the server sees as
-    any refusal. The SuperNode itself (``flower-supernode``) pulls every object of a message from its
-    SuperLink into its in-memory object store before it offers the task: the limit protects this runtime
-    process, not the SuperNode's; the refusal confirms the message so that the SuperNode drops its copy.
+    any refusal; a listing over the limit has no metadata to reply to: the task fails with the refusal as its
+    details, and the server's message times out. The SuperNode itself (``flower-supernode``) pulls every
+    object of a message from its SuperLink into its in-memory object store before it offers the task: the
+    limit protects this runtime process, not the SuperNode's; the refusal confirms the message so that the
+    SuperNode drops its copy.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
-        self.limit = 0  # set from the node's policy when the message is listed, before any object is pulled
-        self.announced = 0  # the bytes of the objects pulled so far, as their responses announce them
+        self.limit = 0  # set from the node's policy with the task's input, before any of the message is read
+        self.announced = 0  # the bytes of the listing and objects pulled so far, as their responses announce
         self._sizes: dict[str, int] = {}
         self._copies: dict[str, list[str]] = {}
         self._task: PullTaskInputResponse | None = None
+        self._unreadable: DeviceRefused | None = None
         self._listed: PullAppMessagesResponse | None = None
         self._confirmed = False
         # Flower's client reads a response whole before it returns it; httpx calls its response hooks first
         self._client.event_hooks["response"].append(self._count)
 
     def PullTaskInput(self, request: PullTaskInputRequest) -> PullTaskInputResponse:  # noqa: N802 (Flower's)
-        """The task's context, run and FAB, kept to refuse the message without its content."""
+        """The task's context, run and FAB, kept to refuse the message without its content; the limit is the
+        policy's where the node's state is (its node config ``state-dir``, as the ClientApp reads it)."""
+        from dpadmm.privacy.randomness import state_dir
+
         self._task = super().PullTaskInput(request)
+        try:
+            self.limit = read_policy(state_dir(context_from_proto(self._task.context).node_config)
+                                     ).max_message_bytes
+        except DeviceRefused as refused:  # refused once the message is listed, with a reply naming why;
+            self._unreadable = refused  # the listing alone is bounded by the default policy's limit
+            self.limit = Policy().max_message_bytes
         return self._task
 
     def PullMessages(self, request: PullAppMessagesRequest) -> PullAppMessagesResponse:  # noqa: N802
-        """The message's metadata and object tree; the limit is the policy's where the node's state is (its
-        node config ``state-dir``, as the ClientApp reads it). A policy that cannot be read refuses."""
-        from dpadmm.privacy.randomness import state_dir
-
+        """The message's metadata and object tree, counted (:meth:`_count`) before they were read. A policy
+        that cannot be read refuses the message now."""
         self._listed = super().PullMessages(request)
-        assert self._task is not None  # Flower pulls the task's input first
-        node_config = context_from_proto(self._task.context).node_config
-        self.limit = read_policy(state_dir(node_config)).max_message_bytes
+        if self._unreadable is not None:
+            raise self._unreadable
         return self._listed
 
     def PullObject(self, request: PullObjectRequest) -> PullObjectResponse:  # noqa: N802
@@ -256,11 +275,15 @@ class TaskClient(RuntimeHttpClient):
         return response
 
     def _count(self, response: httpx.Response) -> None:
-        if not response.request.url.path.endswith("/pull-object"):
+        """Count the message's bytes as each response announces its length, before its body is read: raising
+        here, httpx closes the response unread, and Flower's pull stops (:func:`pull_objects` stops its
+        other pulls at the first error)."""
+        if not response.request.url.path.endswith(("/pull-messages", "/pull-object")):
             return
         length = response.headers.get("content-length")
-        if length is None:  # fail closed: a body of unknown length could be of any length
-            raise ValueError("the SuperNode's runtime API sent an object without its length")
+        if length is None or response.headers.get("content-encoding", "identity") != "identity":
+            # fail closed: a body of unknown length, or one that inflates as it is read, may be of any length
+            raise ValueError("the SuperNode's runtime API sent a message without its length")
         with self._lock:
             self.announced += int(length)
             if self.announced > self.limit:
@@ -269,21 +292,27 @@ class TaskClient(RuntimeHttpClient):
     def refusal(self) -> str:
         """Why the message is refused: the operator's limit, nothing of the message but that it crosses it."""
         return (f"this device takes messages of at most {self.limit} bytes (its operator's "
-                "max-message-bytes); the server's message is larger, and was refused before it was read")
+                "max-message-bytes); the server's message is larger, and was refused before more than that "
+                "was read")
 
-    def question(self) -> tuple[Message, Context, Run]:
+    def question(self) -> tuple[Message | None, Context, Run]:
         """The listed message (its metadata, without its content), its context and run: what a refusal of the
-        message needs. The SuperNode is told the message was received, so that it drops its copy."""
-        assert self._task is not None and self._listed is not None  # refused only once the message is listed
-        tree = self._listed.message_object_trees[0]
+        message needs. The SuperNode is told the message was received, so that it drops its copy. No message
+        where the listing itself crossed the limit (a server's metadata holds no content: Flower's ServerApp
+        pushes a message's content as objects, but its SuperLink passes on whatever a ServerApp pushes)."""
+        assert self._task is not None  # the limit is read with the task's input
         context = context_from_proto(self._task.context)
+        run = run_from_proto(self._task.run)
+        if self._listed is None:
+            return None, context, run
+        tree = self._listed.message_object_trees[0]
         if not self._confirmed:
             self._confirmed = True
             super().ConfirmMessageReceived(ConfirmMessageReceivedRequest(
                 node=Node(node_id=context.node_id), run_id=context.run_id, message_object_id=tree.object_id))
         message = message_from_proto(self._listed.messages_list[0])
         message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower's pull_task_input sets it
-        return message, context, run_from_proto(self._task.run)
+        return message, context, run
 
 
 def run_task(options: Options, token: str) -> None:
@@ -311,10 +340,15 @@ def run_task(options: Options, token: str) -> None:
         try:
             message, context, run, _ = pull_task_input(client)  # the FAB's bytes are never installed or read
         except (TooLarge, DeviceRefused) as refused:  # the message's size, or a policy that cannot be read
-            message, context, run = client.question()
+            listed, context, run = client.question()
             status, details = SubStatus.FAILED, str(refused)
+            if listed is None:  # nothing to reply to: the task fails, the server's message times out
+                log.warning("dpadmm node: refused a message of run %s before its listing was read: %s",
+                            run.run_id, details)
+                return
+            message = listed
             log.warning("dpadmm node: refused a %s message of run %s: %s", message.metadata.message_type,
-                      run.run_id, details)
+                        run.run_id, details)
             reply = refusal(message, details)
         else:
             reply, status, details = answer(message, context, run.fab_id, run.fab_version)
