@@ -123,6 +123,17 @@ def test_a_missing_policy_is_the_defaults_on_a_new_device_and_refused_on_one_tha
         read_policy(fresh)
 
 
+def test_the_message_cap_is_a_whole_number_of_bytes(tmp_path: Path) -> None:
+    _policy(tmp_path, max_message_bytes=1024)
+    assert "max-message-bytes = 1024\n" in (tmp_path / "policy.toml").read_text()
+    assert read_policy(tmp_path).max_message_bytes == 1024
+    for shown in ("0", "1.5e9", "true", "'big'"):
+        (tmp_path / "policy.toml").write_text(f"max-message-bytes = {shown}\n")
+        with pytest.raises(DeviceRefused, match=r"max-message-bytes=.* is not allowed; it must be a whole "
+                                                r"number of bytes >= 1"):
+            read_policy(tmp_path)
+
+
 @pytest.mark.parametrize(("request_", "reason"), [
     (_request(dataclasses.replace(MAIN, algorithm="iadmm", target_epsilon=0.0)), "releases without noise"),
     (_request(dataclasses.replace(MAIN, target_epsilon=0.0, epsilon=float("inf"))), "releases without noise"),

@@ -4,12 +4,15 @@ SuperLink, authenticated SuperNodes started with `dpadmm deploy supernode`) as a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import subprocess
+import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from clients import runtime
 from dpadmm.privacy.device import STATE_ENV, Device, Policy
 from dpadmm.privacy.randomness import NodeSecret, new_run_identity
 from dpadmm.wire import IDENTITY_KEY, refusal_in
-from tests.conftest import Deployment, flat_app_config, last_run_status, shipped_app
+from tests.conftest import ROOT, Deployment, flat_app_config, free_ports, last_run_status, shipped_app
 
 AGENTS = 2
 
@@ -103,6 +106,131 @@ def test_the_runtime_says_at_start_which_policy_is_in_force(tmp_path: Path, monk
     policy.write_text(Policy().to_toml())
     assert started() == [("INFO", f"dpadmm node: the device's policy is {policy} (state folder {tmp_path}, "
                                   "unless a node config names another state-dir)")]
+
+
+MiB = 2**20
+
+
+def supernode(port: int, state: str, messages: list[tuple[str, int, int]], version: str) -> None:
+    """A SuperNode as `flower-supernode` holds a server's messages: its runtime API (Flower's own, served as
+    `flower-supernode` serves it) over its in-memory state, where each message (kind, bytes, chunk bytes)
+    waits as a task of a run of its own, already pulled from a SuperLink. Prints by run, as JSON, once every
+    task is finished: the reply's refusal text (None without a reply), the task's sub-status and details.
+    Each run's FAB is dpadmm at ``version``. ``kind``: "random" values, "zeros" (an array whose chunks past
+    the first, which holds the array's header, are one chunk, sent once), or "inline" (random values that
+    the message's metadata holds, as the SuperNode passes on a message whose ServerApp pushed it with its
+    content). Run in a process of its own (``python -c``), as a SuperNode beside the runtime."""
+    import numpy as np
+    import uvicorn
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MessageType
+    from flwr.app.message import array as flower_array
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.constant import Status
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.fab import Fab
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        iterate_object_tree,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run, RunStatus
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supernode.main import create_app
+    from flwr.supernode.nodestate import NodeStateFactory
+    from flwr.supernode.start_client_internal import _insert_message
+
+    factory = NodeStateFactory(objectstore_factory=ObjectStoreFactory())
+    node = factory.state()
+    node.set_node_id(1)
+    fab = Fab(hash_str=hashlib.sha256(b"").hexdigest(), content=b"", verifications={})
+    node.store_fab(fab)
+    for run_id, (kind, size, chunk) in enumerate(messages, start=1):
+        node.store_run(Run(run_id, runtime.APP_ID, version, fab.hash_str, {}, "", "", "",
+                           "", RunStatus("running", "", ""), "", "", None, 0, 0, 0.0, series_id=run_id))
+        context = Context(run_id=run_id, node_id=1, node_config={"state-dir": state}, state=RecordDict(),
+                          run_config={}, series_id=run_id)
+        node.set_run_series_context(run_id, context)
+        node.create_task(TaskType.CLIENT_APP, run_id, fab.hash_str)
+        values = np.zeros(size // 8) if kind == "zeros" else np.random.default_rng(run_id).random(size // 8)
+        flower_array.FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE = chunk  # what the server's sender sets
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = run_id, run_id, 0
+        content = RecordDict({"arrays": ArrayRecord({"w.weight": Array(values)}), "config": ConfigRecord({})})
+        message = Message(content, message_type=MessageType.TRAIN, dst_node_id=1)
+        if kind == "inline":  # a ServerApp that pushes the content in the message itself: its SuperLink
+            _insert_message(message, node, node.object_store)  # and SuperNode pass it on as they store it
+        else:  # as Flower's ServerApp pushes a message, and a SuperNode stores it once its objects are in
+            message.metadata.__dict__["_message_id"] = message.object_id
+            node.object_store.preregister(run_id, get_object_tree(message))
+            node.store_message(remove_content_from_message(message))
+            for object_id, part in get_all_nested_objects(message).items():
+                node.object_store.put(object_id, part.deflate())
+    server = uvicorn.Server(uvicorn.Config(create_app(state_factory=factory), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while len(node.get_tasks(statuses=[Status.FINISHED])) < len(messages) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    said: dict[int, list[str | None]] = {task.run_id: [None, task.status.sub_status, task.status.details]
+                                         for task in node.get_tasks(statuses=[Status.FINISHED])}
+    for reply in node.get_messages_legacy(is_reply=True):
+        store = node.object_store
+        tree = store.get_object_tree(reply.metadata.message_id)
+        contents = {t.object_id: store.get(t.object_id) for t in iterate_object_tree(tree)}
+        answered = inflate_object_from_contents(tree.object_id, contents)
+        text = answered.error.reason if answered.has_error() else refusal_in(answered)
+        said[reply.metadata.run_id][0] = text
+    print(json.dumps(said), flush=True)
+    server.should_exit = True
+
+
+@pytest.mark.slow  # 30 to 35 s on two busy cores: mostly the SuperNode's start and its four 48 MiB messages
+def test_a_message_over_the_limit_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Five messages, four tasks at once, the device's limit 8 MiB. 48 MiB in Flower's 5 MiB chunks: refused
+    when the second chunk is announced (one chunk read); in one 48 MiB chunk: refused before its body is
+    read; 48 MiB of zeros in 1 MiB chunks (the same chunk sent once: 2 MiB pulled): refused before it is
+    inflated; 48 MiB inside the message's metadata (a ServerApp of its own: Flower's SuperLink passes it on):
+    refused before the listing is read, the task failed without a reply (there is no message to reply to).
+    1 MiB is pulled whole and answered (the runs' FAB is of another version, which :func:`runtime.answer`
+    refuses: the ClientApp's own allocations stay out of the measurement). The runtime's peak allocation
+    stays under half of one message: measured 11.4 to 11.9 MiB, one 5 MiB chunk as read and as parsed (the
+    bound leaves room for the 1 MiB chunks' reads to overlap it); 262 MiB when the listing was read whole."""
+    limit = 8 * MiB
+    (tmp_path / "policy.toml").write_text(Policy(max_message_bytes=limit).to_toml())
+    messages = [("random", 48 * MiB, 5 * MiB), ("random", 48 * MiB, 48 * MiB), ("zeros", 48 * MiB, MiB),
+                ("inline", 48 * MiB, 5 * MiB), ("random", MiB, 5 * MiB)]
+    port = free_ports(1)[0]
+    code = (f"from tests.test_runtime import supernode; "
+            f"supernode({port}, {str(tmp_path)!r}, {messages!r}, '9.9.9')")
+    node = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    import clients.client_app  # noqa: F401 (imported before the measurement, as `node serve` does at start)
+
+    stop = threading.Event()
+    options = runtime.Options(f"127.0.0.1:{port}", poll=0.1)
+    serving = threading.Thread(target=runtime.serve, args=(options, stop))
+    tracemalloc.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="dpadmm.node"):
+            serving.start()
+            said, _ = node.communicate(timeout=120)
+            stop.set()
+            serving.join(30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        stop.set()
+        node.kill()
+    refusal = (f"this device takes messages of at most {limit} bytes (its operator's max-message-bytes); the "
+               "server's message is larger, and was refused before more than that was read")
+    answered = {int(run): tuple(texts) for run, texts in json.loads(said).items()}  # reply, task status
+    other = runtime.fab_refusal(runtime.APP_ID, "9.9.9")
+    assert answered == {1: (refusal, "failed", refusal), 2: (refusal, "failed", refusal),
+                        3: (refusal, "failed", refusal), 4: (None, "failed", refusal),
+                        5: (other, "failed", other)}
+    assert caplog.text.count("max-message-bytes); the server's message is larger") == 4, caplog.text
+    assert "refused a message of run 4 before its listing was read" in caplog.text
+    assert peak < 48 * MiB / 2, f"the runtime allocated {peak / MiB:.1f} MiB at its peak"
 
 
 @pytest.fixture(scope="module")

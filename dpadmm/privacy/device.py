@@ -97,12 +97,21 @@ class Policy:
     allow_not_covered: bool = False  # a run whose guarantee rests on a data-dependent or unproven bound
     allow_central_dp: bool = False  # a run that sends exact values and trusts the server to add the noise
     neighbouring: str = "add-remove"  # the relation a run's guarantee must be stated for (NEIGHBOURING)
+    # The largest message the device's runtime pulls (clients.runtime); a larger one is refused before it is
+    # pulled whole. 256 MiB: 1.7 times the largest message a family legitimately sends, DP-IADMM's train
+    # message for the LEAF CNN in float64 (w, lambda and z, 3 x 6,603,710 parameters: 158,502,882 bytes as
+    # Flower's objects).
+    max_message_bytes: int = 256 * 2**20
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{_key(name)}={value!r} is not allowed; it must be a number >= 0")
+        if isinstance(self.max_message_bytes, bool) or not isinstance(self.max_message_bytes, int) \
+                or self.max_message_bytes < 1:
+            raise ValueError(f"max-message-bytes={self.max_message_bytes!r} is not allowed; it must be a "
+                             "whole number of bytes >= 1")
         for name in ("allow_non_private", "allow_not_covered", "allow_central_dp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_key(name)}={getattr(self, name)!r} is not allowed; it must be true or "
@@ -143,6 +152,8 @@ class Policy:
                 shown = "[" + ", ".join(json.dumps(v) for v in value) + "]"
             elif isinstance(value, str):
                 shown = json.dumps(value)
+            elif isinstance(value, int):
+                shown = str(value)
             else:
                 shown = repr(float(value))
             lines.append(f"{_key(f.name)} = {shown}")
