@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from dpadmm.privacy.randomness import new_run_identity
@@ -38,8 +38,8 @@ def crafted(step: dict[str, Any], identity: str) -> RecordDict:
             values = np.zeros(array["shape"], dtype=array["dtype"])
             for *index, value in array.get("set", []):
                 values[tuple(index)] = value
-            arrays[name] = values
-        content["arrays"] = ArrayRecord({name: values for name, values in arrays.items()})
+            arrays[name] = Array(values)
+        content["arrays"] = ArrayRecord(arrays)
     return content
 
 
