@@ -579,11 +579,13 @@ class Deployment:
         listing = self.flwr("supernode", "list", self.connection)
         return listing.stdout.count("online")
 
-    def submit(self, run_config: str, log_name: str = "flwr-run.log") -> subprocess.Popen:
-        """`flwr run <app> <connection> --stream` (the project's app, :func:`shipped_app`) with
-        ``run_config``; its output goes to <root>/<log_name>."""
+    def submit(self, run_config: str, log_name: str = "flwr-run.log", app: Path | None = None
+               ) -> subprocess.Popen:
+        """`flwr run <app> <connection> --stream` (``app``, by default the project's, :func:`shipped_app`)
+        with ``run_config``; its output goes to <root>/<log_name>."""
         log = open(self.root / log_name, "a")  # noqa: SIM115
-        command = ["flwr", "run", str(shipped_app()), self.connection, "--stream", "--run-config", run_config]
+        command = ["flwr", "run", str(app or shipped_app()), self.connection, "--stream", "--run-config",
+                   run_config]
         return subprocess.Popen(command,
                                 env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -20,7 +20,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from clients import runtime
-from dpadmm.privacy.device import STATE_ENV, Device, Policy
+from dpadmm.privacy.device import POLICY_FILE, STATE_ENV, Device, Policy
 from dpadmm.privacy.randomness import NodeSecret, new_run_identity
 from dpadmm.wire import IDENTITY_KEY, refusal_in
 from tests.conftest import ROOT, Deployment, flat_app_config, free_ports, last_run_status, shipped_app
@@ -326,13 +326,29 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     assert status == "finished:completed", (details, log[-3000:])
     d.stop("supernode-0")
     d.start_supernode(0)
-    d.wait_online(AGENTS, "SuperNode 0 back")
+    # ... and refused at the partition query, before any device releases: agent 1 is now a device with its
+    # whole budget left (its own state folder, the same policy), asked and admitting the run, and nothing of
+    # it is released or charged (the refusal used to come at round 1's train message, after the other devices
+    # had released round 1 and charged the run, and the server's folder said completed-rounds: 1)
+    fresh = d.root / "fresh-state"
+    fresh.mkdir()
+    shutil.copy(state / POLICY_FILE, fresh / POLICY_FILE)
+    d.stop("supernode-1")
+    d.start_supernode(1, f"{d.node_configs[1]} state-dir='{fresh}'")
+    d.wait_online(AGENTS, "SuperNode 0 back and SuperNode 1 with budget left")
+    node_1_log = d.root / "supernode-1.log"
+    seen = node_1_log.stat().st_size
     started = time.monotonic()
     status, details, log = _run(d, _main_job(d.root / "run-3"))
     assert status == "finished:failed" and "the device's lifetime budget would be crossed" in log, log[-3000:]
     assert not (d.root / "run-3").exists()  # refused at the partition query: no round, no run folder
     assert time.monotonic() - started < 300
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [2, 2]
+    with node_1_log.open() as text:
+        text.seek(seen)
+        assert "dpadmm node: answered a query message" in text.read()
+    assert Device(fresh, 1).charges() == {}
+    assert not any((fresh / f"agent-1.{what}").exists() for what in ("key", "answered.jsonl"))  # no release
     spent = sum(c.epsilon for c in Device(state, 0).charges().values())
     assert 15.9 < spent <= 16.0 * (1 + 1e-6)
     shown = d.dpadmm("node", "status", "--state-dir", str(state)).stdout
