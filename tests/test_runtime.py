@@ -295,6 +295,13 @@ def test_the_device_runs_its_own_code_and_spends_only_its_own_budget(deployment:
     assert status == "finished:completed", (details, log[-3000:])
     assert "dpadmm: test error" in log and not (d.root / "exfiltrated").exists()
     assert [len(Device(state, i).charges()) for i in range(AGENTS)] == [1, 1]
+    # each device's own accountant and the server's statement agree on what the run cost, under one name
+    identity = json.loads((d.root / "run-1" / "config.json").read_text())["run-identity"]
+    stated = json.loads((d.root / "run-1" / "privacy.json").read_text())["whole_run"]
+    for i in range(AGENTS):
+        charge = Device(state, i).charges()[identity]
+        assert charge.epsilon == pytest.approx(stated["epsilon_pld"], rel=1e-6), (charge, stated)
+        assert charge.delta == stated["delta"]
     # ... and a FAB of another version is refused outright, the device's reason in the server's log
     other = d.root / "other-version-app"
     shutil.copytree(shipped_app(), other)
