@@ -332,12 +332,13 @@ def sharing_main(grid: Grid, config: SharingConfig) -> None:
 
         def evaluate(t: int, record: dict[str, float]) -> MetricRecord:
             record = {**record, "round": t, "seconds": strategy.seconds, "elapsed": strategy.elapsed}
+            first = writer.last_round is None  # the first evaluated round names the majority class's error
             writer.record(record)
             if "test-error" not in record:  # a deployment: its parties send no test scores
                 log(INFO, "dpadmm round %d/%d: primal residual %.4g (not tested: deployed parties send no "
                     "test scores)", t, config.rounds, record["primal-residual"])
                 return metric_record(record)
-            note = sharing_engine.error_note(record, majority=writer.last_round is None)
+            note = sharing_engine.error_note(record, majority=first)
             log(INFO, "dpadmm round %d/%d: test log loss %.6g, test error %.4f%s, primal residual %.4g", t,
                 config.rounds, record["test-log-loss"], record["test-error"], f" ({note})" if note else "",
                 record["primal-residual"])
