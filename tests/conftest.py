@@ -22,12 +22,14 @@ import threading
 import time
 import tomllib
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 import pytest
+from flwr.app import Message
+from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from dpadmm.data.mnist import MNIST_FILES
@@ -204,6 +206,34 @@ def _pids_with_env(name: str, value: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+class NoNodes(Grid):
+    """A Flower grid with no node and no run, for a strategy's unit tests: a subclass says how its nodes
+    answer (``send_and_receive``, ``get_node_ids``)."""
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        return []
+
+    def create_message(self, *args: object, **kwargs: object) -> Message:
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return []
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return []
+
+    @property
+    def run(self) -> None:
+        return None
+
+    def set_run(self, run_id: int) -> None:
+        return None
 
 
 @pytest.fixture

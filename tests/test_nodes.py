@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable
 import pytest
 import torch
 from flwr.app import Message
-from flwr.serverapp import Grid
 
 from clients.dpiadmm import answer_query
 from dpadmm.decentral.config import DecentralConfig
@@ -23,6 +22,7 @@ from strategies import DPIADMM
 from strategies.decentral import GraphRouter, SecureSum
 from strategies.linadmm import DPLinADMM
 from strategies.sharing import ADMMSharing
+from tests.conftest import NoNodes
 
 ONES = torch.ones(4, dtype=torch.float64)
 EYE = torch.eye(5, dtype=torch.float64)
@@ -49,7 +49,7 @@ def test_a_strategy_refuses_arguments_no_round_could_use(build: Callable[[], obj
         build()
 
 
-class Answering(Grid):
+class Answering(NoNodes):
     """``count`` connected nodes (ids 1..count, partition = id - 1) that answer every message at once with
     ``answer(message, partition)``; the messages sent are kept in :attr:`sent`."""
 
@@ -62,24 +62,8 @@ class Answering(Grid):
         self.sent += messages
         return [self.answer(m, m.metadata.dst_node_id - 1) for m in messages]
 
-    def create_message(self, *args: object, **kwargs: object) -> Message:
-        raise NotImplementedError
-
     def get_node_ids(self) -> Iterable[int]:
         return range(1, self.count + 1)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return []
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return []
-
-    @property
-    def run(self) -> None:
-        return None
-
-    def set_run(self, run_id: int) -> None:
-        return None
 
 
 SECRET = DecentralConfig(exchange="secret", graph="complete")

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.rounds import run_rounds
+from tests.conftest import NoNodes
 
 
 class Silent(Strategy):
@@ -38,32 +39,13 @@ class Silent(Strategy):
         return None
 
 
-class Empty(Grid):
+class Empty(NoNodes):
     """A grid with no nodes: every message list sent is answered by no reply."""
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
                          ) -> Iterable[Message]:
         assert list(messages) == []
         return []
-
-    def create_message(self, *args: object, **kwargs: object) -> Message:
-        raise NotImplementedError
-
-    def get_node_ids(self) -> Iterable[int]:
-        return []
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return []
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return []
-
-    @property
-    def run(self) -> None:
-        return None
-
-    def set_run(self, run_id: int) -> None:
-        return None
 
 
 def test_each_rounds_evaluation_reaches_the_result_flower_prints() -> None:
