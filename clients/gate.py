@@ -23,7 +23,10 @@ the data can change that decision:
 After the gate the rules that remain are total: per-sample clipping drops a term whose norm is not finite
 (:func:`dpadmm.models.logistic.total_clip_factors`), a grid release clamps each coordinate into its range
 instead of refusing it (:mod:`dpadmm.privacy.secure`), a sharing party's x-step is projected onto its ball
-whatever it holds. Refusals (:class:`~dpadmm.privacy.device.DeviceRefused`) name only what the server sent
+whatever it holds (:func:`dpadmm.sharing.updates.onto_ball`), a deployed 004 agent's noisy iterate is
+clipped to ``secagg-range`` as SecAgg+ would clip it. The device's own file is read by per-row rules too: a
+row outside the run's classes or range is dropped (DP-IADMM, :func:`dpadmm.data.node.load_device_data`) or
+kept as a zero row (001, 004, whose sample counts are public), counted in the device's log only. Refusals (:class:`~dpadmm.privacy.device.DeviceRefused`) name only what the server sent
 and the operator set.
 
 The same gate runs in simulation, so that a simulated node answers as a deployed one would (only the
