@@ -26,8 +26,8 @@ instead of refusing it (:mod:`dpadmm.privacy.secure`), a sharing party's x-step 
 whatever it holds (:func:`dpadmm.sharing.updates.onto_ball`), a deployed 004 agent's noisy iterate is
 clipped to ``secagg-range`` as SecAgg+ would clip it. The device's own file is read by per-row rules too: a
 row outside the run's classes or range is dropped (DP-IADMM, :func:`dpadmm.data.node.load_device_data`) or
-kept as a zero row (001, 004, whose sample counts are public), counted in the device's log only. Refusals (:class:`~dpadmm.privacy.device.DeviceRefused`) name only what the server sent
-and the operator set.
+kept as a zero row (001, 004, whose sample counts are public), counted in the device's log only. Refusals
+(:class:`~dpadmm.privacy.device.DeviceRefused`) name only what the server sent and the operator set.
 
 The same gate runs in simulation, so that a simulated node answers as a deployed one would (only the
 evaluate refusal is the deployment kind's: a simulation protects nothing, and its parties' test scores are
