@@ -24,8 +24,10 @@ state for each case, as after a restart):
   messages (iterations 1 and 2), the SecAgg+ form's sum (iteration 1: the legacy fit message that
   secaggplus_mod unwraps reaches sum_reply so, without its stages) and queries.
 
-Not fuzzed here: DP-ADMM (002), whose node reads the configured data set from the run config's data-dir
-(no device file), so a neighbour needs a copy of a9a per node.
+- DP-ADMM (002, central DP: the exact sums go to a server its operator trusts): client 0 of a9a, which a
+  node reads from the run config's data-dir (a copy of a9a per node), and 3 neighbours with one row
+  replaced (another row, entries whose norm overflows, all ones); train messages (the point x) under a
+  policy that allows central DP, and queries under the default policy, which refuses the run alike.
 
 Every family's queries also carry adversarial run configs (keys at their allowed extremes and past them),
 refused or answered alike. A sample outside a 001 party's or a 004 agent's domain is kept as a zero row
@@ -47,6 +49,7 @@ input tried."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import math
 import os
@@ -372,6 +375,9 @@ RUN_EXTREMES: dict[str, list[dict[str, Any]]] = {
                 {"sharing.x-bound": 1e308}, {"sharing.x-bound": 5e-324}, {"sharing.delta": 1e-300},
                 {"sharing.noise": "paper"}, {"sharing.parties": "2,0"}, {"sharing.parties": "1" + ",1" * 99},
                 {"sharing.l2": 1e308}, {"sharing.rho": 1e308}],
+    "linadmm": [{"linadmm.rounds": 0}, {"linadmm.rounds": 2**62}, {"linadmm.eta": 1e308},
+                {"linadmm.grad-bound": 5e-324}, {"linadmm.target-epsilon": float("inf")},
+                {"linadmm.num-agents": 1}],
     "decentral": [{"decentral.rounds": 1}, {"decentral.rounds": 0}, {"decentral.samples": 19},
                   {"decentral.sensitivity": 1e-300}, {"decentral.sensitivity": 1e300},
                   {"decentral.noise": "none"}, {"decentral.secagg-range": 5e-324},
@@ -604,6 +610,70 @@ def test_004_agents_answer_alike(decentral_nodes: dict[str, Node]) -> None:
     (a noisy iterate beyond secagg-range clamped, never refused)."""
     assert fuzz(decentral_nodes, decentral_cases(FUZZ_CASES, 0), DECENTRAL_RUN) == []
     assert fuzz(decentral_nodes, decentral_sums(FUZZ_CASES, 0), DECENTRAL_RUN) == []
+
+
+# ------------------------------------------------------------------------------------------ DP-ADMM (002)
+LINADMM_RUN = {"algorithm": "dp-admm", "linadmm.num-agents": 4, "linadmm.rounds": T, "linadmm.eta": 0.05}
+A9A_FEATURES = 123
+
+
+def _a9a_folder(source: Path, folder: Path, first: str | None) -> Path:
+    """A copy of a9a's two files in ``folder`` (uncompressed), the first training row now ``first``."""
+    folder.mkdir(parents=True)
+    for name in ("a9a", "a9a.t"):
+        with gzip.open(source / f"{name}.gz", "rt") if (source / f"{name}.gz").exists() \
+                else open(source / name) as f:
+            lines = f.read().splitlines()
+        if name == "a9a" and first is not None:
+            lines[0] = first
+        (folder / name).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def linadmm_nodes(tmp_path_factory: pytest.TempPathFactory, binary_dir: Path) -> dict[str, Node]:
+    """Client 0 of DP-ADMM, which reads its rows of the configured data set (the run config's data-dir,
+    here a copy per node), with one row replaced: by another row, by one whose entries overflow its norm
+    (a zero row once scaled), by an all-ones row. Its operator allows central DP, so the exact sums leave."""
+    root = tmp_path_factory.mktemp("linadmm")
+    rows = {"D": None, "replaced": "+1 3:1 11:1 14:1 19:1 39:1 42:1 55:1 64:1 67:1 73:1 75:1 76:1 80:1 83:1",
+            "replaced-huge": "-1 1:1e300 2:1e300", "replaced-ones": "+1 " + " ".join(
+                f"{j}:1" for j in range(1, A9A_FEATURES + 1))}
+    return {name: Node(root / name / "node", {"x": np.zeros((1, 1)), "y": np.zeros(1)},
+                       POLICY + "allow-central-dp = true\n",
+                       run={"linadmm.data-dir": str(_a9a_folder(binary_dir / "a9a", root / name / "a9a",
+                                                                row))},
+                       **{"num-partitions": LINADMM_RUN["linadmm.num-agents"]})
+            for name, row in rows.items()}
+
+
+def linadmm_cases(count: int, seed: int) -> Iterator[Case]:
+    """DP-ADMM's train messages: the point x of each iteration, the 2**40 edges first, then random draws
+    with a fault of form."""
+    rng = np.random.default_rng(seed)
+    for case in range(count):
+        arrays = {wire.POINT_KEY: np.zeros(A9A_FEATURES)}
+        config: dict[str, Any] = {"partition-id": 0, "server-round": 1 + case,
+                                  wire.IDENTITY_KEY: f"fuzz-linadmm-{seed}"}
+        fault = 0
+        if case < 2:
+            arrays[wire.POINT_KEY][:] = (-1) ** case * 2.0**40
+        else:
+            spoiled(rng, arrays)
+            fault = faulted(rng, arrays, config, T)
+        yield f"linadmm-{case}-fault-{fault}", [train_message(arrays, config)], {}
+
+
+def test_dp_admm_clients_answer_alike(linadmm_nodes: dict[str, Node]) -> None:
+    """DP-ADMM sends exact clipped gradient sums to a server its operator trusts (central DP): the values
+    differ by design, but whether and what the client answers (answered, refused or failed, its text,
+    shapes and metrics) does not, for any point the server sends; and by default the device refuses the run
+    at its query, alike on every node."""
+    assert fuzz(linadmm_nodes, linadmm_cases(FUZZ_CASES, 0), LINADMM_RUN) == []
+    default = {name: Node(node.state.parent.parent / "default", {"x": np.zeros((1, 1)), "y": np.zeros(1)},
+                          POLICY, run=node.run, **{"num-partitions": 4})
+               for name, node in linadmm_nodes.items()}
+    assert fuzz(default, query_cases(FUZZ_CASES, 0, "linadmm"), LINADMM_RUN) == []
 
 
 def test_releases_stay_within_the_stated_sensitivity(iadmm_nodes: dict[str, Node],
