@@ -93,7 +93,7 @@ def test_epsilon_is_monotone_in_each_parameter() -> None:
     assert baselines.dpfedavg_epsilon(4.0, 5, DELTA) < baselines.dpfedavg_epsilon(4.0, 10, DELTA)
 
 
-@pytest.mark.parametrize("target", [1.0, 8.0])
+@pytest.mark.parametrize("target", [pytest.param(1.0, marks=pytest.mark.slow), 8.0])  # 5 s each
 def test_calibrated_noise_meets_the_target(target: float) -> None:
     """The calibrated multiplier's epsilon is at most the target and within 3% of it (the PLD
     accountant's coarser calibration grid is the slack), for both baselines."""

@@ -368,6 +368,7 @@ def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert err.startswith("dpadmm: error:") and message in err, (argv, err)
 
 
+@pytest.mark.slow  # 7 s: a real SuperLink's start
 def test_cli_execs_a_real_secure_superlink(tmp_path: Path, flwr_env: dict[str, str]) -> None:
     """`deploy superlink` becomes flower-superlink (same pid), serves our certificate, and `flwr` reaches it.
 

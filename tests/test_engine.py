@@ -21,7 +21,7 @@ from dpadmm.runs.results import read_metrics
 REFERENCE = {"objp": (0.2296, 6.652e-3), "outp": (0.3123, 0.1163)}
 
 
-@pytest.mark.parametrize("algorithm", ["objp", "outp"])
+@pytest.mark.parametrize("algorithm", ["objp", pytest.param("outp", marks=pytest.mark.slow)])  # 4 s each
 def test_reference_facts_on_mnist(algorithm: str, mnist_dir: Path) -> None:
     """The reference code evaluates, at iteration 41, the w that ObjP's iteration 41 sent (computed before
     its replies: our model after round 40) and the w that OutP computed after its replies (our model after

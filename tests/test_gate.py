@@ -37,8 +37,9 @@ is refused.
 Sizes: the not-slow set runs FUZZ_CASES (6) train cases per family and kind (DP-IADMM train, sharing
 train, 004 plain and sum), 6 queries per family, 3 sharing evaluate sequences, and the sensitivity check on
 6 + 6 + 8 cases; the slow test 200 train cases per family and kind (400 for DP-IADMM), 12 evaluate sequences,
-40 queries per family. Neighbour kinds: DP-IADMM 7 (removed, added x5, replaced), sharing 6 replaced,
-004 6 replaced.
+40 queries per family; DP-ADMM's 6 train cases and 6 queries run in the full suite only (its nodes read four
+copies of a9a). Neighbour kinds: DP-IADMM 7 (removed, added x5, replaced), sharing 6 replaced, 004 6
+replaced, DP-ADMM 3 replaced.
 
 Mutants caught (each test_the_fuzzer_catches_each_fix_undone): DP-IADMM's gate and total clipping, its
 release clamp, its rows dropped (by what the server sees); sharing's x-step held to its ball (by the
@@ -664,6 +665,7 @@ def linadmm_cases(count: int, seed: int) -> Iterator[Case]:
         yield f"linadmm-{case}-fault-{fault}", [train_message(arrays, config)], {}
 
 
+@pytest.mark.slow  # 7 s: four copies of a9a read
 def test_dp_admm_clients_answer_alike(linadmm_nodes: dict[str, Node]) -> None:
     """DP-ADMM sends exact clipped gradient sums to a server its operator trusts (central DP): the values
     differ by design, but whether and what the client answers (answered, refused or failed, its text,

@@ -40,6 +40,7 @@ def test_noise_for_one_sample_is_caught() -> None:
     assert result.exceeded, result.line()
 
 
+@pytest.mark.slow  # 4 s
 def test_an_unbounded_x_step_is_caught() -> None:
     """The x-step without its ball ||x_m|| <= b, on which the sensitivity rests."""
     def unbounded(parties, pulled, own, y, config, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
