@@ -21,7 +21,7 @@ the node releases anything, and the device:
   node's data, its planned rounds. A second configuration under one run identity, changed data under a
   reused identity, and a round beyond the run's rounds are refused. A request repeated exactly costs nothing
   more: its draws are fixed by (node secret, run identity, round), so the repeat is the same release. A run
-  identity the device would not store (empty, over 64 characters, or not of [0-9A-Za-z_.-]) is refused
+  identity the device would not store (empty, over 64 characters, or not of ``[0-9A-Za-z_.-]``) is refused
   before anything is written (:func:`check_run_identity`).
 
 The budget is written and fsynced before the release leaves the device. A missing or damaged budget file
@@ -460,7 +460,7 @@ def agent_lock(directory: Path, agent: int) -> Iterator[None]:
 
 def check_run_identity(run: str) -> None:
     """Refuse a run identity the device would not store, before anything is written: empty, longer than
-    :data:`IDENTITY_LIMIT` characters, or holding characters outside [0-9A-Za-z_.-]. The identity is kept
+    :data:`IDENTITY_LIMIT` characters, or holding characters outside ``[0-9A-Za-z_.-]``. The identity is kept
     in the budget and answered files and printed by ``dpadmm node status``, so a server must neither grow
     those files at will (100 identities of 1 MB made a 100 MiB budget, read at every admission) nor put
     control characters in them. The refusal names the rule and the identity's length, never its value."""
