@@ -57,6 +57,8 @@ def timed_rounds(rounds: int, step: Callable[[int], None], evaluate: Callable[[i
             for t in range(1, rounds + 1):
                 started = time.perf_counter()
                 step(t)
+                for writer in writers:  # round t released: a stop from here on states what it spent
+                    writer.completed = t
                 if cuda:  # the clock must see the kernels finish
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
@@ -67,8 +69,6 @@ def timed_rounds(rounds: int, step: Callable[[int], None], evaluate: Callable[[i
                         records[i].append(metrics)
                         if writers:
                             writers[i].record(metrics)
-                for writer in writers:
-                    writer.completed = t
                 if bar is not None:
                     bar.update(1)
     finally:
