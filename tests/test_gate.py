@@ -696,16 +696,23 @@ def test_releases_stay_within_the_stated_sensitivity(iadmm_nodes: dict[str, Node
 
 
 @pytest.mark.slow
-def test_a_long_fuzz_finds_no_difference(iadmm_nodes: dict[str, Node], sharing_nodes: dict[str, Node],
-                                         decentral_nodes: dict[str, Node]) -> None:
+def test_a_long_fuzz_finds_no_difference_in_dpiadmm(iadmm_nodes: dict[str, Node]) -> None:
     assert fuzz(iadmm_nodes, iadmm_cases(400, 1), RUN | {"iadmm.seed": 1}) == []
+    assert fuzz(iadmm_nodes, query_cases(40, 1, "iadmm"), RUN) == []
+
+
+@pytest.mark.slow
+def test_a_long_fuzz_finds_no_difference_in_sharing(sharing_nodes: dict[str, Node]) -> None:
     assert fuzz(sharing_nodes, sharing_cases(200, 1), SHARING_RUN | {"sharing.seed": 1}) == []
     assert fuzz(sharing_nodes, sharing_evaluations(12, 1), SHARING_RUN) == []
+    assert fuzz(sharing_nodes, query_cases(40, 1, "sharing"), SHARING_RUN) == []
+
+
+@pytest.mark.slow
+def test_a_long_fuzz_finds_no_difference_in_004(decentral_nodes: dict[str, Node]) -> None:
     assert fuzz(decentral_nodes, decentral_cases(200, 1), DECENTRAL_RUN) == []
     assert fuzz(decentral_nodes, decentral_sums(200, 1), DECENTRAL_RUN) == []
-    for nodes, run, family in ((iadmm_nodes, RUN, "iadmm"), (sharing_nodes, SHARING_RUN, "sharing"),
-                               (decentral_nodes, DECENTRAL_RUN, "decentral")):
-        assert fuzz(nodes, query_cases(40, 1, family), run) == [], family
+    assert fuzz(decentral_nodes, query_cases(40, 1, "decentral"), DECENTRAL_RUN) == []
 
 
 def test_the_fixed_attacks_are_answered_or_refused_by_the_gate(iadmm_nodes: dict[str, Node]) -> None:
