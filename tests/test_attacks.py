@@ -1,5 +1,5 @@
-"""A malicious server attacks a real deployment through the channels that used to tell it about a device's
-data outside any release; each attack is answered alike on a data set D and its neighbour D'.
+"""A malicious server attacks a real deployment through channels built to tell it about a device's data
+outside any release; each attack is answered alike on a data set D and its neighbour D'.
 
 Not a module of the project: the attacks' target is the device as a whole (clients.gate, the installed
 ClientApp, `dpadmm node serve` under `flwr-supernode`), reached as a server reaches it. A TLS SuperLink with
