@@ -67,6 +67,7 @@ def test_bad_grids_are_named() -> None:
         Grid(rounds=40_000)
 
 
+@pytest.mark.slow  # 5 s
 def test_an_interrupted_grid_resumes_with_the_cells_it_had_not_committed(tmp_path: Path,
                                                                          binary_dir: Path) -> None:
     """Cells are committed one by one: a call that stopped after the first (here: a grid of one figure's

@@ -24,6 +24,7 @@ def test_the_message_stays_below_its_claim() -> None:
     assert result.bound <= result.claim, result.line()
 
 
+@pytest.mark.slow  # 4 s
 def test_the_papers_noise_is_refuted() -> None:
     result = audit(dataclasses.replace(CONFIG, noise="paper"), trials=TRIALS)
     assert result.exceeded, result.line()

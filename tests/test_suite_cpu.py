@@ -29,6 +29,7 @@ def test_a_process_is_named_by_what_it_runs(argv: list[str], kind: str) -> None:
     assert suite_cpu.kind_of("\0".join(argv).encode() + b"\0") == kind
 
 
+@pytest.mark.slow  # 5 s
 def test_a_test_is_charged_the_processes_it_starts(tmp_path: Path) -> None:
     """An inner pytest run whose one test waits on a child that computes 1.5 s: the child's CPU is the test's,
     the worker's own is small; a process of this (outer) pytest computing meanwhile is charged to no test."""
