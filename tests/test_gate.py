@@ -282,6 +282,18 @@ def faulted(rng: np.random.Generator, arrays: dict[str, np.ndarray], config: dic
 
 
 # ------------------------------------------------------------------------------------------ DP-IADMM
+def edged_or_faulted(rng: np.random.Generator, case: int, arrays: dict[str, np.ndarray],
+                     config: dict[str, Any], rounds: int) -> int:
+    """Cases 0 and 1: every entry at +2**40 and -2**40, the gate's edges; later ones :func:`spoiled` with a
+    fault of form (:func:`faulted`). Returns the fault's number (0: none)."""
+    if case < 2:
+        for value in arrays.values():
+            value[...] = (-1) ** case * 2.0**40
+        return 0
+    spoiled(rng, arrays)
+    return faulted(rng, arrays, config, rounds)
+
+
 def _samples(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = ((rng.random((n, J)) > 0.8) * 255).astype(np.uint8)
@@ -527,14 +539,9 @@ def decentral_cases(count: int, seed: int) -> Iterator[Case]:
         arrays = {wire.EXCHANGED_KEY: np.zeros((len(ids), FEATURES))}
         config: dict[str, Any] = {"partition-id": 0, "server-round": 1 + case % 2, wire.NEIGHBOURS_KEY: ids,
                                   wire.IDENTITY_KEY: f"fuzz-decentral-{seed}-{case}"}
-        fault = 0
-        if case < 2:
-            arrays[wire.EXCHANGED_KEY][:] = (-1) ** case * 2.0**40
-        else:
-            spoiled(rng, arrays)
-            fault = faulted(rng, arrays, config, DECENTRAL_RUN["decentral.rounds"])
-            if fault == 8:
-                config[wire.NEIGHBOURS_KEY] = [[0], ids[::-1], [*ids, 3], [0, 0, 0]][int(rng.integers(0, 4))]
+        fault = edged_or_faulted(rng, case, arrays, config, DECENTRAL_RUN["decentral.rounds"])
+        if fault == 8:
+            config[wire.NEIGHBOURS_KEY] = [[0], ids[::-1], [*ids, 3], [0, 0, 0]][int(rng.integers(0, 4))]
         yield f"decentral-{case}-fault-{fault}", [train_message(arrays, config)], {}
 
 
@@ -656,12 +663,7 @@ def linadmm_cases(count: int, seed: int) -> Iterator[Case]:
         arrays = {wire.POINT_KEY: np.zeros(A9A_FEATURES)}
         config: dict[str, Any] = {"partition-id": 0, "server-round": 1 + case,
                                   wire.IDENTITY_KEY: f"fuzz-linadmm-{seed}"}
-        fault = 0
-        if case < 2:
-            arrays[wire.POINT_KEY][:] = (-1) ** case * 2.0**40
-        else:
-            spoiled(rng, arrays)
-            fault = faulted(rng, arrays, config, T)
+        fault = edged_or_faulted(rng, case, arrays, config, T)
         yield f"linadmm-{case}-fault-{fault}", [train_message(arrays, config)], {}
 
 
