@@ -358,7 +358,9 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
 
     ``supernodes`` and ``federation`` (more ``key=value`` items) form ``--federation-config``. Flower gives
     the local SuperLink it starts a fixed 15 s (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``), which a machine busy
-    with other tests can miss before any of the run starts: then the command is run once more.
+    with other tests can miss before any of the run starts; under such load the SuperLink has also been seen
+    to exit before it answered. Either way nothing of the run started: the command is run once more, and a
+    second failure shows the SuperLink's own log.
     """
     command = ["flwr", "run", str(app or shipped_app()), *([superlink] if superlink else []), "--stream",
                "--run-config", run_config]
@@ -370,9 +372,12 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
     for _ in range(2):
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         output = done.stdout + done.stderr
-        if done.returncode == 0 or "Failed to start local SuperLink within" not in output:
+        if done.returncode == 0 or "Failed to start local SuperLink" not in output:
             break
-    assert done.returncode == 0, output[-4000:]
+    if done.returncode != 0 and "Failed to start local SuperLink" in output and "FLWR_HOME" in env:
+        log = Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
+        output += "\n--- the local SuperLink's log:\n" + (log.read_text()[-3000:] if log.exists() else "none")
+    assert done.returncode == 0, output[-6000:]
     return output
 
 

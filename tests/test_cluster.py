@@ -96,8 +96,9 @@ def _ray_env(marker: str) -> dict[str, str]:
     return dict(env, **{MARKER: marker}, RAY_USAGE_STATS_ENABLED="0")
 
 
-def _ray_start(args: list[str], env: dict[str, str]) -> int:
-    """``ray start ARGS`` in a new session; returns the session id, which its daemons keep.
+def _ray_start(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """``ray start ARGS`` in a new session: the session id, which its daemons keep, and what the command
+    printed if it failed ("" if it started).
 
     Worker ports 0: each worker and driver binds a port the kernel picks. ``ray start``'s default pool,
     10002-19999, is one per raylet: two raylets on one machine (this cluster's two, or another test's
@@ -108,8 +109,7 @@ def _ray_start(args: list[str], env: dict[str, str]) -> int:
                                 "--object-store-memory=100000000"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     output, _ = process.communicate(timeout=120)
-    assert process.returncode == 0, output[-3000:]
-    return process.pid
+    return process.pid, "" if process.returncode == 0 else output[-3000:]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -160,16 +160,11 @@ def _stop_cluster(cluster: RayCluster) -> list[int]:
     return _cluster_pids(cluster)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[RayCluster]:
-    """Two Ray nodes of 1 CPU each, started with ``ray start``, for the module's tests (each reads what
-    its own runs left: its ClientApp actors, the nodes its cells ran on); every process stopped at the end."""
-    # Short: Ray's Unix sockets live under the temp dir, and socket paths are limited to 107 bytes.
-    temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
-    marker = temp.name
-    env = _ray_env(marker)
-    gcs, client, dashboard, *agent_ports = free_ports(11)
-    cluster = RayCluster(address=f"{HEAD_IP}:{gcs}", temp_dir=temp, sessions=set(), marker=marker)
+def _start_nodes(cluster: RayCluster, ports: list[int]) -> str:
+    """Start the cluster's head and second node, on 10 free ``ports`` besides the GCS's; what ``ray start``
+    printed if one failed."""
+    env = _ray_env(cluster.marker)
+    client, dashboard, *agent_ports = ports
 
     def node_ports(ports: list[int]) -> list[str]:
         """Ports Ray otherwise takes from fixed defaults (two nodes on one machine would collide)."""
@@ -179,23 +174,51 @@ def ray_cluster() -> Iterator[RayCluster]:
 
     # The head's (minimal) dashboard too: on the fixed 8265 it would clash with the Ray instance of a
     # simulation that a parallel test worker starts meanwhile.
-    try:
-        cluster.sessions.add(_ray_start(["--head", f"--node-ip-address={HEAD_IP}", f"--port={gcs}",
-                                         f"--temp-dir={temp / 'head'}", "--include-dashboard=false",
-                                         f"--dashboard-port={dashboard}",
-                                         f"--ray-client-server-port={client}", *node_ports(agent_ports[:4])],
-                                        env))
-        cluster.sessions.add(_ray_start([f"--address={cluster.address}", f"--node-ip-address={WORKER_IP}",
-                                         f"--temp-dir={temp / 'worker'}", *node_ports(agent_ports[4:])], env))
-        deadline = time.monotonic() + 60
-        while sorted(cluster.query()["nodes"].values()) != [HEAD_IP, WORKER_IP]:
-            assert time.monotonic() < deadline, "the second Ray node did not join the cluster"
-            time.sleep(1)
-        yield cluster
-    finally:
-        left = _stop_cluster(cluster)
-        shutil.rmtree(temp, ignore_errors=True)
-    assert left == [], f"Ray processes of the test's cluster still alive: {left}"
+    session, failure = _ray_start(["--head", f"--node-ip-address={HEAD_IP}",
+                                   f"--port={cluster.address.rsplit(':', 1)[1]}",
+                                   f"--temp-dir={cluster.temp_dir / 'head'}", "--include-dashboard=false",
+                                   f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}",
+                                   *node_ports(agent_ports[:4])], env)
+    cluster.sessions.add(session)
+    if failure:
+        return failure
+    session, failure = _ray_start([f"--address={cluster.address}", f"--node-ip-address={WORKER_IP}",
+                                   f"--temp-dir={cluster.temp_dir / 'worker'}", *node_ports(agent_ports[4:])],
+                                  env)
+    cluster.sessions.add(session)
+    return failure
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    """Two Ray nodes of 1 CPU each, started with ``ray start``, for the module's tests (each reads what
+    its own runs left: its ClientApp actors, the nodes its cells ran on); every process stopped at the end.
+
+    Ray gives a new raylet a fixed 30 s to register with its GCS, which a machine busy with the clusters and
+    simulations of parallel tests can miss ("The current node timed out during startup"): a cluster whose
+    ``ray start`` failed is stopped and started once more, anew.
+    """
+    failures = []
+    for _ in range(2):
+        # Short: Ray's Unix sockets live under the temp dir, and socket paths are limited to 107 bytes.
+        temp = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+        gcs, *ports = free_ports(11)
+        cluster = RayCluster(address=f"{HEAD_IP}:{gcs}", temp_dir=temp, sessions=set(), marker=temp.name)
+        try:
+            failures.append(_start_nodes(cluster, ports))
+            if not failures[-1]:
+                deadline = time.monotonic() + 60
+                while sorted(cluster.query()["nodes"].values()) != [HEAD_IP, WORKER_IP]:
+                    assert time.monotonic() < deadline, "the second Ray node did not join the cluster"
+                    time.sleep(1)
+                yield cluster
+        finally:
+            left = _stop_cluster(cluster)
+            shutil.rmtree(temp, ignore_errors=True)
+        assert left == [], f"Ray processes of the test's cluster still alive: {left}"
+        if not failures[-1]:
+            return
+    pytest.fail("ray start failed twice:\n" + "\n---\n".join(failures))
 
 
 @contextlib.contextmanager
