@@ -1,4 +1,5 @@
-"""dpadmm.decentral.reproduce (`dpadmm reproduce --paper 004`): a small grid on real UCI Adult, resuming."""
+"""dpadmm.decentral.reproduce (`dpadmm reproduce --paper 004`): a small grid on real UCI Adult, resuming.
+(The same numbers on Ray workers and on any thread count: tests/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -89,19 +90,3 @@ def test_an_interrupted_grid_resumes_with_the_cells_it_had_not_committed(tmp_pat
     assert sum(line.endswith("complete, skipped") for line in logged) == 1
     assert sum(line.endswith(": running") for line in logged) == 3
     assert numbers(tmp_path / "part") == numbers(tmp_path / "whole")
-
-
-@pytest.mark.slow  # starts Ray
-def test_the_same_numbers_on_ray_workers(tmp_path: Path, binary_dir: Path) -> None:
-    """One cell of each kind (private with random and fixed weights, Algorithm 2*, noisy DGD, the exact
-    x-step, Algorithm 2, plain DGD) run here with 2 threads and two at a time on local Ray workers with
-    one thread each: equal tables, bit for bit (this family's iterates and metrics do not depend on the
-    thread count)."""
-    data = str(binary_dir / "adult")
-    grid = Grid(out=str(tmp_path / "here"), data_dir=data, figures=("2", "C", "D-1"), seeds=2, rounds=4)
-    run_grid(grid, GridOptions(threads=2, progress=False), log=lambda _: None)
-    logged: list[str] = []
-    run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "ray")}), GridOptions(workers=2, progress=False),
-             log=logged.append)
-    assert any("2 cells at once on a local Ray instance, 1 thread(s) each" in line for line in logged)
-    assert numbers(tmp_path / "here") == numbers(tmp_path / "ray")

@@ -1,5 +1,5 @@
-"""dpadmm.sharing.reproduce (`dpadmm reproduce --paper 001`): a small grid on real a9a, resuming; the same
-numbers on Ray workers; the privacy of a noise level."""
+"""dpadmm.sharing.reproduce (`dpadmm reproduce --paper 001`): a small grid on real a9a, resuming; the privacy
+of a noise level. (The same numbers on Ray workers and on any thread count: tests/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpadmm.privacy.ledger import Release, pld_epsilon
-from dpadmm.runs.grid import CellsFailed, GridOptions, numbers
+from dpadmm.runs.grid import CellsFailed, GridOptions
 from dpadmm.sharing import engine, privacy
 from dpadmm.sharing.reproduce import Grid, best_step, estimate, implied_epsilon, mean_curves, run_grid
 
@@ -85,25 +85,6 @@ def test_a_small_grid_runs_resumes_and_reports(tmp_path: Path, binary_dir: Path,
     assert (out / "curves.csv").read_text() == before
     with pytest.raises(ValueError, match="seeds: 2 there, 3 now"):
         run_grid(Grid(**{**grid.__dict__, "seeds": 3}), QUIET, log=lambda _: None)
-
-
-@pytest.mark.slow  # starts Ray
-def test_the_numbers_are_the_same_on_ray_workers(tmp_path: Path, mnist_dir: Path) -> None:
-    """A tiny grid run here and on two Ray workers (each loading the data set itself) writes the same rows,
-    clocks aside. mnist-4v9 under paper noise is the case that tells: its noise is built from the parties'
-    Gram eigenvectors, which LAPACK computes differently on 1 and 2 threads (rank-deficient blocks,
-    near-equal eigenvalues) unless pinned to one (:func:`dpadmm.sharing.updates.geometry`)."""
-    grid = Grid(data_dir=str(mnist_dir.parent), datasets=("mnist-4v9",), epochs=2, sigmas=(1.0,), eps=(1.0,),
-                seeds=2, rates=(1.0,), rhos=(1.0, 2.0))
-    # here with both cores: the geometry is the same as on the workers' one thread
-    here = run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "here")}),
-                    GridOptions(threads=2, progress=False), log=lambda _: None)
-    logged: list[str] = []
-    on_ray = run_grid(Grid(**{**grid.__dict__, "out": str(tmp_path / "ray")}),
-                      GridOptions(workers=2, threads=1, progress=False), log=logged.append)
-    assert "grid: 2 cells at once on a local Ray instance, 1 thread(s) each" in logged
-    assert sum(line.endswith(": complete") for line in logged) == 6 + 3
-    assert numbers(here) == numbers(on_ray)
 
 
 def test_the_privacy_of_a_noise_level_is_the_composed_gaussian_mechanism() -> None:
