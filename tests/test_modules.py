@@ -11,15 +11,18 @@ from dpadmm.models.modules import (
     MODELS,
     LeafCNN,
     LogisticRegression,
+    SmallCNN,
     build_model,
     initial_parameters,
     logits_of,
     numel,
     tree_map,
 )
+from dpadmm.models.oracles import factorizable_layers
 
 
-@pytest.mark.parametrize(("name", "kind"), [("logistic", LogisticRegression), ("cnn", LeafCNN), ("mlp", MLP)])
+@pytest.mark.parametrize(("name", "kind"), [("logistic", LogisticRegression), ("cnn", LeafCNN),
+                                           ("small-cnn", SmallCNN), ("mlp", MLP)])
 def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
     """Every name of MODELS (the config's allowed values) builds its module for the data set's shape."""
     assert name in MODELS
@@ -29,7 +32,7 @@ def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
 
 
 def test_build_model_names_the_bad_value_and_the_allowed_ones() -> None:
-    allowed = r"model='resnet' is not allowed; choose one of logistic, cnn, mlp, custom"
+    allowed = r"model='resnet' is not allowed; choose one of logistic, cnn, small-cnn, mlp, custom"
     with pytest.raises(ValueError, match=allowed):
         build_model("resnet", 784, 10)
 
@@ -49,10 +52,20 @@ def test_leaf_cnn_is_the_leaf_femnist_network() -> None:
     assert model(torch.rand(2, 784)).shape == (2, 62)
 
 
+def test_small_cnn_is_tramer_and_bonehs_network() -> None:
+    """26,010 parameters for 10 classes (conv 16 8x8 stride 2, conv 32 4x4 stride 2, dense 32), and a
+    factorizable one: every parameter in a Linear or Conv2d layer, so per-sample='factorized' takes it."""
+    model = SmallCNN()
+    assert numel(dict(model.named_parameters())) == 26_010
+    assert set(factorizable_layers(model)) == {"conv1", "conv2", "fc1", "fc2"}
+    assert model(torch.rand(2, 784)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("kind", [LeafCNN, SmallCNN])
 @pytest.mark.parametrize("features", [783, 3 * 32 * 32])
-def test_leaf_cnn_refuses_other_feature_counts(features: int) -> None:
+def test_the_cnns_refuse_other_feature_counts(kind: type[nn.Module], features: int) -> None:
     with pytest.raises(ValueError, match=f"784 features\\); got {features} features"):
-        LeafCNN(features, 62)
+        kind(features, 62)
 
 
 def test_logistic_regression_module_is_x_times_z() -> None:

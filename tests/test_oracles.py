@@ -20,7 +20,7 @@ from dpadmm.iadmm import local, privacy
 from dpadmm.iadmm.config import RunConfig, papers
 from dpadmm.iadmm.local import agent_round
 from dpadmm.models.logistic import AgentData, clip_factors, probabilities
-from dpadmm.models.modules import MLP, LogisticRegression, Params
+from dpadmm.models.modules import MLP, LogisticRegression, Params, SmallCNN
 from dpadmm.models.oracles import poisson_rows
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
@@ -323,19 +323,22 @@ class _TinyConvNet(nn.Module):
         return self.fc(torch.relu(self.conv(x.reshape(-1, 1, 6, 6))).flatten(1))
 
 
-def _image_data(seed: int = 3) -> AgentData:
+def _image_data(seed: int = 3, pixels: int = 36) -> AgentData:
     gen = torch.Generator().manual_seed(seed)
-    xs = [torch.rand(c, 36, generator=gen, dtype=torch.float64) * 2 for c in COUNTS]
+    xs = [torch.rand(c, pixels, generator=gen, dtype=torch.float64) * 2 for c in COUNTS]
     ys = [torch.randint(0, K, (c,), generator=gen) for c in COUNTS]
     return AgentData.from_blocks(xs, ys, num_classes=K, total=TOTAL, agents=range(len(COUNTS)))
 
 
 @pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
-@pytest.mark.parametrize("net", ["mlp", "conv"])
+@pytest.mark.parametrize("net", ["mlp", "conv", "small-cnn"])
 def test_factorized_clipping_equals_the_per_sample_autograd_loop(mechanism: str, net: str) -> None:
     """per-sample='factorized' (norms from layer inputs and output gradients) clips exactly as the
-    explicit loop does, with some samples clipped and some not, also on a minibatch."""
-    data, module = (_data(), MLP(J, K, hidden=HIDDEN)) if net == "mlp" else (_image_data(), _TinyConvNet())
+    explicit loop does, with some samples clipped and some not, also on a minibatch; the built-in small
+    CNN too (strided convolutions, one unpadded, and max-pooling between them)."""
+    data, module = {"mlp": lambda: (_data(), MLP(J, K, hidden=HIDDEN)),
+                    "conv": lambda: (_image_data(), _TinyConvNet()),
+                    "small-cnn": lambda: (_image_data(pixels=784), SmallCNN(784, K))}[net]()
     z = _params(module, data.num_agents)
     clip = 3.0 if mechanism == "laplace" else 1.0
     for batch in (0, 4):

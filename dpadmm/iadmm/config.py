@@ -160,8 +160,10 @@ class RunConfig(keys.Keyed):
     )
     model: str = field(
         default="logistic",
-        metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN), mlp "
-                          "(one hidden layer of 64), or custom (any nn.Module given through the Python API)"},
+        metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN, 6.6 M "
+                          "parameters), small-cnn (Tramer and Boneh's 26k-parameter tanh CNN, sized for DP), "
+                          "mlp (one hidden layer of 64), or custom (any nn.Module given through the Python "
+                          "API)"},
     )
     per_sample: str = field(
         default="vmap",
