@@ -87,7 +87,8 @@ class SmallCNN(nn.Module):
     def __init__(self, num_features: int = 784, num_classes: int = 10):
         super().__init__()
         if num_features != 28 * 28:
-            raise ValueError(f"the small CNN takes 28 x 28 images (784 features); got {num_features} features")
+            raise ValueError(f"the small CNN takes 28 x 28 images (784 features); got {num_features} "
+                             "features")
         self.conv1 = nn.Conv2d(1, 16, kernel_size=8, stride=2, padding=2)
         self.conv2 = nn.Conv2d(16, 32, kernel_size=4, stride=2)
         self.fc1 = nn.Linear(32 * 4 * 4, 32)
