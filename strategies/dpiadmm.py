@@ -236,7 +236,8 @@ class DPIADMM(Strategy):
         sampled = schedules.participants(self.config, server_round)
         self.last_report = RoundReport(round=server_round, sampled=sampled)
         if self.config.algorithm != "outp":
-            self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round))
+            self.w = global_update(self.z, self.lam, schedules.rho_at(self.config, server_round),
+                                   self.config.server_update)
         holders = self.roster.bind(grid)
         self._sent = []
         for p in sampled:
@@ -284,7 +285,7 @@ class DPIADMM(Strategy):
             for name in self.shapes:  # z_chain is z itself when E = 1: the same values either way
                 self.z[name][p], self.z_chain[name][p] = z_p[name], z_last[name]
         if self.config.algorithm == "outp":
-            self.w = global_update(self.z, self.lam, rho_t)
+            self.w = global_update(self.z, self.lam, rho_t, self.config.server_update)
         for p in accepted:
             lam_p = dual_update(_agent(self.lam, p), self.w, _agent(self.z, p), rho_t)
             for name in self.shapes:
@@ -314,7 +315,7 @@ class DPIADMM(Strategy):
         if self.round == 0:
             return _copy(self.w)
         return model_after_round(self.config.algorithm, _copy(self.w), self.z, self.lam,
-                                 schedules.rho_at(self.config, self.round + 1))
+                                 schedules.rho_at(self.config, self.round + 1), self.config.server_update)
 
     def statement(self, total_samples: int | None = None) -> Ledger | None:
         """This run's privacy statement (None for a non-private run): the ledger of one agent under the

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update
+from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
 
 
 def test_global_update_minimises_eq_4a() -> None:
@@ -58,3 +58,18 @@ def test_the_global_model_extrapolates_the_agents_average_whatever_rho(rhos: lis
         z = torch.randn(agents, *shape, generator=gen, dtype=torch.float64)  # any releases
         lam = dual_update(lam, w, z, rho)
         averages.append(z.mean(dim=0))
+
+
+def test_the_mean_server_update_is_the_mean_release_whatever_the_duals() -> None:
+    """server-update=mean: w^{t+1} = zbar^t, the duals and rho aside (FedAvg's server); the model after a
+    round is the same mean; OutP's model stays its own w."""
+    gen = torch.Generator().manual_seed(1)
+    z, lam = (torch.randn(5, 4, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    torch.testing.assert_close(global_update(z, lam, 0.37, "mean"), z.mean(dim=0), rtol=0, atol=0)
+    assert not torch.allclose(global_update(z, lam, 0.37), z.mean(dim=0))
+    modules = {"fc.weight": z, "fc.bias": lam}
+    means = global_update(modules, {k: torch.zeros_like(v) for k, v in modules.items()}, 0.1, "mean")
+    torch.testing.assert_close(means["fc.bias"], lam.mean(dim=0), rtol=0, atol=0)
+    w = z[0].clone()
+    torch.testing.assert_close(model_after_round("objpm", w, z, lam, 0.5, "mean"), z.mean(dim=0))
+    assert model_after_round("outp", w, z, lam, 0.5, "mean") is w

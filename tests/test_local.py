@@ -208,3 +208,21 @@ def test_a_global_local_start_is_the_chain_started_at_w(algorithm: str) -> None:
     assert not torch.equal(restarted.z_sent, agent_round(config, data, w, lam, z, 5).z_sent)
     with pytest.raises(ValueError, match="local-start='global' is not allowed with algorithm='outp'"):
         papers(algorithm="outp", local_start="global")
+
+
+def test_release_last_sends_the_last_iterate_of_the_same_steps() -> None:
+    """release=last: the same E noisy steps as the papers' round, which sends their average; the last
+    iterate is sent instead, and the chain goes on from it either way. OutP, one step, refuses the key."""
+    config = papers(epsilon=0.3, local_steps=3, num_agents=4, seed=3)
+    data = _data()
+    w, lam, z = _state(4, 2)
+    average = agent_round(config, data, w, lam, z, 5)
+    last = agent_round(dataclasses.replace(config, release="last"), data, w, lam, z, 5)
+    torch.testing.assert_close(last.z_last, average.z_last, rtol=0, atol=0)
+    torch.testing.assert_close(last.z_sent, average.z_last, rtol=0, atol=0)
+    assert not torch.allclose(average.z_sent, average.z_last)
+    assert last.z_sent.data_ptr() != last.z_last.data_ptr()  # a copy: the next step may change the chain
+    for key, value in (("release", "last"), ("server_update", "mean")):
+        name = key.replace("_", "-")
+        with pytest.raises(ValueError, match=f"{name}='{value}' is not allowed with algorithm='outp'"):
+            papers(algorithm="outp", **{key: value})

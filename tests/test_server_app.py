@@ -162,13 +162,19 @@ def test_flower_simulation_equals_the_engine(algorithm: str, partition: str, flw
         assert ours["test-error"] == theirs["test-error"]
 
 
-@pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
-def test_a_network_through_flower_equals_the_engine(mechanism: str, flwr_env: dict[str, str],
-                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mechanism", "keys"), [
+    ("laplace", {}),
+    ("gaussian", {"local_start": "global", "release": "last", "server_update": "mean"}),
+])
+def test_a_network_through_flower_equals_the_engine(mechanism: str, keys: dict[str, str],
+                                                   flwr_env: dict[str, str], tmp_path: Path) -> None:
     """model=mlp: dicts of parameter tensors on the wire, per-sample clipping and minibatches in the
-    ClientApps; every round's parameters equal the engine's (which vmaps the agents)."""
+    ClientApps; every round's parameters equal the engine's (which vmaps the agents). The papers' round,
+    and FedAvg's shape of it: local steps from w, the last iterate sent, the mean release as the server's
+    w."""
     config = papers(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
-                       local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True)
+                    local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True,
+                    **keys)
     flwr_run(flwr_env, run_config_of(config), supernodes=4)
     flower_w = np.load(tmp_path / "flower" / "weights.npz")
     assert all(r["replies"] == 4 and r["rejected"] == 0 for r in read_metrics(tmp_path / "flower"))

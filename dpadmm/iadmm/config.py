@@ -36,6 +36,8 @@ MECHANISMS = ("laplace", "gaussian")
 PER_SAMPLE = ("vmap", "factorized")
 TRUST_RADII = ("paper", "reference")
 LOCAL_STARTS = ("chain", "global")
+RELEASES = ("average", "last")
+SERVER_UPDATES = ("admm", "mean")
 
 # eq. (24) of 003: (c1, c2, Tc) per data set.
 RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
@@ -190,6 +192,19 @@ class RunConfig(keys.Keyed):
                           "16 of 003 Algorithm 1) or global (the round's w^{t+1}, as FedAvg restarts every "
                           "client; not in the papers; the start is public, so the privacy is unchanged)"},
     )
+    release: str = field(
+        default="average",
+        metadata={"help": "what an agent sends after its E local steps: average (the mean of the E iterates, "
+                          "line 21 of 003 Algorithm 1) or last (the last iterate, as FedAvg's clients send); "
+                          "both are functions of the noisy steps, so the privacy is unchanged"},
+    )
+    server_update: str = field(
+        default="admm",
+        metadata={"help": "the server's w: admm (eq. (4a) of 003, the mean of z_p - lambda_p / rho, which at "
+                          "a constant rho extrapolates the mean release, 2 zbar^t - zbar^(t-1)) or mean (the "
+                          "mean release zbar^t, as FedAvg's server; the duals then act in the local steps "
+                          "only); post-processing of the releases either way"},
+    )
     sampling_rate: float = field(
         default=0.2,
         metadata={"help": "Poisson rate q: each local step takes each sample independently with "
@@ -245,6 +260,13 @@ class RunConfig(keys.Keyed):
         allowed("per-sample", self.per_sample, PER_SAMPLE)
         allowed("trust-radius", self.trust_radius, TRUST_RADII)
         allowed("local-start", self.local_start, LOCAL_STARTS)
+        allowed("release", self.release, RELEASES)
+        allowed("server-update", self.server_update, SERVER_UPDATES)
+        for name, value, papers_value in (("release", self.release, "average"),
+                                          ("server-update", self.server_update, "admm")):
+            if value != papers_value and self.algorithm == "outp":
+                raise ValueError(f"{name}={value!r} is not allowed with algorithm='outp', whose round is "
+                                 f"Huang et al.'s one step and output noise; leave {name}={papers_value!r}")
         if self.local_start != "chain" and self.algorithm == "outp":
             raise ValueError(f"local-start={self.local_start!r} is not allowed with algorithm='outp', whose "
                              "one step starts from its last output; leave it 'chain'")

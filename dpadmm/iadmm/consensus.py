@@ -19,8 +19,9 @@ from dpadmm.models.modules import Params, fixed_sum, tree_map
 Tree = torch.Tensor | Params
 
 
-def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
-    """w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t): the minimiser of eq. (4a), line 5 of 003.
+def global_update(z: Tree, lam: Tree, rho: float, update: str = "admm") -> Tree:
+    """w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t): the minimiser of eq. (4a), line 5 of 003; or with
+    ``update="mean"`` the mean release zbar^t, as FedAvg's server forms it.
 
     z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs); or dicts of
     [P, ...] -> [...].
@@ -30,29 +31,35 @@ def global_update(z: Tree, lam: Tree, rho: float) -> Tree:
     so w^{t+1} = zbar^t + (rho^t / rho^{t+1}) (zbar^t - zbar^{t-1}): with a constant rho of any size the
     server extrapolates the average, 2 zbar^t - zbar^{t-1}, which FedAvg's server does not. In the agents'
     steps (eq. (8)) lambda_p enters as it is, so there the dual's pull scales with rho; here it enters
-    divided by rho.
+    divided by rho. Under noise the extrapolation costs: the noise of two rounds' releases enters w with
+    weights 2 and -1, five times the variance of zbar^t's. ``mean`` drops it (the duals still act in the
+    local steps); both are post-processing of the releases.
     """
     agent_dim = 0 if isinstance(z, Mapping) else -3
+    if update == "mean":
+        return tree_map(lambda z_: z_.mean(dim=agent_dim), z)
     # mean(z) - mean(lam) / rho: no [P, ...] temporaries (for a network, each is P copies of the model)
     return tree_map(lambda z_, lam_: z_.mean(dim=agent_dim).sub_(lam_.mean(dim=agent_dim), alpha=1.0 / rho),
                     z, lam)
 
 
-def model_after_round(algorithm: str, w: Tree, z: Tree, lam: Tree, rho_next: float) -> Tree:
+def model_after_round(algorithm: str, w: Tree, z: Tree, lam: Tree, rho_next: float,
+                      update: str = "admm") -> Tree:
     """The model after a round's replies: what round t's metrics evaluate and a run returns after round T.
 
     Flower's convention (``evaluate_fn(t, arrays)`` receives the model after round t) rather than the model
     round t sent. For the objective-perturbation family it is the w-update that round t + 1 would start
-    with (line 5 of 003's Algorithm 1, eq. (4a) with rho^{t+1}), computed from round t's releases z_p and
-    the duals they determine: post-processing, free of privacy cost, so the last round's releases are
-    used too. OutP (Huang et al.'s order) computes its w after the agents' replies already: ``w`` itself.
+    with (line 5 of 003's Algorithm 1, eq. (4a) with rho^{t+1}, or the server's ``update``), computed from
+    round t's releases z_p and the duals they determine: post-processing, free of privacy cost, so the last
+    round's releases are used too. OutP (Huang et al.'s order) computes its w after the agents' replies
+    already: ``w`` itself.
 
     The authors' reference code evaluates the model each round sent instead (the w of line 5, before that
     round's releases); after thousands of rounds the two differ by one round's step.
     """
     if algorithm == "outp":
         return w
-    return global_update(z, lam, rho_next)
+    return global_update(z, lam, rho_next, update)
 
 
 def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:

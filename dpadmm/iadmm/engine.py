@@ -59,7 +59,8 @@ class EngineState:
     def model(self, config: RunConfig, t: int) -> Tree:
         """The model after round t's replies ([(S,) J, K] or a module's dict):
         :func:`dpadmm.iadmm.consensus.model_after_round`."""
-        return model_after_round(config.algorithm, self.w, self.z, self.lam, schedules.rho_at(config, t + 1))
+        return model_after_round(config.algorithm, self.w, self.z, self.lam, schedules.rho_at(config, t + 1),
+                                 config.server_update)
 
     def run(self, s: int) -> EngineState:
         """Run s of a batched state (a module's state holds one run: itself)."""
@@ -253,9 +254,9 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     if config.algorithm == "outp":
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds, randomness=randomness)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
-        state.w = global_update(z, state.lam, rho_t)
+        state.w = global_update(z, state.lam, rho_t, config.server_update)
     else:
-        state.w = global_update(state.z, state.lam, rho_t)
+        state.w = global_update(state.z, state.lam, rho_t, config.server_update)
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds, randomness=randomness)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
     state.lam = _where(active, dual_update(state.lam, state.w, z, rho_t), state.lam)
@@ -276,7 +277,7 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
     place one after the other; chunks bound the temporaries (gradients, noise, E iterates)
     to about ``AGENT_CHUNK_BUDGET`` elements each.
     """
-    state.w = global_update(state.z, state.lam, rho_t)
+    state.w = global_update(state.z, state.lam, rho_t, config.server_update)
     agents = None if active is None else active.nonzero().flatten().to(data.x.device)
     count = config.num_agents if agents is None else agents.numel()
     chunk = max(1, AGENT_CHUNK_BUDGET // numel(state.w))

@@ -141,9 +141,9 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     from w^{t+1}, as FedAvg restarts every client from the global model), take E steps of eq. (8)
     (or 000's trust-region eq. (9) for objt), each with fresh noise of scale Delta / eps
     (eq. (9a); Laplace, or Gaussian with ``mechanism="gaussian"``), and release the average
-    of the E iterates. The oracle gives g and Delta / eps: the papers' logistic regression
-    (Delta = 2C/I when clipped, else the data-dependent eq. (9b)) or any module (clipped).
-    The steps apply per parameter tensor; they are elementwise. With deployment ``randomness`` the
+    of the E iterates (``release="last"``: the last one). The oracle gives g and Delta / eps: the
+    papers' logistic regression (Delta = 2C/I when clipped, else the data-dependent eq. (9b)) or any module
+    (clipped). The steps apply per parameter tensor; they are elementwise. With deployment ``randomness`` the
     step's noisy gradient is the grid release of g (the same mechanism, sampled so that its floating-point
     output depends on g only through g's rounding to the grid) and xi = 0.
     """
@@ -177,7 +177,9 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
             magnitude = magnitude + _mean_abs(xi)
         z = tree_map(step, z, w, lam, g, xi)
         total = tree_map(torch.Tensor.add_, total, z)
-    z_sent = tree_map(lambda v: v.div_(steps), total)
+    # Line 21: the average of the E iterates; release=last sends the last one (a copy: the chain goes on)
+    z_sent = (tree_map(lambda v: v.div_(steps), total) if config.release == "average"
+              else tree_map(torch.clone, z))
     return LocalResult(z_sent=z_sent, z_last=z, noise_magnitude=magnitude / steps)
 
 
