@@ -30,7 +30,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from dpadmm import wire
 from dpadmm.iadmm import privacy, schedules
 from dpadmm.iadmm.config import RunConfig
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
+from dpadmm.iadmm.consensus import (
+    consensus_violation,
+    dual_reference,
+    dual_update,
+    global_update,
+    model_after_round,
+)
 from dpadmm.iadmm.federation import DTYPES
 from dpadmm.models.modules import Params
 from dpadmm.privacy.ledger import Ledger
@@ -286,8 +292,9 @@ class DPIADMM(Strategy):
                 self.z[name][p], self.z_chain[name][p] = z_p[name], z_last[name]
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t, self.config.server_update)
+        reference = dual_reference(self.config.server_update, self.w, self.z)
         for p in accepted:
-            lam_p = dual_update(_agent(self.lam, p), self.w, _agent(self.z, p), rho_t)
+            lam_p = dual_update(_agent(self.lam, p), reference, _agent(self.z, p), rho_t)
             for name in self.shapes:
                 self.lam[name][p] = lam_p[name]
         self.round = server_round

@@ -7,7 +7,13 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
+from dpadmm.iadmm.consensus import (
+    consensus_violation,
+    dual_reference,
+    dual_update,
+    global_update,
+    model_after_round,
+)
 
 
 def test_global_update_minimises_eq_4a() -> None:
@@ -73,3 +79,22 @@ def test_the_mean_server_update_is_the_mean_release_whatever_the_duals() -> None
     w = z[0].clone()
     torch.testing.assert_close(model_after_round("objpm", w, z, lam, 0.5, "mean"), z.mean(dim=0))
     assert model_after_round("outp", w, z, lam, 0.5, "mean") is w
+
+
+def test_in_consensus_admms_order_the_duals_sum_to_zero_and_w_is_the_mean_release() -> None:
+    """server-update=mean: duals updated against the mean of the releases they answer sum to zero over the
+    agents, so eq. (4a) itself gives the mean release (no extrapolation), round after round; 003's order
+    (against the w the round sent) leaves them a nonzero mean."""
+    gen = torch.Generator().manual_seed(2)
+    agents, shape, rho = 5, (4, 3), 0.37
+    lam = torch.zeros(agents, *shape, dtype=torch.float64)
+    z = torch.zeros(agents, *shape, dtype=torch.float64)
+    for _ in range(4):
+        w = global_update(z, lam, rho, "mean")
+        torch.testing.assert_close(w, global_update(z, lam, rho), rtol=1e-12, atol=1e-12)  # (4a) agrees
+        z = torch.randn(agents, *shape, generator=gen, dtype=torch.float64)
+        lam = dual_update(lam, dual_reference("mean", w, z), z, rho)
+        assert lam.sum(dim=0).abs().max() < 1e-12
+    assert dual_reference("admm", w, z) is w
+    papers_order = dual_update(torch.zeros_like(z), w, z, rho)
+    assert papers_order.sum(dim=0).abs().max() > 0.1

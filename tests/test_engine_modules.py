@@ -40,7 +40,9 @@ def small() -> Dataset:
     {"algorithm": "objpm", "local_steps": 2, "mechanism": "gaussian"},
     {"algorithm": "objpm", "local_steps": 2, "fraction_train": 0.5},
     {"algorithm": "iadmm", "local_steps": 2},
-], ids=["objpm", "objt", "gaussian", "fraction-train", "iadmm"])
+    {"algorithm": "objpm", "local_steps": 2, "mechanism": "gaussian", "local_start": "global",
+     "release": "last", "server_update": "mean", "fraction_train": 0.5},
+], ids=["objpm", "objt", "gaussian", "fraction-train", "iadmm", "fedavg-shaped"])
 def test_logistic_regression_module_equals_the_fast_path(values: dict, small: Dataset) -> None:
     """The generic path (torch.func per-sample gradients, clipping by their norm, the noise drawn as one
     flat vector per agent) reproduces the closed-form one: the same w after 5 rounds, float64."""
@@ -57,9 +59,13 @@ def test_logistic_regression_module_equals_the_fast_path(values: dict, small: Da
             assert ours[key] == pytest.approx(theirs[key], rel=1e-10, abs=1e-14), key
 
 
-def test_the_loop_over_agents_equals_vmap_for_an_mlp(small: Dataset, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vectorize=False (one agent after the other) and agent chunks of 3 give vmap's numbers."""
-    config = papers(algorithm="objpm", local_steps=2, epsilon=1.0, rounds=2, model="mlp", clip_norm=5.0)
+@pytest.mark.parametrize("server_update", ["admm", "mean"])
+def test_the_loop_over_agents_equals_vmap_for_an_mlp(server_update: str, small: Dataset,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """vectorize=False (one agent after the other) and agent chunks of 3 give vmap's numbers (with
+    server-update=mean the duals wait for the last chunk: they are updated against every agent's release)."""
+    config = papers(algorithm="objpm", local_steps=2, epsilon=1.0, rounds=2, model="mlp", clip_norm=5.0,
+                    server_update=server_update)
     batched = engine.run(config, dataset=small, write=False, progress=False)
     looped = engine.run(config, dataset=small, write=False, progress=False, vectorize=False)
     size = sum(v.numel() for v in batched.state.w.values())

@@ -200,10 +200,11 @@ class RunConfig(keys.Keyed):
     )
     server_update: str = field(
         default="admm",
-        metadata={"help": "the server's w: admm (eq. (4a) of 003, the mean of z_p - lambda_p / rho, which at "
-                          "a constant rho extrapolates the mean release, 2 zbar^t - zbar^(t-1)) or mean (the "
-                          "mean release zbar^t, as FedAvg's server; the duals then act in the local steps "
-                          "only); post-processing of the releases either way"},
+        metadata={"help": "the server's w and the duals' order: admm (003: eq. (4a), then the duals against "
+                          "the w the round sent, which at a constant rho extrapolates the mean release, 2 "
+                          "zbar^t - zbar^(t-1)) or mean (consensus ADMM's order: w is the mean release and "
+                          "the duals are updated against it, so they sum to zero and correct each agent's "
+                          "drift only); post-processing of the releases either way"},
     )
     sampling_rate: float = field(
         default=0.2,

@@ -19,9 +19,15 @@ from dpadmm.models.modules import Params, fixed_sum, tree_map
 Tree = torch.Tensor | Params
 
 
+def mean_release(z: Tree) -> Tree:
+    """zbar = (1/P) sum_p z_p: [(S,) P, J, K] -> [(S,) J, K], or dicts of [P, ...] -> [...]."""
+    agent_dim = 0 if isinstance(z, Mapping) else -3
+    return tree_map(lambda z_: z_.mean(dim=agent_dim), z)
+
+
 def global_update(z: Tree, lam: Tree, rho: float, update: str = "admm") -> Tree:
     """w^{t+1} = (1/P) sum_p (z_p^t - lambda_p^t / rho^t): the minimiser of eq. (4a), line 5 of 003; or with
-    ``update="mean"`` the mean release zbar^t, as FedAvg's server forms it.
+    ``update="mean"`` the mean release zbar^t (:func:`dual_reference` says why the two agree there).
 
     z, lam: [(S,) P, J, K] -> w: [(S,) J, K] (S: a batch of independent runs); or dicts of
     [P, ...] -> [...].
@@ -32,12 +38,11 @@ def global_update(z: Tree, lam: Tree, rho: float, update: str = "admm") -> Tree:
     server extrapolates the average, 2 zbar^t - zbar^{t-1}, which FedAvg's server does not. In the agents'
     steps (eq. (8)) lambda_p enters as it is, so there the dual's pull scales with rho; here it enters
     divided by rho. Under noise the extrapolation costs: the noise of two rounds' releases enters w with
-    weights 2 and -1, five times the variance of zbar^t's. ``mean`` drops it (the duals still act in the
-    local steps); both are post-processing of the releases.
+    weights 2 and -1, five times the variance of zbar^t's. Both are post-processing of the releases.
     """
-    agent_dim = 0 if isinstance(z, Mapping) else -3
     if update == "mean":
-        return tree_map(lambda z_: z_.mean(dim=agent_dim), z)
+        return mean_release(z)
+    agent_dim = 0 if isinstance(z, Mapping) else -3
     # mean(z) - mean(lam) / rho: no [P, ...] temporaries (for a network, each is P copies of the model)
     return tree_map(lambda z_, lam_: z_.mean(dim=agent_dim).sub_(lam_.mean(dim=agent_dim), alpha=1.0 / rho),
                     z, lam)
@@ -60,6 +65,22 @@ def model_after_round(algorithm: str, w: Tree, z: Tree, lam: Tree, rho_next: flo
     if algorithm == "outp":
         return w
     return global_update(z, lam, rho_next, update)
+
+
+def dual_reference(update: str, w: Tree, z: Tree) -> Tree:
+    """The w that eq. (4c) updates the duals against after a round: ``admm``, 003's order, the w the round
+    sent; ``mean``, the mean zbar of the releases z it received, which is the next round's w (the order of
+    consensus ADMM in Boyd et al., "Distributed Optimization and Statistical Learning via the Alternating
+    Direction Method of Multipliers", Foundations and Trends in Machine Learning, 2011, Section 7.1: local
+    steps, then the mean, then the duals).
+
+    In 003's order the mean dual is rho^t (zbar^{t-1} - zbar^t) (:func:`global_update`), and in the local
+    steps (eq. (8), where lambda_p enters as it is) it pulls every agent back along the last round's progress,
+    by eta rho of it per step, while eq. (4a)'s extrapolation makes up for it at the server. Against the mean
+    the duals sum to zero over the agents that replied (all of them under full participation): eq. (4a) is
+    then zbar itself, and the duals only correct each agent's drift from the mean.
+    """
+    return w if update == "admm" else mean_release(z)
 
 
 def dual_update(lam: Tree, w: Tree, z: Tree, rho: float) -> Tree:

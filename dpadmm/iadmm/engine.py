@@ -27,7 +27,14 @@ from torch import nn
 from dpadmm.data import Dataset
 from dpadmm.iadmm import privacy, schedules
 from dpadmm.iadmm.config import RunConfig, papers
-from dpadmm.iadmm.consensus import consensus_violation, dual_update, global_update, model_after_round
+from dpadmm.iadmm.consensus import (
+    consensus_violation,
+    dual_reference,
+    dual_update,
+    global_update,
+    mean_release,
+    model_after_round,
+)
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.iadmm.local import Tree, agent_round
 from dpadmm.models.logistic import AgentData
@@ -259,7 +266,8 @@ def step(config: RunConfig, data: AgentData, state: EngineState, t: int,
         state.w = global_update(state.z, state.lam, rho_t, config.server_update)
         result = agent_round(config, data, state.w, state.lam, state.z_chain, t, seeds, randomness=randomness)
         z, z_chain = _where(active, result.z_sent, state.z), _where(active, result.z_last, state.z_chain)
-    state.lam = _where(active, dual_update(state.lam, state.w, z, rho_t), state.lam)
+    reference = dual_reference(config.server_update, state.w, z)
+    state.lam = _where(active, dual_update(state.lam, reference, z, rho_t), state.lam)
     state.z, state.z_chain = z, z_chain
     if active is None:
         return result.noise_magnitude.mean(dim=-1)
@@ -289,12 +297,19 @@ def _module_step(config: RunConfig, data: AgentData, state: EngineState, t: int,
         z_chain = {k: v[index] for k, v in state.z_chain.items()}
         result = agent_round(config, data.select(index), state.w, lam, z_chain, t, module=module,
                              vectorize=vectorize, randomness=randomness)
-        new_lam = dual_update(lam, state.w, result.z_sent, rho_t)
+        new_lam = dual_update(lam, state.w, result.z_sent, rho_t) if config.server_update == "admm" else lam
         for k in state.w:
             state.z[k][index] = result.z_sent[k]
             state.z_chain[k][index] = result.z_last[k]
             state.lam[k][index] = new_lam[k]
         magnitudes.append(result.noise_magnitude)
+    if config.server_update == "mean":  # against the mean of every agent's release: after the last chunk
+        reference = mean_release(state.z)
+        index = slice(None) if agents is None else agents
+        new_lam = dual_update({k: v[index] for k, v in state.lam.items()}, reference,
+                              {k: v[index] for k, v in state.z.items()}, rho_t)
+        for k in state.w:
+            state.lam[k][index] = new_lam[k]
     return torch.cat(magnitudes).mean() if magnitudes else torch.zeros(())
 
 
