@@ -77,8 +77,10 @@ def dual_reference(update: str, w: Tree, z: Tree) -> Tree:
     In 003's order the mean dual is rho^t (zbar^{t-1} - zbar^t) (:func:`global_update`), and in the local
     steps (eq. (8), where lambda_p enters as it is) it pulls every agent back along the last round's progress,
     by eta rho of it per step, while eq. (4a)'s extrapolation makes up for it at the server. Against the mean
-    the duals sum to zero over the agents that replied (all of them under full participation): eq. (4a) is
-    then zbar itself, and the duals only correct each agent's drift from the mean.
+    the duals of a round where every agent replied sum to zero: eq. (4a) is then zbar itself, and the duals
+    only correct each agent's drift from the mean. (Under partial participation only the replying agents'
+    duals move, against the mean of every agent's last release, so their sum need not stay zero; the server
+    takes the mean release as w either way.)
     """
     return w if update == "admm" else mean_release(z)
 
