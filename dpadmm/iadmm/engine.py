@@ -191,6 +191,8 @@ def run_seeds(
             for t in range(first, config.rounds + 1):
                 started = time.perf_counter()
                 magnitude = step(config, data, state, t, seeds, module=module, vectorize=vectorize)
+                for writer in writers:  # round t released: a stop from here on states what it spent
+                    writer.completed = t
                 if data.x.is_cuda:
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
@@ -216,8 +218,6 @@ def run_seeds(
                     if bar is not None:
                         mean_error = sum(r[-1]["test-error"] for r in records) / len(seeds)
                         bar.set_postfix({"test-error": f"{mean_error:.4f}"})
-                for writer in writers:
-                    writer.completed = t
                 if bar is not None:
                     bar.update(1)
     finally:
