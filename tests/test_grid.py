@@ -191,7 +191,7 @@ def test_a_snapshot_keeps_complete_log_lines_and_a_mirror_is_exact(tmp_path: Pat
 
 def _mnist_grid(out: Path, mnist_dir: Path) -> GridConfig:
     return GridConfig(out=str(out), datasets=("mnist",), algorithms=("objt",), trust_radii=("paper",),
-                      eps=(0.5, 1.0), seeds=2, rounds=12, eval_every=2, mnist_dir=str(mnist_dir))
+                      eps=(0.5, 1.0), seeds=1, rounds=6, eval_every=2, mnist_dir=str(mnist_dir))
 
 
 @pytest.mark.slow  # starts Ray
