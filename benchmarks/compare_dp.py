@@ -108,9 +108,9 @@ from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import (
     LOGISTIC_RHO,
     LOGISTIC_SCALE,
-    NETWORK_NOISE_ROOM,
     NETWORK_SHARE,
     NETWORK_STEP,
+    NOISE_ROOM,
     RunConfig,
 )
 from dpadmm.iadmm.federation import load_for
@@ -217,14 +217,15 @@ def per_sample(model: str) -> str:
     return "factorized" if model in ("cnn", "small-cnn") else "vmap"
 
 
-def defaults_fingerprint() -> dict[str, Any]:
-    """What DP-IADMM's defaults learn with: the keys of the default configuration and the step rule's
-    constants. The defaults' runs carry it as their parameters, so that runs of earlier defaults are never
-    counted as these (they stay in runs.jsonl)."""
+def defaults_fingerprint(model: str) -> dict[str, Any]:
+    """What DP-IADMM's defaults learn ``model`` with: the keys of the default configuration and the step
+    rule's constants for that model. The defaults' runs carry it as their parameters, so that runs of
+    earlier defaults are never counted as these (they stay in runs.jsonl)."""
     defaults = RunConfig()
-    return {"local-start": defaults.local_start, "rho-preset": defaults.rho_preset,
-            "logistic": [LOGISTIC_SCALE, LOGISTIC_RHO], "network": [NETWORK_STEP, NETWORK_SHARE],
-            "noise-room": NETWORK_NOISE_ROOM}
+    largest = [LOGISTIC_SCALE, LOGISTIC_RHO] if model == "logistic" else [NETWORK_STEP, NETWORK_SHARE]
+    return {"local-start": defaults.local_start, "release": defaults.release,
+            "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
+            "largest-step": largest, "noise-room": NOISE_ROOM}
 
 
 def partition(dataset: str) -> str:
@@ -239,10 +240,10 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
 
     DP-IADMM's local step takes DP-SGD steps of rate about a / P on the agent's mean loss at t = 1
     (``RunConfig.scale`` explains), so the two grids span the same rates. Logistic regression: a in {10, 25,
-    100, 400} P / 10 (the main job's 400 at its P = 10) with its rho = 0.001, each with both local starts;
-    DP-SGD's lr from 0.5 to 64. A network: the rule's form a = R (1 + 0.2) P / C, rho = 0.2 / a, at R from
-    1/8 to 4 (the rule's 4) from the global model, and at R = 1 and 4 from the agent's chain (the papers'
-    start); DP-SGD's lr from 1/8 to 16.
+    100, 400} P / 10 (the former main job's 400 at its P = 10) with its rho = 0.001, each with both local
+    starts; DP-SGD's lr from 0.5 to 64. A network: the rule's form a = R (1 + 0.2) P / C, rho = 0.2 / a, at R
+    from 1/8 to 4 (the rule's 4) from the global model, and at R = 1 and 4 from the agent's chain (the
+    papers' start); DP-SGD's lr from 1/8 to 16. Both grids run the papers' release and server update.
     """
     agents, schedule = AGENTS[dataset], STUDY_SCHEDULE
     rate, steps, rounds = schedule["sample_rate"], schedule["local_steps"], schedule["rounds"]
@@ -259,8 +260,8 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
                  + [point(r, "chain") for r in (1.0, 4.0)])
         lrs = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
     sgd = [{**schedule, "lr": lr} for lr in lrs]
-    return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint()}], "dpiadmm": iadmm, "dpsgd": sgd,
-            "central": sgd}
+    return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint(model_of(dataset))}], "dpiadmm": iadmm,
+            "dpsgd": sgd, "central": sgd}
 
 
 def _iadmm(rounds: int, local_steps: int, rate: float, prox_scale: float, rho: float,
@@ -339,7 +340,7 @@ QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
          "dpfedprox": [{**_QUICK_SKEWED_SGD, "prox_mu": 0.1}],
          "dpsgd-sqrt": [{**_QUICK_SKEWED_SGD, "lr_decay": "sqrt"}],
          "dpsgd-extra": [{**_QUICK_SKEWED_SGD, "extrapolation": 1.0}]} for name in HETEROGENEOUS} | {name: {
-             "dpiadmm-defaults": [{"defaults": defaults_fingerprint()}],
+             "dpiadmm-defaults": [{"defaults": defaults_fingerprint(model_of(name))}],
              "dpiadmm": [_iadmm(2, 2, 0.2, 400.0 if model_of(name) == "logistic" else 12.0,
                                 LOGISTIC_RHO if model_of(name) == "logistic" else 0.2 / 12.0, "global")],
              "dpsgd": [{**_QUICK_SGD, "lr": 1.0}], "central": [{**_QUICK_SGD, "lr": 1.0}]} for name in STUDY}
@@ -438,6 +439,7 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
         algorithm=algorithm, local_steps=p["local_steps"], rounds=p["rounds"], mechanism=p["mechanism"],
         clip_norm=p["clip_norm"], sampling_rate=p["sampling_rate"], prox_scale=p["prox_scale"],
         rho_preset="custom", rho_c1=p["rho_c1"], rho_c2=0.0, local_start=p.get("local_start", "chain"),
+        release=p.get("release", "average"), server_update=p.get("server_update", "admm"),
         target_epsilon=epsilon if private else 0.0, epsilon=0.0 if private else math.inf,
         delta=DELTA, neighbouring="add-remove", dtype="float32", model=ctx.model,
         per_sample=per_sample(ctx.model),
@@ -458,9 +460,11 @@ def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], Non
                                    progress=False)
         seconds = (time.perf_counter() - started) / len(group)
         for job, result in zip(group, results, strict=True):
-            # w^T, the model the last round sent, as the committed table measured it (result.model, the
-            # model after round T's releases, would add one global update from releases already paid for)
-            w = result.state.w  # logistic regression's [J, K] tensor: the module's "weight"
+            # Under 003's server update w^T, the model the last round sent, as the committed tables measured
+            # it (result.model would add eq. (4a)'s extrapolation of round T's releases); under the mean
+            # update the mean of round T's releases, the model FedAvg's server ends with
+            mean = result.config.server_update == "mean"
+            w = result.model if mean else result.state.w  # logistic regression's [J, K] tensor: "weight"
             spent = result.ledger.whole_run.epsilon_pld if result.ledger else math.inf
             done(job, {**errors(ctx, w if isinstance(w, dict) else {"weight": w}),
                        "noise": result.config.epsilon, "noise-name": "eps-bar per step",

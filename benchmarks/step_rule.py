@@ -1,4 +1,4 @@
-"""The main job's step for networks, measured: test error for the rule's a and rho and for other choices.
+"""The main job's step, measured: test error for the rule's a and rho and for other choices, per model.
 
 DP-IADMM's local step has two knobs, the proximal scale a (eta^t = a / sqrt(t)) and the penalty rho. The
 main job sets them by a rule (``dpadmm.iadmm.config.RunConfig.scale``, ``rho-preset=main``,
@@ -16,10 +16,11 @@ of E = 10 steps) with the rule and with a few other (a, rho), and writes what ea
   cores; ``--models`` leaves it out).
 
 Rows: ``rule`` (seeds 0, 1, 2), and with seed 0: ``rate R`` for R = 1 and 16 (a = R (1 + 0.2) P / C,
-rho = 0.2 / a: the rule's form at another rate, without the damping), ``logistic's`` (a = 400, rho =
-0.001: the main job's constants for logistic regression). The CNN: ``rule`` and ``rate 4`` (the rule
-without its damping), seed 0. Every run is appended to ``runs.jsonl`` in ``--out`` and skipped by a
-later call; ``table.md`` is written from all of them.
+rho = 0.2 / a: the rule's form at another rate, without the damping). The CNN: ``rule`` and ``rate 4``
+(the rule's largest rate, without its damping), seed 0. Every run is appended to ``runs.jsonl`` in
+``--out`` and skipped by a later call; ``table.md`` is written from all of them. The model study
+(``python -m benchmarks.compare_dp``, docs/results/models) measures the rule at eps 1 to 8 against tuned
+steps and tuned DP-SGD + FedAvg.
 
 Usage, from the project root::
 
@@ -47,7 +48,7 @@ from torch import nn
 
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.iadmm import engine, schedules
-from dpadmm.iadmm.config import LOGISTIC_RHO, LOGISTIC_SCALE, NETWORK_SHARE, RunConfig, main_job
+from dpadmm.iadmm.config import NETWORK_SHARE, RunConfig, main_job
 from dpadmm.runs import references as bibliography
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,9 +92,6 @@ def choices(model: str, config: RunConfig) -> list[tuple[str, dict[str, Any], tu
         a = rate * (1 + NETWORK_SHARE) * config.num_agents / config.clip_norm
         rows.append((f"rate {rate:g}", {"prox_scale": a, "rho_preset": "custom", "rho_c1": NETWORK_SHARE / a,
                                         "rho_c2": 0.0}, (0,)))
-    if not large:
-        rows.append(("logistic's", {"prox_scale": LOGISTIC_SCALE, "rho_preset": "custom",
-                                    "rho_c1": LOGISTIC_RHO, "rho_c2": 0.0}, (0,)))
     return rows
 
 
@@ -122,7 +120,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             error = (f"{statistics.mean(errors):.3f} +- {statistics.stdev(errors):.3f} ({len(errors)} seeds)"
                      if len(errors) > 1 else f"{errors[0]:.3f}")
             loss = statistics.mean(r["train-loss"] for r in group)
-            a = "rule" if label == "rule" and model != "logistic" else f"{group[0]['a']:.4g}"
+            a = "rule" if label == "rule" else f"{group[0]['a']:.4g}"
             lines.append(f"| {model} | {group[0]['parameters']:,} | {label} | {a} | {group[0]['rho']:.3g} | "
                          f"{error} | {loss:.3f} |")
     return "\n".join(lines) + "\n"

@@ -60,7 +60,8 @@ def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int
     ``module=None`` is the papers' logistic regression (one parameter, ``weight`` [J, K], on
     the closed-form fast path); otherwise the received parameters are ``module``'s.
     ``randomness`` is the deployment kind's (None: keyed by the seed).
-    Returns ``z.<parameter>`` (z_p^{t+1}) and, when E > 1, ``z-last.<parameter>``.
+    Returns ``z.<parameter>`` (z_p^{t+1}) and, when z is the average of E > 1 iterates,
+    ``z-last.<parameter>`` (:attr:`RunConfig.sends_last_iterate`).
     """
     received = wire.unpack(arrays)
     missing = [role for role in wire.DOWN if role not in received]
@@ -83,7 +84,7 @@ def local_update(config: RunConfig, data: AgentData, arrays: ArrayRecord, t: int
         result = agent_round(config, data, w, lam, z_chain, t, module=module, randomness=randomness)
         z_sent, z_last = result.z_sent, result.z_last
     reply = {"z": {name: v[0].cpu() for name, v in z_sent.items()}}
-    if config.steps > 1:  # the last iterate differs from the average only when E > 1
+    if config.sends_last_iterate:
         reply["z-last"] = {name: v[0].cpu() for name, v in z_last.items()}
     return wire.pack(reply)
 

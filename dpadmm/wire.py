@@ -28,7 +28,7 @@ MECHANISM_KEY = "mechanism"
 # refused), a fault that would repeat every round, so the server ends the run
 REFUSED_KEY = "refused"
 DOWN = ("w", "lambda", "z")  # server -> agent: the model, the agent's dual, its last local iterate
-UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (E > 1) the last local iterate
+UP = ("z", "z-last")  # agent -> server: z_p^{t+1} and (the average of E > 1 iterates) the last one
 
 # DP-ADMM / DP-AccADMM (002): one vector each way, so plain keys.
 POINT_KEY = "x"  # server -> client: where the iteration takes its gradient, [d]

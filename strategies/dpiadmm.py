@@ -118,7 +118,7 @@ class DPIADMM(Strategy):
     receive the model after round t (:meth:`model`).
 
     Example: a ServerApp and its ClientApp (RunConfig's defaults are the main job: the whole run
-    (8, 1e-5)-DP per agent, and a step rule for networks)::
+    (8, 1e-5)-DP per agent, and a step rule that follows the noise)::
 
         @server.main()
         def main(grid, context):
@@ -402,7 +402,7 @@ class DPIADMM(Strategy):
             return "it answers no message of this round (a late or duplicate reply)"
         if reply.metadata.src_node_id != node:
             return f"it comes from node {reply.metadata.src_node_id}, but the message went to node {node}"
-        roles = ("z", "z-last") if self.config.steps > 1 else ("z",)
+        roles = ("z", "z-last") if self.config.sends_last_iterate else ("z",)
         try:
             metrics = reply.content["metrics"]
             claimed, computed_for = int(metrics["partition-id"]), int(metrics["server-round"])

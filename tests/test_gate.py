@@ -348,6 +348,7 @@ def iadmm_cases(count: int, seed: int) -> Iterator[Case]:
     yield "overflow", [train_message(overflow, settings(next(rounds)))], {}
     edge = zeros()  # the regulariser 2 beta/P z exactly at the edge of the release's range on a dark pixel:
     edge["z.weight"][DARK[0], 0] = _range_edge() * (1 - 1e-12) * P / (2 * BETA)  # a bright sample crosses
+    edge["w.weight"][DARK[0], 0] = edge["z.weight"][DARK[0], 0]  # (steps start at z, or at w: local-start)
     yield "range-edge", [train_message(edge, settings(next(rounds)))], {}
     nine = {name: np.zeros((J, K - 1)) for name in names}  # fewer classes than the device's largest label
     yield "nine-classes", [train_message(nine, settings(next(rounds)))], {}

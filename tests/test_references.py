@@ -31,6 +31,7 @@ GENERATED = {
     "002/summary.md": linadmm.REFERENCES,
     "004/summary.md": decentral.REFERENCES,
     "compare/table.md": compare_dp.REFERENCES,
+    "models/table.md": compare_dp.REFERENCES,
     "compare/terms.md": compare_dp_terms.REFERENCES,
 }
 

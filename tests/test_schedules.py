@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
+import torch
 
 from dpadmm.iadmm import schedules
-from dpadmm.iadmm.config import papers
+from dpadmm.iadmm.config import main_job, papers
 
 
 def test_rho_eq_24_presets() -> None:
@@ -64,3 +66,20 @@ def test_fraction_train_must_be_in_0_1() -> None:
     for bad in (0.0, -0.5, 1.5, math.nan):
         with pytest.raises(ValueError, match=r"fraction-train=.* must be in \(0, 1\]"):
             papers(fraction_train=bad)
+
+
+def test_the_main_jobs_rate_follows_the_noise() -> None:
+    """The main job's step (prox-scale 0) shrinks its learning rate R to NOISE_ROOM / r where one step's
+    noise, r = sigma sqrt(d) P / C times its largest clean gradient, would exceed it: R = 4 / C for a
+    network and a C / ((1 + 0.2) P) for logistic regression's a = 100 (about 8 in the main job); a given
+    prox-scale and a run without noise keep their step."""
+    d = 10_000
+    for model, rate in (("mlp", 4.0), ("logistic", 100.0 * 2.0 / (1.2 * 10))):
+        config = dataclasses.replace(main_job(), model=model, num_agents=10, clip_norm=2.0)
+        for r in (0.5, 2.0, 20.0):
+            sigma = torch.full((10,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
+            damping = schedules.noise_damping(config, sigma, d)
+            assert damping * rate == pytest.approx(min(rate, 10.0 / r))
+        assert schedules.noise_damping(config, None, d) == 1.0
+        given = dataclasses.replace(config, prox_scale=7.0)
+        assert schedules.noise_damping(given, torch.full((10,), 1e3), d) == 1.0

@@ -45,15 +45,16 @@ RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
 # The papers' number of local updates for ObjPM (003, Section IV).
 OBJPM_DEFAULT_LOCAL_STEPS = 10
 
-# The main job's step for logistic regression: eta^t = 400 / sqrt(t) and a constant rho = 0.001 (the pair
-# picked on the embedded data: the comment above PAPERS).
-LOGISTIC_SCALE, LOGISTIC_RHO = 400.0, 1e-3
+# The main job's largest step for logistic regression: eta^t = 100 / sqrt(t) (without noise the best of a in
+# {50, 100, 200, 400} on the embedded data's test set) and a constant rho = 0.001 (the comment above PAPERS).
+LOGISTIC_SCALE, LOGISTIC_RHO = 100.0, 1e-3
 # The main job's rule for a network (RunConfig.scale and rho_constants): an agent's local step is DP-SGD on
-# its own mean loss with learning rate NETWORK_STEP / C, and the pull towards w is NETWORK_SHARE of the
-# proximal term's at t = 1 (docs/families/iadmm.md, "Choosing rho and the proximal scale").
+# its own mean loss with learning rate at most NETWORK_STEP / C, and the pull towards w is NETWORK_SHARE of
+# the proximal term's at t = 1 (docs/families/iadmm.md, "Choosing rho and the proximal scale").
 NETWORK_STEP, NETWORK_SHARE = 4.0, 0.2
-# ... while a step's noise is at most this many times its largest clean gradient (schedules.noise_damping).
-NETWORK_NOISE_ROOM = 10.0
+# ... and for any model, the learning rate times the noise ratio r (one step's noise over its largest clean
+# gradient) is at most NOISE_ROOM: the step follows the noise (schedules.noise_damping).
+NOISE_ROOM = 10.0
 
 
 @dataclass(frozen=True)
@@ -187,19 +188,19 @@ class RunConfig(keys.Keyed):
                           "0 = full batch, as in the papers"},
     )
     local_start: str = field(
-        default="chain",
+        default="global",
         metadata={"help": "where a round's E local steps start: chain (the agent's last local iterate, line "
                           "16 of 003 Algorithm 1) or global (the round's w^{t+1}, as FedAvg restarts every "
                           "client; not in the papers; the start is public, so the privacy is unchanged)"},
     )
     release: str = field(
-        default="average",
+        default="last",
         metadata={"help": "what an agent sends after its E local steps: average (the mean of the E iterates, "
                           "line 21 of 003 Algorithm 1) or last (the last iterate, as FedAvg's clients send); "
                           "both are functions of the noisy steps, so the privacy is unchanged"},
     )
     server_update: str = field(
-        default="admm",
+        default="mean",
         metadata={"help": "the server's w and the duals' order: admm (003: eq. (4a), then the duals against "
                           "the w the round sent, which at a constant rho extrapolates the mean release, 2 "
                           "zbar^t - zbar^(t-1)) or mean (consensus ADMM's order: w is the mean release and "
@@ -263,18 +264,11 @@ class RunConfig(keys.Keyed):
         allowed("local-start", self.local_start, LOCAL_STARTS)
         allowed("release", self.release, RELEASES)
         allowed("server-update", self.server_update, SERVER_UPDATES)
-        for name, value, papers_value in (("release", self.release, "average"),
-                                          ("server-update", self.server_update, "admm")):
-            if value != papers_value and self.algorithm == "outp":
-                raise ValueError(f"{name}={value!r} is not allowed with algorithm='outp', whose round is "
-                                 f"Huang et al.'s one step and output noise; leave {name}={papers_value!r}")
-        if self.local_start != "chain" and self.algorithm == "outp":
-            raise ValueError(f"local-start={self.local_start!r} is not allowed with algorithm='outp', whose "
-                             "one step starts from its last output; leave it 'chain'")
         if self.trust_radius != "paper" and self.algorithm != "objt":
             raise ValueError(f"trust-radius={self.trust_radius!r} is not allowed with algorithm="
                              f"{self.algorithm!r}: the trust radius is objt's; leave it 'paper'")
-        self._check_model()
+        self._check_model()  # before OutP's round keys: OutP under the main preset is refused for its noise
+        self._check_outp_round()
         keys.require(self, "finite and > 0", "clip_norm")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta={self.delta!r} is not allowed; it must be in (0, 1)")
@@ -342,6 +336,19 @@ class RunConfig(keys.Keyed):
                 f"epsilon={self.epsilon!r} is not used while target-epsilon={self.target_epsilon:g} "
                 f"calibrates eps-bar for the whole run (to {calibrated:.6g}); give target-epsilon=0 with it, "
                 "or leave epsilon out")
+
+    def _check_outp_round(self) -> None:
+        """OutP's round is Huang et al.'s one step from its last output and its output noise: the papers'
+        local start, release and server update (the papers preset's), nothing else."""
+        if self.algorithm != "outp":
+            return
+        for name, value, papers_value in (("local-start", self.local_start, "chain"),
+                                          ("release", self.release, "average"),
+                                          ("server-update", self.server_update, "admm")):
+            if value != papers_value:
+                raise ValueError(f"{name}={value!r} is not allowed with algorithm='outp', whose round is "
+                                 f"Huang et al.'s one step from its last output and its output noise; leave "
+                                 f"{name}={papers_value!r}")
 
     def _check_model(self) -> None:
         """The combinations the theory covers: what a module model and the Gaussian variant need."""
@@ -433,23 +440,30 @@ class RunConfig(keys.Keyed):
         return OBJPM_DEFAULT_LOCAL_STEPS if self.algorithm == "objpm" else 1
 
     @property
+    def sends_last_iterate(self) -> bool:
+        """Whether an agent's reply carries its last local iterate beside z (``z-last``): only when it differs
+        from what z is, the average of E > 1 iterates."""
+        return self.steps > 1 and self.release == "average"
+
+    @property
     def scale(self) -> float:
         """a, the scale of eta^t = a / sqrt(t) (and of ObjT's radius): ``prox-scale``, or with 0 the main
-        job's, which needs no search:
+        job's largest, which needs no search:
 
-        - logistic regression: 400 (picked on the embedded data with rho = 0.001);
+        - logistic regression: 100 (with rho = 0.001: a learning rate of about 9 at t = 1, see below);
         - a network: a = NETWORK_STEP (1 + NETWORK_SHARE) P / C. With rho = NETWORK_SHARE / a the local step
           of eq. (8) is z - s (g + xi - lambda_p + rho (z - w)) with s = a / (sqrt(t) + NETWORK_SHARE); g
           is (I_p / I) times the agent's mean clipped gradient (unbiased under Poisson sampling at any q),
           and I / I_p is P on average, so at t = 1 the agent takes DP-SGD steps of learning rate
           NETWORK_STEP / C on its own mean loss: a clean step of norm at most NETWORK_STEP, whatever the
-          number of agents, their sizes, the clip norm or q. The noise enters the same step (its size
-          relative to the signal is fixed by the budget, not by a). Measured on three networks of 2,000 to
-          51,000 parameters at eps = 8, the rule beat rates of a quarter and of four times its own on each
-          (docs/results/step-rule, ``python -m benchmarks.step_rule``). Where a step's noise exceeds
-          NETWORK_NOISE_ROOM times its largest clean gradient (a far larger model, a smaller budget or
-          batch), the local steps use a smaller a, :func:`dpadmm.iadmm.schedules.noise_damping`; rho stays
-          NETWORK_SHARE over the a returned here.
+          number of agents, their sizes, the clip norm or q.
+
+        The noise enters the same step, and its size relative to the signal is fixed by the budget, not by
+        a: a private run's local steps use a times :func:`dpadmm.iadmm.schedules.noise_damping`, the largest
+        rate at which a step's noise stays within NOISE_ROOM times its largest clean gradient (rho stays
+        what :attr:`rho_constants` says for the a returned here). Measured on the main job's data for
+        logistic regression, the MLP and a small CNN at eps 1 to 8, the best rate follows that rule within
+        a factor of two (docs/results/models, ``python -m benchmarks.compare_dp``).
         """
         if self.prox_scale > 0:
             return self.prox_scale
@@ -490,9 +504,12 @@ class RunConfig(keys.Keyed):
 # objective perturbation, C = 1, T = 10 rounds of E = 10 steps (objpm's own), a constant rho and eta^t =
 # a / sqrt(t) (the kind of configuration the comparison with DP-SGD + FedAvg tunes, docs/results/compare/),
 # eps-bar calibrated so that the whole run is (8, 1e-5)-DP per agent for one sample added or removed. For
-# logistic regression a = 400, and q = 0.2 and rho = 0.001 were picked among eight settings by their test
-# error on the embedded data over seeds 0-2 (docs/getting-started.md says so); for a network a and rho
-# follow a rule (RunConfig.scale).
+# logistic regression q = 0.2 and rho = 0.001 were picked among eight settings by their test error on the
+# embedded data over seeds 0-2 (docs/getting-started.md says so); the step a follows a rule (RunConfig.scale)
+# for every model. A round runs as FedAvg's clients and server do (each agent's local steps start from w,
+# it sends its last iterate, and w is the mean of what was sent, with the duals answering it: consensus
+# ADMM's order); measured on the main job's data, each of the three beat the papers' choice for networks
+# and at small eps (docs/results/models).
 #
 # The papers' configuration over those defaults (eps-bar per local step, full batches, Laplace noise on
 # L1-clipped gradients, T = 50, a = 1 and the eq. (24) presets): the `papers` preset
@@ -500,6 +517,7 @@ class RunConfig(keys.Keyed):
 PAPERS: dict[str, Any] = {
     "epsilon": 1.0, "target_epsilon": 0.0, "rounds": 50, "mechanism": "laplace", "clip_norm": 200.0,
     "sampling_rate": 1.0, "neighbouring": "replace-one", "prox_scale": 1.0, "rho_preset": "auto",
+    "local_start": "chain", "release": "average", "server_update": "admm",
 }
 
 
