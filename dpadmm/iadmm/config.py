@@ -459,11 +459,12 @@ class RunConfig(keys.Keyed):
           number of agents, their sizes, the clip norm or q.
 
         The noise enters the same step, and its size relative to the signal is fixed by the budget, not by
-        a: a private run's local steps use a times :func:`dpadmm.iadmm.schedules.noise_damping`, the largest
-        rate at which a step's noise stays within NOISE_ROOM times its largest clean gradient (rho stays
-        what :attr:`rho_constants` says for the a returned here). Measured on the main job's data for
-        logistic regression, the MLP and a small CNN at eps 1 to 8, the best rate follows that rule within
-        a factor of two (docs/results/models, ``python -m benchmarks.compare_dp``).
+        a: a private run's local steps use a times :func:`dpadmm.iadmm.schedules.noise_damping`, which
+        lowers the rate to NOISE_ROOM / r where the noise ratio r would make it larger (rho stays what
+        :attr:`rho_constants` says for the a returned here). Measured on the main job's data for logistic
+        regression and a small CNN, the best rate was within a factor of two of that rule; the MLP, a tiny
+        CNN and the LEAF CNN did better at larger rates (docs/results/models, ``python -m
+        benchmarks.compare_dp``; docs/results/step-rule).
         """
         if self.prox_scale > 0:
             return self.prox_scale
@@ -508,8 +509,8 @@ class RunConfig(keys.Keyed):
 # embedded data over seeds 0-2 (docs/getting-started.md says so); the step a follows a rule (RunConfig.scale)
 # for every model. A round runs as FedAvg's clients and server do (each agent's local steps start from w,
 # it sends its last iterate, and w is the mean of what was sent, with the duals answering it: consensus
-# ADMM's order); measured on the main job's data, each of the three beat the papers' choice for networks
-# and at small eps (docs/results/models).
+# ADMM's order); measured on the main job's data, the round and the rule together beat the papers' round
+# and the former step for every model and eps tried (docs/results/models).
 #
 # The papers' configuration over those defaults (eps-bar per local step, full batches, Laplace noise on
 # L1-clipped gradients, T = 50, a = 1 and the eq. (24) presets): the `papers` preset
