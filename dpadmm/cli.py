@@ -799,6 +799,17 @@ def _negative_values_attached(argv: list[str]) -> list[str]:
     return out
 
 
+def _answers_and_ends(args: argparse.Namespace) -> bool:
+    """Whether the command prints its answer and ends: not a run (train, reproduce) nor a process that
+    serves (``node serve``, ``deploy superlink`` and ``supernode`` unless they only ``--print``)."""
+    if args.command in ("train", "reproduce"):
+        return False
+    step = getattr(args, "step", None)
+    if args.command == "node" and step == "serve":
+        return False
+    return not (args.command == "deploy" and step in ("superlink", "supernode") and not args.print)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv_given = argv
     argv = _negative_values_attached(sys.argv[1:] if argv is None else list(argv))
@@ -812,6 +823,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             why = "has no CUDA" if torch.version.cuda is None else "sees no GPU"
             parser.error(f"device='cuda' is not available here (torch {torch.__version__} {why}); use "
                          "--device cpu")
+    if argv_given is None and _answers_and_ends(args):
+        # `dpadmm node status | head -3`: the reader has what it wanted; end quietly, as `ls | head` does,
+        # not with "[Errno 32] Broken pipe". Runs and servers keep Python's default (an error they handle).
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if argv_given is None and args.command in ("train", "reproduce"):
         keep_freed_memory()  # the dpadmm command's own process runs engines; a caller's is left as it is
         # SIGTERM (a scheduler, `kill`, systemd) ends the run as Ctrl-C does: its folder marked failed with
@@ -929,9 +944,9 @@ def _interrupted(folder: Path, saving: bool | None) -> str:
                 "round 1")
     path = folder / CHECKPOINT
     if saving and path.exists():  # mmap: the round without reading the whole state
-        import torch
+        from dpadmm.runs import checkpoint
 
-        saved = int(torch.load(path, weights_only=True, mmap=True)["round"])
+        saved = checkpoint.read(path, mmap=True)["round"]
         return f"{said}. Run the same command again to resume from round {saved + 1} (its checkpoint)"
     when = ("the first comes after --checkpoint-minutes" if saving
             else "--checkpoint-minutes is 0, or --save-weights, whose file is written when a run ends")

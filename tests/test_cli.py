@@ -135,6 +135,24 @@ def test_a_signalled_train_of_another_family_ends_in_one_line_and_marks_its_fold
     assert spent["stopped-after-round"] == done and spent["whole_run"]["releases"] == done  # one per round
 
 
+def test_train_meeting_a_damaged_checkpoint_says_so_in_one_line(tmp_path: Path, dpadmm: Run) -> None:
+    """An interrupted run's folder (failed.json and checkpoint.pt) whose checkpoint was damaged: the same
+    command stops with one error line naming it (dpadmm.runs.checkpoint.read), and nothing of the folder
+    is overwritten."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "failed.json").write_text(json.dumps({"completed-rounds": 1}))
+    (folder / "checkpoint.pt").write_bytes(b"damaged")
+    done = dpadmm("train", "--rounds", "2", "--out", str(folder), cwd=tmp_path)
+    said = done.stderr.strip().splitlines()  # the resume it tried, then why it stopped
+    assert done.returncode == 2 and len(said) == 2, done.stderr
+    assert said[0] == f"dpadmm: resuming the interrupted run in {folder} from its checkpoint"
+    assert said[1].startswith(f"dpadmm: error: checkpoint {folder / 'checkpoint.pt'} cannot be read as a "
+                              "dpadmm checkpoint") and said[1].endswith("delete it to start this run afresh "
+                                                                         "from round 1")
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt", "failed.json"]
+
+
 def test_one_round_reports_the_model_it_trained(tmp_path: Path, dpadmm: Run) -> None:
     """Flower's convention: round t's metrics evaluate the model after round t's releases, so one round (which
     spends the whole budget) reports a trained model, not the zero model it started from (error 0.9, loss
@@ -474,6 +492,18 @@ def test_audit_refuses_what_it_cannot_audit(capsys: pytest.CaptureFixture[str]) 
     assert "no privacy claim to audit" in capsys.readouterr().err
     assert main(["audit", "--algorithm", "dp-admm", "--target-epsilon", "inf"]) == 2
     assert "no privacy claim to audit" in capsys.readouterr().err
+
+
+def test_an_answer_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`dpadmm node status | head -1`: the reader closed its end before the answer was flushed; the command
+    ends without an error line (it said "[Errno 32] Broken pipe"), as `ls | head` does."""
+    script = Path(sys.executable).with_name("dpadmm")
+    proc = subprocess.Popen([str(script), "node", "status", "--state-dir", str(tmp_path / "state")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before anything was read: the answer's flush meets a closed pipe
+    said = proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, -signal.SIGPIPE) and said == "", said
 
 
 def test_node_policy_and_status_are_the_devices_own(tmp_path: Path, dpadmm: Run) -> None:

@@ -36,7 +36,7 @@ def load(path: str | Path | None, expected: Mapping[str, Any],
     """
     if path is None or not Path(path).exists():
         return None
-    saved = torch.load(path, weights_only=True)
+    saved = read(path)
     for key, default in (defaults or {}).items():
         if isinstance(saved.get(key), Mapping):
             saved[key] = {**default, **saved[key]}
@@ -45,6 +45,26 @@ def load(path: str | Path | None, expected: Mapping[str, Any],
         detail = "; ".join(_difference(key, saved.get(key), expected[key]) for key in differs)
         raise ValueError(f"checkpoint {path} belongs to another run ({detail}); "
                          "delete it, or choose another folder, to start this run afresh")
+    return saved
+
+
+def read(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint at ``path`` as torch's weights-only unpickler reads it: tensors and plain values, never
+    code, since a file on disk may have been replaced by someone else.
+
+    A file that does not read so (truncated by a full disk, damaged, or not written by dpadmm) is a
+    ValueError in one line that names it and says what to do; torch's own message advises loading it
+    with ``weights_only=False``, which would run whatever code the file holds.
+    """
+    try:
+        saved = torch.load(path, weights_only=True, mmap=mmap)
+    except Exception as error:  # torch raises RuntimeError, KeyError, EOFError, UnpicklingError, ...
+        raise ValueError(f"checkpoint {path} cannot be read as a dpadmm checkpoint ({type(error).__name__}): "
+                         "it is damaged or was not written by dpadmm; delete it to start this run afresh "
+                         "from round 1") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("round"), int):
+        raise ValueError(f"checkpoint {path} holds no round of a dpadmm run; delete it to start this run "
+                         "afresh from round 1")
     return saved
 
 
