@@ -579,13 +579,16 @@ def _warned(build: Callable[[], _T]) -> _T:
 
     The deploy helpers warn through :mod:`warnings` (right for library callers); a command line
     user should see the insecure-mode warning exactly once and in plain words, whatever the
-    interpreter's warning filters say.
+    interpreter's warning filters say. Deprecations are left out: they are addressed to the developers of
+    the code that raised them (typer's use of click, imported on the way), whom Python shows them to, and a
+    user can do nothing about them.
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = build()
     for warning in caught:
-        print(f"dpadmm: warning: {warning.message}", file=sys.stderr)
+        if not issubclass(warning.category, DeprecationWarning | PendingDeprecationWarning):
+            print(f"dpadmm: warning: {warning.message}", file=sys.stderr)
     return result
 
 

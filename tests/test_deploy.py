@@ -350,6 +350,17 @@ def test_cli_insecure_warns_once_on_stderr(capsys: pytest.CaptureFixture[str]) -
     assert capsys.readouterr().err.count(deploy.INSECURE_WARNING) == 1
 
 
+def test_a_fresh_supernode_command_warns_only_what_its_user_can_act_on() -> None:
+    """In a process of its own (typer and click imported on the way, as on a device): the insecure warning
+    alone, not click's deprecations addressed to typer's developers."""
+    script = Path(sys.executable).with_name("dpadmm")
+    command = [str(script), "deploy", "supernode", "--superlink", "h:1", "--node-config", "partition-id=1",
+               "--insecure", "--print"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"dpadmm: warning: {deploy.INSECURE_WARNING}\n", done.stderr
+
+
 def test_cli_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cases = [
         (["deploy", "superlink", "--print"], "certs missing"),
