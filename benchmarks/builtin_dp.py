@@ -1,4 +1,4 @@
-"""DP-IADMM beside Flower's built-in DP on the same task: accuracy per round, time, lines of code, epsilon.
+"""DP-IADMM beside DP-SGD + FedAvg and Flower's DP-FedAvg on one task: accuracy, time, code, epsilon.
 
 The task is ``examples/digits_app``: a 2-layer MLP on scikit-learn's 8 x 8 digits over 5 clients, 10
 rounds, the whole run at (8, 1e-5). Each run is a real ``flwr run`` of the app on Flower's simulation
@@ -6,13 +6,20 @@ engine (5 SuperNodes), with ``method``:
 
 - ``dpiadmm``: dpadmm's ``strategies.DPIADMM`` and ``clients.dpiadmm.train_reply``, with RunConfig's
   defaults (no tuning), seeds 0, 1, 2;
-- ``dp-fedavg``: Flower's ``FedAvg`` inside ``DifferentialPrivacyClientSideFixedClipping`` with
-  ``fixedclipping_mod`` on the clients, its noise multiplier set so that Flower's ``RdpAccountant`` reports
-  the target. Its free settings (the clipping norm, the local step size) are searched on seed 0 over
-  :data:`GRID`, scored on the test accuracy itself (which favours it), and the best is run on seeds 1, 2.
+- ``dp-sgd``: the like-for-like baseline, at the same promise: Flower's plain ``FedAvg`` over clients that
+  train with Opacus's DP-SGD (the recipe of Flower's Opacus example), with DP-IADMM's local steps, Poisson
+  rate, clipping norm and budget, its noise multiplier calibrated by Opacus's PRV accountant. Its one free
+  setting, the clients' learning rate, is searched on seed 0 over :data:`DPSGD_GRID`, scored on the final
+  test accuracy itself (which favours it, as for DP-FedAvg), and the best is run on seeds 1, 2;
+- ``dp-fedavg``: another promise (client-level, central, with a trusted server): Flower's ``FedAvg`` inside
+  ``DifferentialPrivacyClientSideFixedClipping`` with ``fixedclipping_mod`` on the clients, its noise
+  multiplier set so that Flower's ``RdpAccountant`` reports the target. Its free settings (the clipping
+  norm, the local step size) are searched on seed 0 over :data:`GRID`, scored on the test accuracy itself
+  (which favours it), and the best is run on seeds 1, 2.
 
-The lines of code are those of ``digits_app/dpiadmm.py`` and ``digits_app/dpfedavg.py``, the code each
-method needs beyond the shared task (``task.py``), counted without blank lines, comments and docstrings.
+The lines of code are those of ``digits_app/dpiadmm.py``, ``digits_app/dpsgd.py`` and
+``digits_app/dpfedavg.py``, the code each method needs beyond the shared task (``task.py``), counted without
+blank lines, comments and docstrings.
 Every run is appended to ``runs.jsonl`` in ``--out`` and skipped by a later call; ``table.md`` is
 written from all of them.
 
@@ -49,7 +56,12 @@ SEEDS = (0, 1, 2)
 # step size (5 local epochs of minibatches of 32 throughout).
 GRID = tuple({"fedavg-clip": clip, "fedavg-lr": lr}
              for clip in (0.1, 0.3, 1.0, 3.0) for lr in (0.03, 0.1, 0.3))
-REFERENCES = ("003", "mcmahan2017", "mcmahan2018")
+# DP-SGD's one free setting searched on seed 0: the clients' learning rate (on the mean loss of a Poisson
+# batch; the clipping norm, rate and steps are DP-IADMM's, so that both are held to the same figures).
+DPSGD_GRID = tuple({"dpsgd-lr": lr} for lr in (0.25, 0.5, 1.0, 2.0, 4.0))
+REFERENCES = ("003", "abadi2016", "yousefpour2021", "mcmahan2017", "mcmahan2018")
+# The accountant each method's epsilon is reported by.
+ACCOUNTANTS = {"dpiadmm": "PLD", "dp-sgd": "PRV", "dp-fedavg": "RDP"}
 
 
 def code_lines(path: Path) -> int:
@@ -96,10 +108,20 @@ def final(record: dict[str, Any]) -> float:
     return record["rounds"][-1]["accuracy"]
 
 
+def best(runs: list[dict[str, Any]], method: str, grid: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """The keys of ``method``'s grid point with the best final accuracy on seed 0, once the whole grid ran."""
+    searched = [r for r in runs if r["method"] == method and r["seed"] == 0]
+    return max(searched, key=final)["keys"] if len(searched) == len(grid) else None
+
+
 def best_fedavg(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The grid point of DP-FedAvg with the best final accuracy on seed 0."""
-    searched = [r for r in runs if r["method"] == "dp-fedavg" and r["seed"] == 0]
-    return max(searched, key=final)["keys"] if len(searched) == len(GRID) else None
+    return best(runs, "dp-fedavg", GRID)
+
+
+def best_dpsgd(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The learning rate of DP-SGD with the best final accuracy on seed 0."""
+    return best(runs, "dp-sgd", DPSGD_GRID)
 
 
 def seconds_per_round(record: dict[str, Any]) -> float:
@@ -110,14 +132,22 @@ def seconds_per_round(record: dict[str, Any]) -> float:
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    best = best_fedavg(runs)
+    """The results table (the like-for-like pair first, then the other promise), what each epsilon covers,
+    and the two searches."""
+    fedavg, dpsgd = best_fedavg(runs), best_dpsgd(runs)
     rows = {"dpiadmm": [r for r in runs if r["method"] == "dpiadmm"],
-            "dp-fedavg": [r for r in runs if r["method"] == "dp-fedavg" and r["keys"] == best]}
+            "dp-sgd": [r for r in runs if r["method"] == "dp-sgd" and r["keys"] == dpsgd],
+            "dp-fedavg": [r for r in runs if r["method"] == "dp-fedavg" and r["keys"] == fedavg]}
     lines = {"dpiadmm": code_lines(APP / "digits_app" / "dpiadmm.py"),
+             "dp-sgd": code_lines(APP / "digits_app" / "dpsgd.py"),
              "dp-fedavg": code_lines(APP / "digits_app" / "dpfedavg.py")}
-    searched = f"C = {best['fedavg-clip']:g}, step {best['fedavg-lr']:g}" if best else "search unfinished"
+    searched = (f"C = {fedavg['fedavg-clip']:g}, step {fedavg['fedavg-lr']:g}" if fedavg
+                else "search unfinished")
+    lr = f"learning rate {dpsgd['dpsgd-lr']:g}" if dpsgd else "search unfinished"
     names = {"dpiadmm": "DP-IADMM (`strategies.DPIADMM`, RunConfig's defaults)",
-             "dp-fedavg": f"Flower's FedAvg + `DifferentialPrivacyClientSideFixedClipping` ({searched})"}
+             "dp-sgd": f"DP-SGD + FedAvg (Opacus's `make_private` on the clients, Flower's `FedAvg`; {lr})",
+             "dp-fedavg": f"another promise: Flower's FedAvg + `DifferentialPrivacyClientSideFixedClipping` "
+                          f"(client-level, central, trusted server; {searched})"}
     out = ["| method | lines of code | test accuracy after round 1 / 3 / 10 (seed 0) | after 10 rounds, "
            "seeds 0-2 | s per round | eps (delta = 1e-5), whole run |",
            "| --- | ---: | --- | --- | ---: | --- |"]
@@ -132,9 +162,19 @@ def table(runs: list[dict[str, Any]]) -> str:
                    f"{by_round[10]:.3f} | {statistics.mean(finals):.3f}{spread} ({len(finals)} seeds) | "
                    f"{statistics.mean(seconds_per_round(r) for r in records):.2f} | "
                    f"{statistics.mean(r['epsilon'] for r in records):.3f} ({seed0['accountant']}) |")
-    out += ["", *meaning(rows)]
+    out += ["", "The first two rows make the same promise (sample-level and local: each client adds the "
+            "noise before anything leaves it) and compare like for like; the third makes another "
+            "(client-level and central: the server adds the noise and must be trusted), so its accuracy "
+            "answers another question.", "", *meaning(rows)]
+    lrs = sorted((r for r in runs if r["method"] == "dp-sgd" and r["seed"] == 0),
+                 key=lambda r: r["keys"]["dpsgd-lr"])
+    if lrs:
+        out += ["", "DP-SGD's search (seed 0, test accuracy after 10 rounds):", "",
+                "| learning rate | " + " | ".join(f"{r['keys']['dpsgd-lr']:g}" for r in lrs) + " |",
+                "| --- | " + " | ".join("---:" for _ in lrs) + " |",
+                "| accuracy | " + " | ".join(f"{final(r):.3f}" for r in lrs) + " |"]
     grid = sorted((r for r in runs if r["method"] == "dp-fedavg" and r["seed"] == 0),
-                      key=lambda r: (r["keys"]["fedavg-clip"], r["keys"]["fedavg-lr"]))
+                  key=lambda r: (r["keys"]["fedavg-clip"], r["keys"]["fedavg-lr"]))
     if grid:
         out += ["", "DP-FedAvg's search (seed 0, test accuracy after 10 rounds):", "",
                 "| C | step 0.03 | step 0.1 | step 0.3 |", "| ---: | ---: | ---: | ---: |"]
@@ -150,18 +190,22 @@ def meaning(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     iadmm = re.sub(r"\d+\.\d{5,}", lambda m: f"{float(m.group()):.4g}", rows["dpiadmm"][0]["mechanism"])
     fedavg = rows["dp-fedavg"][0] if rows["dp-fedavg"] else None
     z = f"z = {fedavg['noise_multiplier']:.4g}" if fedavg else "z"
+    sgd = rows["dp-sgd"][0]["mechanism"] if rows["dp-sgd"] else "noise multiplier z"
     return [
         "What each epsilon covers:", "",
-        "| | DP-IADMM | Flower's DP-FedAvg (client-side fixed clipping) |", "| --- | --- | --- |",
+        "| | DP-IADMM | DP-SGD + FedAvg (Opacus) | Flower's DP-FedAvg (client-side fixed clipping) |",
+        "| --- | --- | --- | --- |",
         "| neighbouring data sets | one training sample of one client added or removed (sample-level) | "
-        "one client's whole data set added or removed (client-level) |",
-        f"| noise, added by | each client, at each local step, before anything leaves it ({iadmm}) | the "
-        f"server, once a round, to the average of the clipped updates ({z}: standard deviation z C / n) |",
-        "| holds against | everyone who sees what a client sends, the server included | those who see the "
-        "global models; the server receives each client's clipped update without noise and must be "
-        "trusted |",
-        "| accountant | dp-accounting's PLD, Poisson subsampling credited | Flower's `RdpAccountant` "
-        "(dp-accounting's RDP), no amplification |",
+        "the same (sample-level) | one client's whole data set added or removed (client-level) |",
+        f"| noise, added by | each client, at each local step, before anything leaves it ({iadmm}) | each "
+        f"client, at each local step, before anything leaves it ({sgd}: standard deviation z C on the sum "
+        f"of the clipped gradients) | the server, once a round, to the average of the clipped updates ({z}: "
+        "standard deviation z C / n) |",
+        "| holds against | everyone who sees what a client sends, the server included | the same: everyone "
+        "who sees what a client sends, the server included | those who see the global models; the server "
+        "receives each client's clipped update without noise and must be trusted |",
+        "| accountant | dp-accounting's PLD, Poisson subsampling credited | Opacus's PRV, Poisson "
+        "subsampling credited | Flower's `RdpAccountant` (dp-accounting's RDP), no amplification |",
     ]
 
 
@@ -169,9 +213,10 @@ def jobs(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
     """(keys, seed) of the runs still to do, the search before its best's other seeds."""
     todo: list[tuple[dict[str, Any], int]] = [({"method": "dpiadmm"}, seed) for seed in SEEDS]
     todo += [({"method": "dp-fedavg", **point}, 0) for point in GRID]
-    best = best_fedavg(runs)
-    if best is not None:
-        todo += [(best, seed) for seed in SEEDS[1:]]
+    todo += [({"method": "dp-sgd", **point}, 0) for point in DPSGD_GRID]
+    for chosen in (best_fedavg(runs), best_dpsgd(runs)):
+        if chosen is not None:
+            todo += [(chosen, seed) for seed in SEEDS[1:]]
     done = [(r["keys"], r["seed"]) for r in runs]
     return [job for job in todo if job not in done]
 
@@ -190,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run({**keys, "seed": seed}, log)
         record = {"keys": keys, "seed": seed, "method": keys["method"], "rounds": result["rounds"],
                   "epsilon": result["epsilon"], "delta": result["delta"],
-                  "accountant": "PLD" if keys["method"] == "dpiadmm" else "RDP",
+                  "accountant": ACCOUNTANTS[keys["method"]],
                   "statement": result["line"], "mechanism": result.get("mechanism"),
                   "noise_multiplier": result.get("noise_multiplier"), "machine": machine()}
         print(f"{json.dumps(keys)} seed {seed}: accuracy {final(record):.3f}, "
@@ -201,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     facts = runs[0]["machine"]
     loads = sorted(r["machine"]["loadavg"][0] for r in runs)  # the s per round depend on it
     (out / "table.md").write_text(
-        "# DP-IADMM beside Flower's built-in DP\n\nGenerated by `python -m benchmarks.builtin_dp`: "
+        "# DP-IADMM beside DP-SGD + FedAvg and Flower's built-in DP\n\n"
+        "Generated by `python -m benchmarks.builtin_dp`: "
         "`examples/digits_app` (a 64-32-10 MLP on scikit-learn's digits, 5 clients of 287 or 288 images, "
         "10 rounds, the whole run at delta = 1e-5) through `flwr run` on Flower's simulation engine "
         f"(flwr {facts['flwr']}, torch {facts['torch']}, {facts['cpus_usable']} cores, {facts['machine']}, "

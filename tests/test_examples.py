@@ -3,11 +3,11 @@
 An example is what a user writes: its ServerApp builds ``strategies.DPIADMM`` with its own
 initial parameters and evaluates the model itself; its ClientApp answers with ``clients.dpiadmm``'s
 helpers, its own module and its own data. ``examples/plugin_app`` is the minimal one;
-``examples/digits_app`` trains one task with DP-IADMM or with Flower's own FedAvg +
-``DifferentialPrivacyClientSideFixedClipping``. These tests check that the examples use only the public
-entry points (never dpadmm's own ServerApp or ClientApp) and that real ``flwr run``s of them train: every
-agent answers every round, the model moves and the test accuracy rises above chance, and the statements
-are what the clients ran.
+``examples/digits_app`` trains one task with DP-IADMM, with Flower's FedAvg over clients that run
+Opacus's DP-SGD, or with Flower's own FedAvg + ``DifferentialPrivacyClientSideFixedClipping``. These tests
+check that the examples use only the public entry points (never dpadmm's own ServerApp or ClientApp) and
+that real ``flwr run``s of them train: every agent answers every round, the model moves and the test
+accuracy rises above chance, and the statements are what the clients ran.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DIGITS = ROOT / "examples" / "digits_app"
 # helpers and the core library. server.server_app and clients.client_app are our own app.
 PROJECT = {"dpadmm", "strategies", "clients", "server", "benchmarks", "tests"}
 PUBLIC = ("dpadmm", "strategies", "clients.dpiadmm")
-THIRD_PARTY = {"torch", "flwr", "numpy", "sklearn"}
+THIRD_PARTY = {"torch", "flwr", "numpy", "sklearn", "opacus"}  # opacus: the digits app's dp-sgd
 
 
 def _imports(path: Path) -> list[str]:
@@ -116,19 +116,24 @@ def test_the_example_app_trains_through_a_real_flower_run(flwr_env: dict[str, st
 
 def test_the_digits_app_imports_only_public_entry_points_and_each_method_its_own() -> None:
     """Its DP-IADMM module plugs in our strategy and helpers; its DP-FedAvg module uses Flower's classes and
-    nothing of dpadmm's training; the network is the app's own."""
+    its DP-SGD module Opacus's and Flower's FedAvg, neither anything of dpadmm's training; the network is
+    the app's own."""
     used = _checked_imports(DIGITS / "digits_app")
     assert {"strategies.DPIADMM", "clients.dpiadmm.answer_query", "clients.dpiadmm.train_reply"} <= used
     flower = set(_imports(DIGITS / "digits_app" / "dpfedavg.py"))
     assert {"flwr.serverapp.strategy.DifferentialPrivacyClientSideFixedClipping",
             "flwr.serverapp.strategy.FedAvg", "flwr.serverapp.RdpAccountant"} <= flower
     assert not {n for n in flower if n.startswith(("strategies", "clients"))}
+    opacus = set(_imports(DIGITS / "digits_app" / "dpsgd.py"))
+    assert {"opacus.PrivacyEngine", "opacus.data_loader.DPDataLoader", "opacus.accountants.PRVAccountant",
+            "opacus.accountants.utils.get_noise_multiplier", "flwr.serverapp.strategy.FedAvg"} <= opacus
+    assert not {n for n in opacus if n.startswith(("strategies", "clients"))}
     assert "flwr.clientapp.mod.fixedclipping_mod" in _imports(DIGITS / "digits_app" / "client_app.py")
     task = ast.parse((DIGITS / "digits_app" / "task.py").read_text())
     assert "Net" in [n.name for n in task.body if isinstance(n, ast.ClassDef)]
     app = tomllib.loads((DIGITS / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert set(app["config"]) - set(papers().to_mapping()) == {
-        "method", "fedavg-clip", "fedavg-lr", "fedavg-epochs", "fedavg-batch"}
+        "method", "fedavg-clip", "fedavg-lr", "fedavg-epochs", "fedavg-batch", "dpsgd-lr"}
 
 
 def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_another_size() -> None:
@@ -137,8 +142,10 @@ def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_an
         from digits_app.task import client_block, settings
     finally:
         sys.path.remove(str(DIGITS))
-    with pytest.raises(ValueError, match=r"method='fedprox' is not one of dpiadmm, dp-fedavg"):
+    with pytest.raises(ValueError, match=r"method='fedprox' is not one of dpiadmm, dp-fedavg, dp-sgd"):
         settings({"method": "fedprox"})
+    with pytest.raises(ValueError, match=r"dpsgd-lr=0.0 is not allowed"):
+        settings({"method": "dp-sgd", "dpsgd-lr": 0.0})
     config, own = settings({"method": "dp-fedavg", "fedavg-clip": 0.3, "rounds": 4, "num-agents": 5})
     assert (own.method, own.fedavg_clip, config.rounds) == ("dp-fedavg", 0.3, 4)
     partition, x, y = client_block({"partition-id": 4, "num-partitions": 5}, config)
@@ -148,6 +155,7 @@ def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_an
         client_block({"partition-id": 0, "num-partitions": 3}, config)
     sys.path.insert(0, str(DIGITS))
     try:
+        from digits_app import dpsgd
         from digits_app.dpfedavg import noise_multiplier
     finally:
         sys.path.remove(str(DIGITS))
@@ -157,6 +165,13 @@ def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_an
         refused = f"target-epsilon={target!r} is not allowed with method='dp-fedavg'"
         with pytest.raises(ValueError, match=refused):
             noise_multiplier(target, 1e-5, 10, 5)
+    # DP-SGD: Opacus's PRV accountant, 100 steps (10 rounds of E = 10) at q = 0.2, as DP-IADMM's defaults
+    z = dpsgd.noise_multiplier(8.0, 1e-5, 0.2, 100)
+    assert 1.4 < z < 1.5
+    for target in (0.0, float("inf"), 1e-6):  # Opacus gives up at z = 1e6 for 1e-6
+        refused = f"target-epsilon={target!r} is not allowed with method='dp-sgd'"
+        with pytest.raises(ValueError, match=refused):
+            dpsgd.noise_multiplier(target, 1e-5, 0.2, 100)
 
 
 @pytest.mark.slow
@@ -200,4 +215,26 @@ def test_the_digits_app_runs_flowers_dp_fedavg_at_the_target_flowers_accountant_
     assert accuracy[1:] != [accuracy[0]] * 3, accuracy
     assert "per client for its whole data set" in results["line"]
     assert "the server sees each client's clipped update without noise" in results["line"]
+    assert f"digits_app: {results['line']}" in output
+
+
+@pytest.mark.slow
+def test_the_digits_app_runs_dp_sgd_with_opacus_at_the_target_its_prv_accountant_reports(
+        flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """method = dp-sgd: Flower's FedAvg over clients that train with Opacus's DP-SGD, z calibrated by Opacus's
+    PRV accountant for the rounds run (3 rounds of E = 10 steps at q = 0.2), reports that target; the global
+    model learns (round 0 is the initial model) and the statement is sample-level and holds against the
+    server."""
+    out = tmp_path / "results.json"
+    output = flwr_run(flwr_env, f"method='dp-sgd' rounds=3 out='{out}'", supernodes=5, app=DIGITS,
+                      timeout=300)
+    results = json.loads(out.read_text())
+    assert [r["round"] for r in results["rounds"]] == [0, 1, 2, 3]
+    assert results["epsilon"] == pytest.approx(8.0, rel=0.01) and results["delta"] == 1e-5
+    assert results["noise_multiplier"] > 0 and results["method"] == "dp-sgd"
+    accuracy = [r["accuracy"] for r in results["rounds"]]
+    assert accuracy[1:] != [accuracy[0]] * 3 and accuracy[3] > 0.5, accuracy  # 10 classes: chance is 0.1
+    assert "sample-level" in results["line"] and "the server included" in results["line"]
+    assert "Opacus's PRV accountant, 30 steps of DP-SGD at sampling rate 0.2" in results["line"]
+    assert "digits_app dp-sgd round 3: test accuracy" in output
     assert f"digits_app: {results['line']}" in output

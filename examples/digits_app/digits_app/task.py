@@ -1,9 +1,10 @@
-"""The task both methods train, and the run config both read.
+"""The task the three methods train, and the run config they read.
 
 A 2-layer MLP (64 -> 32 -> 10, ReLU; 2,410 parameters) on scikit-learn's 8 x 8 digits: 1,437
 training images cut into one contiguous block per client, 360 test images held by the server.
-Everything here is the app's own (dpadmm knows neither the network nor the data); the two methods'
-modules (:mod:`digits_app.dpiadmm`, :mod:`digits_app.dpfedavg`) hold only what differs between them.
+Everything here is the app's own (dpadmm knows neither the network nor the data); the methods' modules
+(:mod:`digits_app.dpiadmm`, :mod:`digits_app.dpsgd`, :mod:`digits_app.dpfedavg`) hold only what differs
+between them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.models.modules import logits_of
 
-METHODS = ("dpiadmm", "dp-fedavg")
+METHODS = ("dpiadmm", "dp-fedavg", "dp-sgd")
 
 
 class Net(nn.Module):
@@ -53,7 +54,7 @@ def client_block(node_config: Mapping[str, Any], config: RunConfig) -> tuple[int
     """(partition id, x, y) of this client: its contiguous block of the shuffled training set.
 
     Flower's simulation gives each SuperNode ``partition-id`` and ``num-partitions``; the blocks must be
-    the ``num-agents`` the server plans for, or both methods would train and account for other clients.
+    the ``num-agents`` the server plans for, or every method would train and account for other clients.
     """
     partition_id, num_partitions = int(node_config["partition-id"]), int(node_config["num-partitions"])
     if num_partitions != config.num_agents:
@@ -82,21 +83,25 @@ class AppSettings:
     fedavg_lr: float = 0.1
     fedavg_epochs: int = 5
     fedavg_batch: int = 32
+    dpsgd_lr: float = 1.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
+        if not 0 < self.dpsgd_lr < float("inf"):
+            raise ValueError(f"dpsgd-lr={self.dpsgd_lr!r} is not allowed: give a learning rate > 0")
 
 
 APP_KEYS = {"method": str, "fedavg-clip": float, "fedavg-lr": float, "fedavg-epochs": int,
-            "fedavg-batch": int}
+            "fedavg-batch": int, "dpsgd-lr": float}
 
 
 def settings(run_config: Mapping[str, Any]) -> tuple[RunConfig, AppSettings]:
     """(dpadmm's RunConfig, this app's settings): RunConfig rejects keys it does not know, so ours go first.
 
-    Both methods read the budget (``target-epsilon``, ``delta``), ``rounds``, ``num-agents`` and ``seed``
-    from RunConfig, so that they are held to the same figures.
+    Every method reads the budget (``target-epsilon``, ``delta``), ``rounds``, ``num-agents`` and ``seed``
+    from RunConfig, and DP-SGD also its local steps, sampling rate and clipping norm, so that they are held
+    to the same figures as DP-IADMM.
     """
     own = {key.replace("-", "_"): kind(run_config[key])
            for key, kind in APP_KEYS.items() if key in run_config}
