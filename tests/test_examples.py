@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dpadmm.iadmm.config import papers
-from tests.conftest import ROOT, flwr_run
+from tests.conftest import ROOT, flwr_run, last_run_status
 
 EXAMPLE = ROOT / "examples" / "plugin_app"
 PACKAGE = EXAMPLE / "plugin_app"
@@ -88,6 +88,19 @@ def test_the_example_imports_only_public_entry_points() -> None:
     assert "flwr run examples/plugin_app" in (EXAMPLE / "README.md").read_text()
 
 
+def test_the_example_refuses_a_network_it_cannot_build_before_any_round() -> None:
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from plugin_app.settings import settings
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    assert settings({"conv-channels": 2})[1].conv_channels == 2
+    for value in (0, 2.5, "4", True):
+        refused = rf"^conv-channels={value!r} is not allowed: give an integer >= 1$"
+        with pytest.raises(ValueError, match=refused):
+            settings({"conv-channels": value})
+
+
 @pytest.mark.slow
 def test_the_example_app_trains_through_a_real_flower_run(flwr_env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "plugin-run"
@@ -136,7 +149,7 @@ def test_the_digits_app_imports_only_public_entry_points_and_each_method_its_own
         "method", "fedavg-clip", "fedavg-lr", "fedavg-epochs", "fedavg-batch", "dpsgd-lr"}
 
 
-def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_another_size() -> None:
+def test_the_digits_app_refuses_settings_it_cannot_run_and_a_federation_of_another_size() -> None:
     sys.path.insert(0, str(DIGITS))
     try:
         from digits_app.task import client_block, settings
@@ -144,8 +157,19 @@ def test_the_digits_app_refuses_a_method_it_does_not_have_and_a_federation_of_an
         sys.path.remove(str(DIGITS))
     with pytest.raises(ValueError, match=r"method='fedprox' is not one of dpiadmm, dp-fedavg, dp-sgd"):
         settings({"method": "fedprox"})
-    with pytest.raises(ValueError, match=r"dpsgd-lr=0.0 is not allowed"):
-        settings({"method": "dp-sgd", "dpsgd-lr": 0.0})
+    # each of its own settings before any round (a negative step made every client raise, and the run
+    # ended "completed" with the untrained model)
+    refused = {"fedavg-lr": -1.0, "fedavg-clip": 0.0, "dpsgd-lr": float("inf"), "fedavg-epochs": 0,
+               "fedavg-batch": -32}
+    for key, value in refused.items():
+        with pytest.raises(ValueError, match=rf"^{key}={value!r} is not allowed: give (a finite number > 0|"
+                                             "an integer >= 1)$"):
+            settings({"method": "dp-fedavg", key: value})
+    for key, value, wanted in (("fedavg-epochs", 2.5, "an integer"), ("fedavg-lr", "0.1", "a number"),
+                               ("method", 1, "a string"), ("fedavg-batch", True, "an integer")):
+        with pytest.raises(ValueError, match=rf"^{key}={value!r} is not allowed: give {wanted}$"):
+            settings({key: value})
+    assert settings({"fedavg-lr": 1})[1].fedavg_lr == 1.0  # an integer for a number
     config, own = settings({"method": "dp-fedavg", "fedavg-clip": 0.3, "rounds": 4, "num-agents": 5})
     assert (own.method, own.fedavg_clip, config.rounds) == ("dp-fedavg", 0.3, 4)
     partition, x, y = client_block({"partition-id": 4, "num-partitions": 5}, config)
@@ -238,3 +262,20 @@ def test_the_digits_app_runs_dp_sgd_with_opacus_at_the_target_its_prv_accountant
     assert "Opacus's PRV accountant, 30 steps of DP-SGD at sampling rate 0.2" in results["line"]
     assert "digits_app dp-sgd round 3: test accuracy" in output
     assert f"digits_app: {results['line']}" in output
+
+
+@pytest.mark.slow
+def test_a_digits_app_round_whose_every_reply_failed_stops_the_run_saying_why(
+        flwr_env: dict[str, str], tmp_path: Path) -> None:
+    """A fault every client repeats (here a federation of 5 SuperNodes for num-agents=4: each client refuses
+    its block): Flower's FedAvg would keep the model and go on, and the run would end "completed" with the
+    untrained model; the app's strategy (task.StopsWhenEveryReplyFails, which the DP-FedAvg wrapper's
+    subclass shares) stops at round 1, naming the clients' error."""
+    out = tmp_path / "results.json"
+    output = flwr_run(flwr_env, f"method='dp-sgd' num-agents=4 rounds=2 out='{out}'", supernodes=5,
+                      app=DIGITS, timeout=300)
+    assert "round 1: every client's reply failed (5 of 5; the first: " in output, output[-3000:]
+    assert "the federation has 5 SuperNodes but num-agents=4" in output and "[ROUND 2" not in output
+    status, details = last_run_status(flwr_env)
+    assert status == "finished:failed" and "every client's reply failed" in details
+    assert "epsilon" not in json.loads(out.read_text())  # no statement for a run that released nothing

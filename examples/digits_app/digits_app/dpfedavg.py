@@ -29,7 +29,7 @@ from flwr.serverapp import (
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 from torch import nn
 
-from digits_app.task import Net, Results, client_block, settings
+from digits_app.task import Net, Results, StopsWhenEveryReplyFails, client_block, settings
 from dpadmm.models.modules import initial_parameters
 
 
@@ -58,13 +58,17 @@ def noise_multiplier(target_epsilon: float, delta: float, rounds: int, clients: 
     return high
 
 
+class StoppingClientSideFixedClipping(StopsWhenEveryReplyFails, DifferentialPrivacyClientSideFixedClipping):
+    """Flower's wrapper, stopping a run whose every reply failed (it would skip the round and go on)."""
+
+
 def serve(grid: Grid, context: Context) -> None:
     """Train ``rounds`` rounds; log and record the (noisy) global model after each, then Flower's epsilon."""
     config, own = settings(context.run_config)
     np.random.seed(config.seed)  # the wrapper draws its noise from NumPy's global generator
     z = noise_multiplier(config.target_epsilon, config.delta, config.rounds, config.num_agents)
     fedavg = FedAvg(fraction_evaluate=0.0, min_available_nodes=config.num_agents, weighted_by_key="weight")
-    strategy = DifferentialPrivacyClientSideFixedClipping(
+    strategy = StoppingClientSideFixedClipping(
         fedavg, noise_multiplier=z, clipping_norm=own.fedavg_clip, num_sampled_clients=config.num_agents,
         accountant=accountant(config.delta, config.num_agents))
     results = Results(config, own)

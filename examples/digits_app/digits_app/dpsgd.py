@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from digits_app.task import Net, Results, client_block, settings
+from digits_app.task import Net, Results, StopsWhenEveryReplyFails, client_block, settings
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.models.modules import initial_parameters
 
@@ -73,12 +73,17 @@ def calibrated(config: RunConfig) -> float:
                             config.rounds * config.steps)
 
 
+class StoppingFedAvg(StopsWhenEveryReplyFails, FedAvg):
+    """Flower's FedAvg, stopping a run whose every reply failed (it would keep the model and go on)."""
+
+
 def serve(grid: Grid, context: Context) -> None:
     """Train ``rounds`` rounds of FedAvg over every client; log and record the global model after each, then
     the run's epsilon by Opacus's PRV accountant."""
     config, own = settings(context.run_config)
     z = calibrated(config)  # before training: an unreachable target stops the run here
-    strategy = FedAvg(fraction_evaluate=0.0, min_available_nodes=config.num_agents, weighted_by_key="weight")
+    strategy = StoppingFedAvg(fraction_evaluate=0.0, min_available_nodes=config.num_agents,
+                              weighted_by_key="weight")
     results = Results(config, own)
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:

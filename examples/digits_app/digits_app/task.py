@@ -10,15 +10,16 @@ between them.
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from sklearn.datasets import load_digits
 from torch import nn
 
@@ -86,14 +87,50 @@ class AppSettings:
     dpsgd_lr: float = 1.0
 
     def __post_init__(self) -> None:
+        """Refuse what no run can use, before any round: a negative step would make every client raise, and
+        the run would end "completed" with the untrained model."""
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
-        if not 0 < self.dpsgd_lr < float("inf"):
-            raise ValueError(f"dpsgd-lr={self.dpsgd_lr!r} is not allowed: give a learning rate > 0")
+        for key in ("fedavg-clip", "fedavg-lr", "dpsgd-lr"):
+            value = getattr(self, key.replace("-", "_"))
+            if not 0 < value < math.inf:
+                raise ValueError(f"{key}={value!r} is not allowed: give a finite number > 0")
+        for key in ("fedavg-epochs", "fedavg-batch"):
+            value = getattr(self, key.replace("-", "_"))
+            if value < 1:
+                raise ValueError(f"{key}={value!r} is not allowed: give an integer >= 1")
 
 
 APP_KEYS = {"method": str, "fedavg-clip": float, "fedavg-lr": float, "fedavg-epochs": int,
             "fedavg-batch": int, "dpsgd-lr": float}
+
+
+def _typed(key: str, value: Any) -> Any:
+    """``value`` as ``APP_KEYS[key]`` says: a float key takes an integer too (``fedavg-lr=1``); nothing else
+    is converted (``fedavg-epochs=2.5`` would silently become 2)."""
+    kind = APP_KEYS[key]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is str and isinstance(value, str) or kind is int and number and isinstance(value, int) or \
+            kind is float and number:
+        return kind(value)
+    wanted = {str: "a string", int: "an integer", float: "a number"}[kind]
+    raise ValueError(f"{key}={value!r} is not allowed: give {wanted}")
+
+
+class StopsWhenEveryReplyFails:
+    """A strategy mixin (before Flower's strategy in the bases) that ends the run when every client's reply
+    in a round is an error, naming the first: a fault all clients repeat (a setting none can train with)
+    would otherwise leave the model untrained while the run ends "completed", as Flower's FedAvg and its
+    DP wrappers go on past failed replies. dpadmm's strategy stops likewise."""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        failed = [reply for reply in replies if reply.has_error()]
+        if replies and len(failed) == len(replies):
+            raise RuntimeError(f"round {server_round}: every client's reply failed ({len(failed)} of "
+                               f"{len(replies)}; the first: {failed[0].error.reason}); the run stops")
+        return super().aggregate_train(server_round, replies)  # type: ignore[misc]  (the strategy's)
 
 
 def settings(run_config: Mapping[str, Any]) -> tuple[RunConfig, AppSettings]:
@@ -103,8 +140,7 @@ def settings(run_config: Mapping[str, Any]) -> tuple[RunConfig, AppSettings]:
     from RunConfig, and DP-SGD also its local steps, sampling rate and clipping norm, so that they are held
     to the same figures as DP-IADMM.
     """
-    own = {key.replace("-", "_"): kind(run_config[key])
-           for key, kind in APP_KEYS.items() if key in run_config}
+    own = {key.replace("-", "_"): _typed(key, run_config[key]) for key in APP_KEYS if key in run_config}
     config = RunConfig.from_mapping({k: v for k, v in run_config.items() if k not in APP_KEYS})
     return config, AppSettings(**own)
 

@@ -32,6 +32,10 @@ APP_KEYS = ("conv-channels",)
 
 
 def settings(run_config: Mapping[str, Any]) -> tuple[RunConfig, AppSettings]:
-    """(dpadmm's RunConfig, this app's settings)."""
-    own = AppSettings(conv_channels=int(run_config.get("conv-channels", AppSettings.conv_channels)))
+    """(dpadmm's RunConfig, this app's settings); a value the network cannot be built with is refused
+    before any round, naming it."""
+    channels = run_config.get("conv-channels", AppSettings.conv_channels)
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
+        raise ValueError(f"conv-channels={channels!r} is not allowed: give an integer >= 1")
+    own = AppSettings(conv_channels=channels)
     return RunConfig.from_mapping({k: v for k, v in run_config.items() if k not in APP_KEYS}), own
