@@ -18,4 +18,4 @@ Flower client, P for the batched engine), so the Flower app and the engine run t
 mathematics.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -52,7 +52,7 @@ PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if
 # Programs of other tools: checked by their own projects, not here.
 EXTERNAL = {"ray", "sphinx-build", "python3.11", "."}
 EXTERNAL_FLWR = {"supernode"}  # flwr subcommands other than `run`
-EXTERNAL_MODULES = {"venv", "webbrowser"}  # python -m <module>
+EXTERNAL_MODULES = {"venv"}  # python -m <module>
 # Pages whose `dpadmm train` commands run (seconds each); the others' are long runs or need a GPU.
 CHEAP_PAGES = {"README.md", "docs/testing.md"}
 AUDIT_TRIALS = 2000  # releases per neighbour of a documented `dpadmm audit` (flags checked, attack run)
@@ -473,3 +473,14 @@ def test_the_built_site_reads_offline(tmp_path: Path) -> None:
     page = (out / "families" / "iadmm.html").read_text()
     assert page.count('<div class="math') >= 5 and "\\[" in page and "\\(" in page
     assert not re.search(r"<script[^>]*mathjax", page, re.I) and "cdn.jsdelivr" not in page
+
+
+def test_the_changelog_names_the_version_the_package_reports() -> None:
+    """CHANGELOG.md's newest entry is the version pyproject.toml declares and the package reports (a user who
+    upgrades reads there what changed), and the README points to it."""
+    import dpadmm
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    entries = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - ", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert entries and entries[0] == declared == dpadmm.__version__, (entries, declared, dpadmm.__version__)
+    assert "CHANGELOG.md" in (ROOT / "README.md").read_text()
