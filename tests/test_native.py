@@ -216,13 +216,24 @@ print(json.dumps({"native": native.library() is not None, "sum": float(x.sum()),
 
 @pytest.mark.slow
 def test_without_a_compiler_the_torch_path_runs_with_a_note(tmp_path) -> None:
+    """No compiler, a compiler that fails, or the kernels turned off: the torch path, the same noise, and a
+    note saying why; a build says first that it compiles (the first run on a machine waits for it)."""
+    failing = tmp_path / "failing-cc"  # answers --version, fails to compile
+    failing.write_text("#!/bin/sh\n"
+                       "[ \"$1\" = --version ] && { echo failing-cc 1.0; exit 0; }\n"
+                       "echo no >&2; exit 1\n")
+    failing.chmod(0o755)
     built = _in_fresh_process(_PROBE)
     broken = _in_fresh_process(_PROBE, CC=str(tmp_path / "no-such-cc"), DPADMM_CACHE=str(tmp_path / "cache"))
+    failed = _in_fresh_process(_PROBE, CC=str(failing), DPADMM_CACHE=str(tmp_path / "cache"))
     off = _in_fresh_process(_PROBE, DPADMM_NATIVE="0")
-    assert built["native"] and not broken["native"] and not off["native"]
+    assert built["native"] and not broken["native"] and not failed["native"] and not off["native"]
     assert "C kernels are not available" in broken["stderr"] and "no-such-cc" in broken["stderr"]
+    assert "compiling the C kernels for this machine, once" not in broken["stderr"]
+    said = failed["stderr"]
+    assert said.index("compiling the C kernels for this machine, once") < said.index("are not available")
     assert "DPADMM_NATIVE=0" in off["stderr"]
-    assert built["bits"] == broken["bits"] == off["bits"]  # the same noise on every path
+    assert built["bits"] == broken["bits"] == failed["bits"] == off["bits"]  # the same noise on every path
     assert math.isfinite(built["sum"])
 
 

@@ -113,6 +113,9 @@ def _build() -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Said, not only logged at INFO: the first run on a machine waits for it (about 40 s of CPU), once.
+    log.warning("dpadmm.native: compiling the C kernels for this machine, once (about 40 s of CPU); they are "
+                "kept in %s", target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         c_file, so_file = Path(tmp) / "native.c", Path(tmp) / "native.so"
         c_file.write_text(text)
