@@ -32,6 +32,7 @@ import importlib
 import io
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -484,3 +485,50 @@ def test_the_changelog_names_the_version_the_package_reports() -> None:
     entries = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - ", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
     assert entries and entries[0] == declared == dpadmm.__version__, (entries, declared, dpadmm.__version__)
     assert "CHANGELOG.md" in (ROOT / "README.md").read_text()
+
+
+# The figures the README and getting-started state for `dpadmm train` (the main job and its variants), each
+# checked against what the command prints here, so a change of defaults fails the test until the pages say
+# what the code does. The runs are deterministic (keyed streams, exact C kernels); the tolerance allows one
+# test image (0.001) either way for another CPU's rounding, and 0.5% for the loss and the consensus violation.
+MAIN_JOB_LINE = re.compile(r"round 10 test error ([\d.]+), train loss ([\d.]+), consensus violation ([\d.]+)")
+
+
+def _trained(args: tuple[str, ...], cwd: Path) -> tuple[float, float, float]:
+    """(test error, train loss, consensus violation) after `dpadmm train ARGS`'s last round."""
+    done = subprocess.run([sys.executable, "-m", "dpadmm.cli", "train", "--no-progress", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = MAIN_JOB_LINE.search(done.stdout)
+    assert found, done.stdout[-2000:]
+    error, loss, violation = (float(v) for v in found.groups())
+    return error, loss, violation
+
+
+def _stated(page: str, pattern: str) -> list[float]:
+    found = re.search(pattern, (ROOT / page).read_text())
+    assert found, f"{page} no longer states {pattern!r}"
+    return [float(v) for v in found.groups()]
+
+
+@pytest.mark.slow
+def test_the_main_jobs_documented_figures_are_what_dpadmm_train_prints(tmp_path: Path) -> None:
+    error, loss, violation = _trained((), tmp_path)
+    for page in ("README.md", "docs/getting-started.md"):
+        assert _stated(page, r"dpadmm: test error ([\d.]+);") == pytest.approx([error], abs=0.001), page
+    stated = _stated("docs/getting-started.md", r"dpadmm round 10/10: test error ([\d.]+), train loss "
+                                                r"([\d.]+), consensus violation ([\d.]+)")
+    assert stated[0] == pytest.approx(error, abs=0.001)
+    assert stated[1:] == pytest.approx([loss, violation], rel=0.005)
+    # "`dpadmm train --target-epsilon 4` gives 15.5%, 2 gives 18.5% and 1 gives 26.5%; the same steps without
+    # noise (...) give 9.7%", and the main job over seeds 0-2
+    page = "docs/getting-started.md"
+    by_eps = _stated(page, r"--target-epsilon 4` gives ([\d.]+)%, 2 gives ([\d.]+)% and 1 gives ([\d.]+)%")
+    runs = [_trained(("--target-epsilon", eps), tmp_path)[0] for eps in ("4", "2", "1")]
+    assert by_eps == pytest.approx([100 * e for e in runs], abs=0.1 + 1e-9)
+    noiseless = _stated(page, r"`--epsilon inf --target-epsilon 0`\) give ([\d.]+)%")
+    assert noiseless == pytest.approx([100 * _trained(("--epsilon", "inf", "--target-epsilon", "0"),
+                                                       tmp_path)[0]], abs=0.1 + 1e-9)
+    seeds = [error] + [_trained(("--seed", s), tmp_path)[0] for s in ("1", "2")]
+    mean = 100 * sum(seeds) / 3  # stated to 0.1 points
+    assert _stated(page, r"its ([\d.]+)% \(seeds 0-2\)") == pytest.approx([mean], abs=0.1)
