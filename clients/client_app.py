@@ -8,7 +8,7 @@ The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1,
 ``clients.dpiadmm`` (the protocol helpers any user's ClientApp can call too); this module only
 finds the agent's data and model. The agent keeps **no state between rounds**:
 the server sends it w together with its own lambda_p and last local iterate, and it sends
-back z_p^{t+1} (and its last iterate when E > 1). lambda_p is a function of the w's and
+back z_p^{t+1} (and its last iterate when z_p^{t+1} averages E > 1). lambda_p is a function of the w's and
 z_p's the server already holds, so the server's copy is the agent's line 23 computed once;
 a device that restarts or misses rounds therefore loses nothing (docs/deployment.md says
 what this means for privacy).

@@ -18,7 +18,7 @@ and answers its messages with these helpers::
 The learning is ``dpadmm.iadmm.local.agent_round`` with an agent dimension of 1: E local
 updates of eq. (8) (or the trust region) with per-sample clipping and noise. The
 agent keeps no model state between rounds: the server sends w, lambda_p and the last local
-iterate, and the agent sends back z_p^{t+1} (and its last iterate when E > 1).
+iterate, and the agent sends back z_p^{t+1} (and its last iterate when z_p^{t+1} averages E > 1).
 
 Its noise and samples: inside Flower's simulation engine, the streams keyed by the run's seed (a
 simulation equals the engine); on a deployed node, the node's own secret, bound to the run identity the

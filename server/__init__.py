@@ -1,1 +1,2 @@
-"""Flower ServerApp of DP-IADMM: ``server.server_app:app``."""
+"""The ServerApp of every family: ``server.server_app:app`` (the family's strategy, central evaluation, the
+run's folder)."""

@@ -6,10 +6,12 @@ rows' clipped gradient sum, :mod:`clients.linadmm`) with ``metrics`` ``count``,
 ``partition-id`` and ``server-round``, and the server adds the Gaussian noise once.
 ``strategies/nodes.py`` keeps which node holds which partition, for both.
 
-``DPIADMM`` is a ``flwr.serverapp.strategy.Strategy`` (Message API). It performs line 5
-(the global model w, eq. (4a)) and line 8 (the duals lambda_p, eq. (4c)) of Algorithm 1
-in 003 with the core functions of ``dpadmm.iadmm.consensus``, and keeps the per-agent state
-(z_p, lambda_p) keyed by the partition id each client reports (node ids are random).
+``DPIADMM`` is a ``flwr.serverapp.strategy.Strategy`` (Message API). It performs the global update (the
+mean of the releases by default, ``server-update=mean``; line 5 of Algorithm 1 in 003, eq. (4a), with
+``server-update=admm``) and the duals lambda_p (line 8, eq. (4c)) with the core functions of
+``dpadmm.iadmm.consensus``, and keeps the per-agent state (z_p, lambda_p) keyed by the partition id each
+client reports (node ids are random). ``ADMMSharing`` (001, ``strategies/sharing.py``) and ``GraphRouter``
+(004, ``strategies/decentral.py``) are the other families' strategies.
 
 Protocol (what a ClientApp must speak; ``clients.dpiadmm`` implements it for any model):
 
@@ -18,8 +20,9 @@ Protocol (what a ClientApp must speak; ``clients.dpiadmm`` implements it for any
   (:mod:`dpadmm.wire`) with roles ``w`` (the model the round uses: w^{t+1}, or w^t for OutP),
   ``lambda`` (lambda_p) and ``z`` (its last local iterate), and ``config["server-round"] = t``,
   ``config["partition-id"] = p``;
-* reply: ``arrays`` with ``z.<parameter>`` (z_p^{t+1}) and, when E > 1, ``z-last.<parameter>``,
-  and ``metrics`` with ``partition-id`` and ``server-round``.
+* reply: ``arrays`` with ``z.<parameter>`` (z_p^{t+1}) and, when z_p^{t+1} is the average of E > 1
+  iterates (``release=average``), ``z-last.<parameter>`` (the last), and ``metrics`` with ``partition-id``
+  and ``server-round``.
 """
 
 from strategies.dpiadmm import DPIADMM
