@@ -107,7 +107,7 @@ def iterate_reply(msg: Message, context: Context, config: DecentralConfig, view:
     if k > 1:
         dual = engine.dual(config, view, dual, x)  # iteration k - 1's, now that its iterates are known
     randomness, kind, _ = node_randomness(context.node_config, settings, agent, k,
-                                          request_of(config, k, ids, rows, dual[0, agent]),
+                                          lambda: request_of(config, k, ids, rows, dual[0, agent]),
                                           lambda: device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual), [config.seed], k, randomness)
     context.state.array_records[DUAL] = ArrayRecord({"dual": Array(dual[0, agent].cpu().numpy())})
@@ -152,7 +152,7 @@ def sum_reply(msg: Message, context: Context, config: DecentralConfig, view: Age
     if k > 1:
         dual = engine.dual(config, view, dual, x, sums)  # iteration k - 1's
     randomness, kind, _ = node_randomness(context.node_config, fit.config, agent, k,
-                                          request_of(config, k, total, x[0, agent], dual[0, agent]),
+                                          lambda: request_of(config, k, total, x[0, agent], dual[0, agent]),
                                           lambda: device_request(config, view, agent))
     released, _ = engine.release(config, view, engine.State(x=x, dual=dual, sums=sums), [config.seed], k,
                                  randomness)

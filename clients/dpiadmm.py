@@ -127,7 +127,8 @@ def train_reply(msg: Message, config: RunConfig, data: AgentData, partition_id: 
                          "agent id keys the noise streams and must be this agent's partition id")
     t = int(msg.content["config"]["server-round"])
     randomness, kind, charge = node_randomness(node_config or {}, msg.content["config"], partition_id, t,
-                                               request_of(msg, config), lambda: device_request(config, data))
+                                               lambda: request_of(msg, config),
+                                               lambda: device_request(config, data))
     if charge is not None and "epsilon" in charge.settings:  # calibrated once, when the device admitted it
         run = dataclasses.replace(config, epsilon=charge.settings["epsilon"])
     else:

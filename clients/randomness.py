@@ -111,15 +111,15 @@ def node_charge(node_config: Mapping[str, object], settings: Mapping[str, object
 
 
 def node_randomness(node_config: Mapping[str, object], settings: Mapping[str, object], agent: int,
-                    round_: int, digest: str, request: Callable[[], RunRequest]
+                    round_: int, digest: Callable[[], str], request: Callable[[], RunRequest]
                     ) -> tuple[Secret | None, str, Charge | None]:
     """(this agent's randomness for the request, the kind to report, the device's charge for the run): None
     and None for the simulation kinds; on a deployed node the agent's
     :class:`~dpadmm.privacy.randomness.Secret` for the run the server names in ``settings`` and the run's
     :class:`~dpadmm.privacy.device.Charge`, after the device admitted the run (:func:`node_charge`;
-    ``request()`` is built only on a deployed node) and recorded the request (``digest``) as answered for this
-    round (a different request for the same round is refused:
-    :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
+    ``request()`` is built only on a deployed node) and recorded the request (``digest()``, also computed only
+    there: it hashes every array of the message) as answered for this round (a different request for the
+    same round is refused: :meth:`~dpadmm.privacy.randomness.NodeSecret.answer`)."""
     kind = node_kind(node_config)
     charge = node_charge(node_config, settings, agent, round_, request)
     if charge is None:
@@ -127,7 +127,7 @@ def node_randomness(node_config: Mapping[str, object], settings: Mapping[str, ob
     identity = str(settings.get(IDENTITY_KEY, ""))
     keeper = NodeSecret(state_dir(node_config), agent)
     randomness = keeper.randomness(identity)
-    keeper.answer(identity, round_, digest)
+    keeper.answer(identity, round_, digest())
     if round_ == charge.rounds:  # the node's own statement of the run, in its own log
         log.info("dpadmm node: agent %d answers the last round (%d) of run %s: the run costs this device "
                  "(eps = %.6g, delta = %.3g) by its own accountant (%s, %s); `dpadmm node status` shows its "

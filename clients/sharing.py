@@ -93,7 +93,7 @@ def round_reply(msg: Message, context: Context, config: SharingConfig, parties: 
         own = _cached(context, int(settings["own-round"]), like)
     n = int(like.shape[0])
     randomness, kind, _ = node_randomness(
-        context.node_config, settings, partition_id, t, request_of(config, t, pulled, y, own),
+        context.node_config, settings, partition_id, t, lambda: request_of(config, t, pulled, y, own),
         lambda: privacy.device_request(config, data_digest(parties.blocks), n))
     x, message = engine.party_step(parties, pulled.unsqueeze(0), own.view(1, 1, -1), y.unsqueeze(0), config,
                                    config.penalty(n), [config.seed], t, privacy.noise_std(config, n),

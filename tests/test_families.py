@@ -75,3 +75,15 @@ def test_an_unknown_algorithm_names_every_familys() -> None:
     assert tuple(a for f in FAMILIES for a in f.algorithms) == ALGORITHMS
     assert [family_of(a).name for a in ("objt", "dp-admm")] == ["iadmm", "linadmm"]
     assert key("graph_alpha") == "graph-alpha"
+
+
+def test_a_run_config_is_read_once_per_value_and_refused_every_time() -> None:
+    """A ClientApp reads the run config for every message: equal run configs give the one (frozen)
+    configuration, built once; a refused one is refused again each time, never served from the cache."""
+    given = {**flat_app_config(), "iadmm.rounds": 7}
+    first = from_run_config(given)
+    assert from_run_config(dict(given)) is first and first.rounds == 7
+    assert from_run_config({**given, "iadmm.rounds": 8}).rounds == 8
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^iadmm\.rounds=0 is not allowed"):
+            from_run_config({**given, "iadmm.rounds": 0})

@@ -23,7 +23,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from clients.dpiadmm import train_reply
-from clients.randomness import FORCED_SIMULATION, in_simulation_engine, node_kind
+from clients.randomness import FORCED_SIMULATION, in_simulation_engine, node_kind, node_randomness
 from dpadmm import wire
 from dpadmm.iadmm import privacy
 from dpadmm.iadmm.config import RunConfig, main_job, papers
@@ -193,6 +193,16 @@ def test_the_kind_is_the_nodes_to_decide(monkeypatch: pytest.MonkeyPatch) -> Non
         forced_kind({})
     with pytest.raises(ValueError, match="node config randomness='keyed' is not allowed"):
         forced_kind({"randomness": "keyed"})
+
+
+def test_a_simulated_node_hashes_no_request_and_builds_no_device_request() -> None:
+    """The request's digest (a hash of every array of the message) and the device's run request are for a
+    deployed node's records: a simulated node, which keeps none, computes neither."""
+    def never() -> str:
+        raise AssertionError("computed on a simulated node")
+
+    randomness, kind, charge = node_randomness({"randomness": "simulation"}, {}, 0, 1, never, never)
+    assert randomness is None and charge is None and kind == FORCED_SIMULATION
 
 
 def test_the_state_folder_and_a_damaged_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

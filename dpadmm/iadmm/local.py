@@ -157,7 +157,8 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     if config.local_start == "global":
         z = tree_map(lambda w_, z_: w_.expand_as(z_).clone(), w, z_chain)
     no_noise = tree_map(lambda _: 0.0, z)
-    total = tree_map(torch.zeros_like, z)
+    # the sum of the E iterates, for release=average only (release=last sends z as it ends)
+    total = tree_map(torch.zeros_like, z) if config.release == "average" else None
     # [(S,) P] for logistic regression's tensors, [P] for a module's parameters
     first = next(iter(z.values())) if isinstance(z, Mapping) else z
     runs_agents = first.shape[:1] if isinstance(z, Mapping) else z.shape[:-2]
@@ -176,9 +177,10 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
             xi = _noise(draw, seeds, config, oracle.agents, t, e, z, scale, noise.STREAM_OBJECTIVE)
             magnitude = magnitude + _mean_abs(xi)
         z = tree_map(step, z, w, lam, g, xi)
-        total = tree_map(torch.Tensor.add_, total, z)
+        if total is not None:
+            total = tree_map(torch.Tensor.add_, total, z)
     # Line 21: the average of the E iterates; release=last sends the last one (a copy: the chain goes on)
-    z_sent = (tree_map(lambda v: v.div_(steps), total) if config.release == "average"
+    z_sent = (tree_map(lambda v: v.div_(steps), total) if total is not None
               else tree_map(torch.clone, z))
     return LocalResult(z_sent=z_sent, z_last=z, noise_magnitude=magnitude / steps)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 
 from dpadmm.iadmm.calibration import calibrated_epsilon, release_of
 from dpadmm.iadmm.config import RunConfig
@@ -90,12 +91,15 @@ def ledger(config: RunConfig, rounds: int | None = None, total_samples: int | No
                    noise_scale=scale, covered=covered, neighbouring=config.neighbouring, note=note)
 
 
+@lru_cache(maxsize=64)
 def calibrate(config: RunConfig) -> RunConfig:
     """``config`` with ``epsilon`` chosen so that the whole run is ``target-epsilon``-DP at ``delta``.
 
     Inverts the PLD accountant over the noise multiplier of one release, for the configured
     rounds T and local steps E, before training. Returns ``config`` unchanged when no target
     is set. Raises ValueError when the target is smaller than the smallest achievable value.
+    Cached (configurations are frozen): a ClientApp calibrates for every message, and building the
+    calibrated configuration checks every key again.
     """
     if not config.target_epsilon:
         return config
