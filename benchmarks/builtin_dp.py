@@ -27,13 +27,14 @@ Usage, from the project root::
 
     python -m benchmarks.builtin_dp [--out docs/results/builtin-dp]
 
-A benchmark script, not a test.
+Its data (scikit-learn's digits) ship with scikit-learn, so it needs no data folder; the DP-SGD runs need
+Opacus (``pip install -e ".[compare]"``). A benchmark script, not a test.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
+import importlib.util
 import io
 import json
 import re
@@ -45,6 +46,7 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
+from benchmarks import ArgumentParser, check_folder
 from benchmarks.flower_overhead import flwr_env, machine
 from dpadmm.runs import references as bibliography
 from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
@@ -222,14 +224,21 @@ def jobs(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.builtin_dp", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/builtin-dp")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_folder(parser, "--out", out)
     path, log = out / "runs.jsonl", ROOT / "runs" / "builtin-dp.log"  # runs/ is not tracked
+    try:
+        runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    except (OSError, ValueError) as error:
+        parser.error(f"--out {out}: {path} is not this script's runs.jsonl ({error})")
+    needs_opacus = any(keys["method"] == "dp-sgd" for keys, _ in jobs(runs))
+    if needs_opacus and importlib.util.find_spec("opacus") is None:
+        parser.error("the DP-SGD runs need Opacus, which is not installed: pip install -e \".[compare]\"")
+    out.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    runs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     while todo := jobs(runs):
         keys, seed = todo[0]
         result = run({**keys, "seed": seed}, log)

@@ -77,13 +77,19 @@ Usage, from the project root:
         [--out docs/results/compare] [--threads 1] [--data-root ../shared/data]
 
 ``--quick`` is a smoke test (two rounds, one configuration per method, one reported seed) written to
-``runs/compare-quick`` unless ``--out`` says otherwise. A benchmark script, not a test.
+``runs/compare-quick`` unless ``--out`` says otherwise. Each data set is read from ../shared/data/<name> where
+that folder exists, else from dpadmm's cache (``dpadmm data fetch NAME``; ``--mnist-dir``, ``--femnist-dir``
+and ``--data-root`` point elsewhere); a data set in neither stops the script in one line before anything
+runs. FEMNIST-195 needs 195 writers, more than the cache's one LEAF sample holds (114). The settings on the
+main job's data (``main/...``) read the embedded sample and need no folder. The DP-SGD baselines need Opacus
+(``pip install -e ".[compare]"``). A benchmark script, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import logging
 import math
@@ -101,6 +107,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from benchmarks import ArgumentParser, check_folder, number_list, positive_int, require_data
+from benchmarks import data_dir as dataset_dir
 from benchmarks.flower_overhead import flwr_env
 from dpadmm.data import Dataset
 from dpadmm.data.libsvm import load_binary, normalise_rows
@@ -824,18 +832,41 @@ def write_plot(path: Path, runs: list[Result]) -> None:
 # ----- command line -----
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the data sets' files are (the shared data folder by default)."""
-    shared = ROOT.parent / "shared" / "data"
-    parser.add_argument("--mnist-dir", default=str(shared / "mnist"))
-    parser.add_argument("--femnist-dir", default=str(shared / "femnist"))
-    parser.add_argument("--data-root", default=str(shared),
-                        help="folder holding a9a/ and ijcnn1/ (the LIBSVM files, gzipped or not)")
+    """Where the data sets' files are: by default ../shared/data/<name> where that folder exists (the
+    development machine), else dpadmm's cache, which ``dpadmm data fetch NAME`` fills
+    (:func:`benchmarks.data_dir`)."""
+    parser.add_argument("--mnist-dir", default=str(dataset_dir("mnist")),
+                        help="the MNIST IDX files (default: ../shared/data/mnist, else dpadmm's cache)")
+    parser.add_argument("--femnist-dir", default=str(dataset_dir("femnist")),
+                        help="LEAF FEMNIST sample folder(s) (default: ../shared/data/femnist, else dpadmm's "
+                             "cache)")
+    parser.add_argument("--data-root", default="",
+                        help="folder holding a9a/ and ijcnn1/ (the LIBSVM files, gzipped or not; default: "
+                             "../shared/data/<name> where it exists, else dpadmm's cache)")
+
+
+def data_needed(dataset: str, args: argparse.Namespace) -> tuple[str, str, str] | None:
+    """(data set, folder, flag) that a setting reads; None for the embedded sample (it ships with dpadmm)."""
+    if dataset in BINARY:
+        return dataset, str(dataset_dir(dataset, args.data_root)), "--data-root"
+    name = source(dataset)
+    if name == "default":
+        return None
+    return name, args.mnist_dir if name == "mnist" else args.femnist_dir, f"--{name}-dir"
+
+
+def require_settings_data(parser: argparse.ArgumentParser, datasets: Iterable[str],
+                          args: argparse.Namespace) -> None:
+    """Stop in one line unless every setting's data set is where ``args`` say (before any work)."""
+    datasets = list(datasets)
+    writers = max((AGENTS[d] for d in datasets if source(d) == "femnist"), default=0)
+    require_data(parser, [found for d in datasets if (found := data_needed(d, args))], {"femnist": writers})
 
 
 def load_context(dataset: str, args: argparse.Namespace, out: Path) -> Context:
     """The data set (the binary tasks with unit-norm rows, for every method) and its evaluation split."""
     if dataset in BINARY:
-        data_dir = str(Path(args.data_root, dataset).resolve())
+        data_dir = str(dataset_dir(dataset, args.data_root).resolve())
         raw = load_binary(dataset, data_dir)
         data = replace(raw, x_train=normalise_rows(raw.x_train), x_test=normalise_rows(raw.x_test))
     elif source(dataset) == "default":  # the embedded sample: no files
@@ -849,12 +880,12 @@ def load_context(dataset: str, args: argparse.Namespace, out: Path) -> Context:
     return Context(dataset, data_dir, data, val, test, out)
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
+# The methods whose runs train with Opacus (the ``compare`` extra).
+OPACUS_METHODS = ("dpsgd", "dpfedprox", "dpsgd-sqrt", "dpsgd-extra", "central")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.compare_dp", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny grids, eps 8, one seed")
     parser.add_argument("--datasets", default=",".join(d for d in DATASETS if d not in STUDY),
                         help=f"settings (the model study's, {', '.join(STUDY)}, by name only)")
@@ -864,7 +895,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="", help="output folder (default docs/results/compare, "
                                                   "runs/compare-quick with --quick)")
     add_data_arguments(parser)
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads of this process (1 is fastest on a shared 2-core machine)")
     args = parser.parse_args(argv)
     datasets = [d for d in args.datasets.split(",") if d]
@@ -873,16 +904,29 @@ def main(argv: list[str] | None = None) -> None:
         for value in values:
             if value not in allowed:
                 parser.error(f"{name} {value!r} is not allowed; choose from {', '.join(allowed)}")
-    eps = [8.0] if args.quick else _floats(args.eps)
-    seeds = [1] if args.quick else [int(s) for s in args.seeds.split(",") if s]
+    eps = [8.0] if args.quick else number_list(parser, "--eps", args.eps, float,
+                                               lambda e: math.isfinite(e) and e > 0, "finite epsilons > 0")
+    seeds = [1] if args.quick else number_list(parser, "--seeds", args.seeds, int, lambda s: s >= 0,
+                                               "seeds (integers >= 0)")
     if TUNE_SEED in seeds:
         parser.error(f"seed {TUNE_SEED} tunes the configurations; report other seeds")
     out = Path(args.out or ("runs/compare-quick" if args.quick else "docs/results/compare"))
+    check_folder(parser, "--out", out)
+    if set(methods) & set(OPACUS_METHODS) and importlib.util.find_spec("opacus") is None:
+        named = ", ".join(m for m in methods if m in OPACUS_METHODS)
+        parser.error(f"methods {named} train with Opacus, which is not installed: pip install -e "
+                     "\".[compare]\", or leave them out of --methods")
+    grids = QUICK_GRIDS if args.quick else GRIDS
+    try:
+        runs = load_runs(out / "runs.jsonl")
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"--out {out}: its runs.jsonl is not this script's ({error})")
+    # the settings run now, and those of earlier calls that table.md shows again (their data are read too)
+    require_settings_data(parser, dict.fromkeys([*datasets, *(r["dataset"] for r in current_runs(
+        list(runs.values()), grids))]), args)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the in-process Grid's per-round log lines
-    grids = QUICK_GRIDS if args.quick else GRIDS
-    runs = load_runs(out / "runs.jsonl")
     started = time.perf_counter()
     facts = {}
     for dataset in datasets:

@@ -36,14 +36,16 @@ Usage, from the project root (every process is stopped at the end, also on error
         [--json PATH] [--keep DIR]
 
 ``--nodes 50 --variants ours --rounds 3`` is the many-devices case: 50 SuperNodes on one host, with the
-memory per node and rounds per second. A benchmark script, not a test; on a shared machine the times are
-not comparable between runs.
+memory per node and rounds per second. The devices' data are blocks of the MNIST sample embedded in dpadmm,
+so no data folder is needed. A benchmark script, not a test; on a shared machine the times are not
+comparable between runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -58,8 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import ArgumentParser, check_file, check_folder, positive_float
 from benchmarks.flower_overhead import LineWatcher, follow, interrupt, machine, read_file
-from tests.conftest import Deployment, toml_value
+from dpadmm.iadmm.config import main_job
+from tests.conftest import TEST_POLICY, Deployment, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_APP = ROOT / "benchmarks" / "fedavg_app"
@@ -195,7 +199,10 @@ class Bench:
     """The loopback deployment of N nodes, and the runs on it."""
 
     def __init__(self, root: Path, nodes: int, rounds: int, timeout: float, node_timeout: float) -> None:
-        self.d = Deployment(root, nodes=nodes)
+        # The devices' policy: the tests' generous budgets, and the main job's neighbouring relation (the
+        # tests' own policy holds runs to replace-one, which refuses the main job's add-remove statement)
+        policy = dataclasses.replace(TEST_POLICY, neighbouring=main_job().neighbouring)
+        self.d = Deployment(root, nodes=nodes, policy=policy)
         self.nodes, self.rounds, self.timeout, self.node_timeout = nodes, rounds, timeout, node_timeout
         self.node_configs = self.d.mnist_agents(nodes)
         self.d.prepare([f"node-{i}" for i in range(nodes)])
@@ -352,21 +359,21 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks.deployed_round", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=_int_list, default=[2, 10], help="node counts N, e.g. 2,10")
     parser.add_argument("--rounds", type=int, default=8, help="rounds R per run; rounds 2..R are timed")
     parser.add_argument("--load", type=_int_list, default=[0, 1],
                         help="busy processes beside the runs (each spins on a core), e.g. 0,1")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="ours, echo or both")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
-    parser.add_argument("--node-timeout", type=float, default=300.0,
+    parser.add_argument("--timeout", type=positive_float, default=1800, help="seconds allowed per run")
+    parser.add_argument("--node-timeout", type=positive_float, default=300.0,
                         help="ours: iadmm.node-timeout, the seconds the server waits for every node's answer "
                              "to its query (each node calibrates its run there, about a second of CPU: 50 "
                              "nodes on 2 cores answer within a minute or two, beyond the main job's 60 s)")
     parser.add_argument("--json", help="also write every run's numbers (each round's time) to this file")
     parser.add_argument("--keep", help="keep each deployment's folder (logs, outputs) under this folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
@@ -374,6 +381,10 @@ def main() -> int:
         parser.error(f"--rounds {args.rounds}: at least 2 (round 1 carries the start and is not timed)")
     if min(args.nodes) < 1:
         parser.error(f"--nodes {args.nodes}: every node count must be at least 1")
+    if args.json:
+        check_file(parser, "--json", args.json)
+    if args.keep:
+        check_folder(parser, "--keep", args.keep)
 
     signal.signal(signal.SIGTERM, interrupt)  # a plain `kill` stops every process too, as Ctrl-C does
     info = machine()

@@ -32,7 +32,10 @@ Usage, from the project root:
     python -m benchmarks.engine_modules [--quick] [--rounds N] [--malloc-keep] [--markdown FILE]
         [--femnist-dir DIRS] [--cases a,b,c]
     python -m benchmarks.engine_modules --budget-sweep [--repeats N]
-Prints a Markdown table. Not a test.
+Prints a Markdown table. Not a test. Cases (a) and (b) read FEMNIST: by default ../shared/data/femnist's two
+LEAF samples where that folder exists, else dpadmm's cache (``dpadmm data fetch femnist``: one sample, 114
+writers, too few for case (a)'s P = 195); the script stops in one line, before any variant runs, when the
+writers are not there. Case (c) and ``--budget-sweep`` read the embedded sample and need no folder.
 """
 
 from __future__ import annotations
@@ -50,14 +53,33 @@ from typing import Any
 
 import torch
 
+from benchmarks import (
+    ArgumentParser,
+    check_file,
+    data_dir,
+    positive_int,
+    require_data,
+    shared_data,
+)
 from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.models.modules import LogisticRegression, build_model, initial_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
-FEMNIST = str(ROOT.parent / "shared" / "data" / "femnist" / "leaf-sample-a") + "," + str(
-    ROOT.parent / "shared" / "data" / "femnist" / "leaf-sample-b")
+CASES = ("a", "b", "c")
+FEMNIST_WRITERS = {"a": 195, "b": 10}  # the writers each FEMNIST case reads
+
+
+def default_femnist() -> str:
+    """The FEMNIST samples cases (a) and (b) read by default: the development machine's two LEAF samples
+    (../shared/data/femnist, as the numbers in docs/benchmarks.md were measured), else dpadmm's cache."""
+    shared = shared_data() / "femnist"
+    if shared.is_dir():
+        return ",".join(str(shared / sample) for sample in ("leaf-sample-a", "leaf-sample-b"))
+    return str(data_dir("femnist"))
+
+
 # glibc: serve every allocation from the heap and never give freed memory back, so a large tensor
 # freed in one step is reused by the next instead of being mapped (and zeroed page by page) again.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40),
@@ -169,7 +191,7 @@ def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
                       "vectorize": vectorize, "scale": scale, "rounds": timing.get("rounds", rounds),
                       "warmup": timing.get("warmup", warmup)})
 
-    wanted = set(args.cases.split(","))
+    wanted = {c.strip() for c in args.cases.split(",")}
     if "a" in wanted:
         mlp = {"algorithm": "objpm", "local_steps": 2, "model": "mlp"}
         label = f"(a) MLP, embedded MNIST, P=10, ObjPM E=2, {dtype}"
@@ -199,26 +221,36 @@ def cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return specs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m benchmarks.engine_modules", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one round per variant, no warm-up round")
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after one warm-up round")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="timed rounds after one warm-up round")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"),
                         help="dtype of cases (a) and (c); (b) is float32")
     parser.add_argument("--cases", default="a,b,c", help="comma-separated subset of a, b, c")
     parser.add_argument("--malloc-keep", action="store_true",
                         help="also run vmap and loop with glibc keeping freed memory (no page faults)")
-    parser.add_argument("--femnist-dir", default=FEMNIST, help="LEAF FEMNIST sample folders, comma-separated")
+    parser.add_argument("--femnist-dir", default=default_femnist(),
+                        help="LEAF FEMNIST sample folders, comma-separated (default: the two samples of "
+                             "../shared/data/femnist, else dpadmm's cache)")
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--budget-sweep", action="store_true",
                         help="time one gradient call at several PER_SAMPLE_BUDGET values instead")
-    parser.add_argument("--repeats", type=int, default=5, help="calls per variant of --budget-sweep")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="calls per variant of --budget-sweep")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(sweep(spec["repeats"]) if "repeats" in spec else measure(spec)))
         return 0
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if not wanted or set(wanted) - set(CASES):
+        parser.error(f"--cases {args.cases!r}: give a comma-separated subset of {', '.join(CASES)}")
+    if args.markdown:
+        check_file(parser, "--markdown", args.markdown)
+    femnist = [FEMNIST_WRITERS[c] for c in wanted if c in FEMNIST_WRITERS]
+    if femnist and not args.budget_sweep:
+        require_data(parser, [("femnist", args.femnist_dir, "--femnist-dir")], {"femnist": max(femnist)})
     if args.budget_sweep:
         lines = ["| model | PER_SAMPLE_BUDGET | glibc | vmap ms | loop ms | vmap faults | loop faults |",
                  "| --- | --- | --- | --- | --- | --- | --- |"]

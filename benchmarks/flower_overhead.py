@@ -47,6 +47,13 @@ processes are stopped at the end, also on errors, Ctrl-C and SIGTERM):
     python -m benchmarks.flower_overhead [--agents 195] [--rounds 6] [--dtype float64|float32]
         [--variants ours,fedavg-same-work,fedavg-echo] [--femnist-dir DIR] [--json PATH]
 
+FEMNIST is read from ``--femnist-dir``: by default ../shared/data/femnist where that folder exists, else
+dpadmm's cache (``dpadmm data fetch femnist``: one LEAF sample of 114 writers, so ``--agents`` at most 114
+there); the script stops in one line, before any run starts, when the writers are not there
+(``fedavg-echo`` alone reads no data). A variant whose rounds did not all get every agent's reply (a
+ClientApp that failed, a reply rejected) did less work and would look fast: the script then prints no
+table, says which variant failed and why in one line on stderr, and exits with status 1.
+
 A benchmark script, not a test. On a shared machine the times are not comparable between runs.
 """
 
@@ -70,6 +77,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import (
+    ArgumentParser,
+    check_file,
+    check_folder,
+    data_dir,
+    fail,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    require_data,
+)
 from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -484,30 +503,36 @@ def interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, default=195,
+PROG = "python -m benchmarks.flower_overhead"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=positive_int, default=195,
                         help="P: agents = SuperNodes (FEMNIST's first P writers)")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds R per run; rounds 2..R are timed")
+    parser.add_argument("--rounds", type=positive_int, default=6,
+                        help="rounds R per run; rounds 2..R are timed")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the ClientApps compute (ours and same-work)")
-    parser.add_argument("--gpus-per-clientapp", type=float, default=0.0,
+    parser.add_argument("--gpus-per-clientapp", type=nonnegative_float, default=0.0,
                         help="client-resources-num-gpus: each ClientApp's GPU fraction (with --device cuda)")
     parser.add_argument("--algorithm", default="objpm", help="dpadmm algorithm (ours and same-work)")
-    parser.add_argument("--local-steps", type=int, default=0,
+    parser.add_argument("--local-steps", type=nonnegative_int, default=0,
                         help="E; 0 = the algorithm's default (10 for objpm)")
-    parser.add_argument("--epsilon", type=float, default=1.0, help="eps-bar per local step")
-    parser.add_argument("--eval-every", type=int, default=1,
+    parser.add_argument("--epsilon", type=positive_float, default=1.0, help="eps-bar per local step")
+    parser.add_argument("--eval-every", type=positive_int, default=1,
                         help="ours: central evaluation every this many rounds (in 'cycle', not in 's/round')")
-    parser.add_argument("--femnist-dir", default=str(ROOT.parent / "shared" / "data" / "femnist"))
+    parser.add_argument("--femnist-dir", default=str(data_dir("femnist")),
+                        help="LEAF FEMNIST sample folder(s) (default: ../shared/data/femnist where that "
+                             "exists, else dpadmm's cache)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
     parser.add_argument("--json", help="also write the results (every round, memory by role) to this file")
-    parser.add_argument("--poll", type=float, default=0.5, help="seconds between memory polls")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per run")
+    parser.add_argument("--poll", type=positive_float, default=0.5, help="seconds between memory polls")
+    parser.add_argument("--timeout", type=positive_float, default=3600, help="seconds allowed per run")
     parser.add_argument("--keep", help="keep each run's folder (logs, FLWR_HOME, outputs) under this folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -515,8 +540,17 @@ def main() -> int:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: round 1 is the warm-up and is not timed")
-    if not any(Path(args.femnist_dir).glob("*/train")) and not (Path(args.femnist_dir) / "train").is_dir():
-        parser.error(f"--femnist-dir {args.femnist_dir}: no LEAF sample folder (with train/) found")
+    if args.json:
+        check_file(parser, "--json", args.json, make_parent=True)
+    if args.keep:
+        check_folder(parser, "--keep", args.keep)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device cuda: torch {torch.__version__} sees no GPU here; use --device cpu")
+    if set(variants) - {"fedavg-echo"}:  # the echo reads no data
+        require_data(parser, [("femnist", args.femnist_dir, "--femnist-dir")], {"femnist": args.agents})
 
     # A plain `kill` of this script must also stop the runs: make SIGTERM unwind like Ctrl-C.
     signal.signal(signal.SIGTERM, interrupt)
@@ -551,15 +585,20 @@ def main() -> int:
         "",
         *[f"- {LABELS[r.variant]}: `{r.command}`" for r in results],
     ]
-    report = "\n".join(lines)
-    print(report)
+    # A failed variant's numbers measure less work than the others': no table that could be read as a result.
+    failed = "; ".join(f"{r.variant}: {r.error.splitlines()[0]}" for r in results if r.error)
+    if not failed or interrupted:
+        print("\n".join(lines))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args),
+        Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args), "error": failed,
                                                "runs": [r.to_dict() for r in results]}, indent=2) + "\n")
     if interrupted:
         return 130
-    return 1 if any(r.error for r in results) else 0
+    if failed:
+        fail(PROG, f"the comparison is void, no table printed: {failed} (each failed run's log tail is above"
+             + (f", its folder under {args.keep})" if args.keep else ")"))
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,14 +17,19 @@ Per round t (003 Algorithm 1, with 003 Appendix G's model):
   - z = (z / eta + rho w + lambda_p - xi - g) / (1/eta + rho)            eq. (8)
   - z_p is the average of the E iterates                               line 21
 - lambda_p = lambda_p + rho (w - z_p)                                  eq. (4c), line 23
+
+A module, not a script: ``python -m benchmarks.numpy_reference`` only says where it is used.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+from benchmarks import ArgumentParser
 
 
 @dataclass(frozen=True)
@@ -95,3 +100,17 @@ class NumpyDPIADMM:
                 total += z
             self.z_last[p], self.z[p] = z, total / config.local_steps
             self.lam[p] = self.lam[p] + rho * (self.w - self.z[p])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Say where the reference is used (``python -m benchmarks.numpy_reference``): it times nothing itself."""
+    parser = ArgumentParser(prog="python -m benchmarks.numpy_reference", description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    print("benchmarks.numpy_reference is a module, not a script: `python -m benchmarks.speed` times it "
+          "beside the engine, and tests/test_numpy_reference.py checks it against the engine",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,12 +36,13 @@ Usage, from the project root:
     python -m benchmarks.speed [--rounds 5] [--device cpu|cuda] [--dtype float64|float32] [--seeds S]
                                [--mnist-dir DIR] [--femnist-dir DIR] [--flower] [--markdown FILE]
     python -m benchmarks.speed --draws [--rounds 20] [--mnist-dir DIR] [--markdown FILE]
-Prints a Markdown table (and writes it with --markdown FILE). Not a test.
+Prints a Markdown table (and writes it with --markdown FILE). Not a test. MNIST is read from
+``--mnist-dir``: by default ../shared/data/mnist where that folder exists, else dpadmm's cache (``dpadmm data
+fetch mnist`` fills it); the script stops in one line, before any timing, when it is in neither.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -57,6 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import ArgumentParser, check_file, data_dir, positive_int, require_data
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
 from dpadmm.iadmm import local, privacy
@@ -294,24 +296,35 @@ def _table(rows: list[Row], header: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # as dpadmm train | reproduce run the engine
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (and repeats) per measurement")
+    parser = ArgumentParser(prog="python -m benchmarks.speed", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="timed rounds (and repeats) per measurement")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
-    parser.add_argument("--mnist-dir", default=str(ROOT.parent / "shared" / "data" / "mnist"))
+    parser.add_argument("--mnist-dir", default=str(data_dir("mnist")),
+                        help="the MNIST IDX files (default: ../shared/data/mnist where it exists, else "
+                             "dpadmm's cache)")
     parser.add_argument("--femnist-dir", default="",
                         help="time the real FEMNIST (LEAF samples, 195 writers) instead of random data")
-    parser.add_argument("--seeds", type=int, default=1,
+    parser.add_argument("--seeds", type=positive_int, default=1,
                         help="runs batched per engine step (reproduce's seeds)")
     parser.add_argument("--skip-numpy", action="store_true", help="do not time the NumPy reference")
     parser.add_argument("--flower", action="store_true", help="also time the Flower simulation (P = 195)")
-    parser.add_argument("--flower-rounds", type=int, default=5)
+    parser.add_argument("--flower-rounds", type=positive_int, default=5)
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--draws", action="store_true",
                         help="only the two kinds of randomness: keyed draws against secret grid releases")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.markdown:
+        check_file(parser, "--markdown", args.markdown)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: torch {torch.__version__} sees no GPU here; use --device cpu")
+    needed = [("mnist", args.mnist_dir, "--mnist-dir")]
+    if args.femnist_dir and not args.draws:
+        needed.append(("femnist", args.femnist_dir, "--femnist-dir"))
+    require_data(parser, needed, {"femnist": 195})
     if args.draws:
         table = randomness_table(args.mnist_dir, args.rounds)
         print(table)

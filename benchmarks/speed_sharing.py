@@ -14,14 +14,16 @@ party, a fresh FLWR_HOME and private SuperLink ports, every process stopped at t
 the strategy's ``seconds`` per round (from sending s - z and y to the new z and y; evaluations
 excluded), rounds 2..R, next to the engine's round for S = 1.
 
-Usage: ``python -m benchmarks.speed_sharing --data-root ../shared/data [--runs 1,3] [--threads 2]
-[--flower]``; prints Markdown tables (medians of ``--repeats`` timings of ``--rounds`` rounds).
+Usage: ``python -m benchmarks.speed_sharing [--data-root ../shared/data] [--runs 1,3] [--threads 2]
+[--flower]``; prints Markdown tables (medians of ``--repeats`` timings of ``--rounds`` rounds). Without
+``--data-root`` each data set (a9a; MNIST for mnist-4v9) is read from ../shared/data/<name> where that folder
+exists, else from dpadmm's cache (``dpadmm data fetch a9a``, ``dpadmm data fetch mnist``); the script stops in
+one line, before any timing, when one is in neither.
 A benchmark script, not a test; on a shared machine the times are not comparable between runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shlex
@@ -33,6 +35,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import (
+    ArgumentParser,
+    data_dir,
+    number_list,
+    positive_float,
+    positive_int,
+    require_data,
+)
 from benchmarks.flower_overhead import ROOT, flwr_env
 from benchmarks.speed_linadmm import _median_seconds, gemm_rate
 from dpadmm.runs.results import read_metrics
@@ -43,9 +53,10 @@ from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of th
 
 
 def config_for(dataset: str, data_root: str, rounds: int, noise: str) -> SharingConfig:
-    """A private run (eps = 1 per round) of 001's split of ``dataset``."""
+    """A private run (eps = 1 per round) of 001's split of ``dataset``, its data under ``data_root`` (empty:
+    :func:`benchmarks.data_dir`'s default)."""
     return SharingConfig(epsilon=1.0, noise=noise, rounds=rounds, dataset=dataset,
-                         data_dir=str(Path(data_root).resolve() / FOLDERS[dataset]),
+                         data_dir=str(data_dir(FOLDERS[dataset], data_root).resolve()),
                          parties=PAPER_PARTIES[dataset])
 
 
@@ -89,18 +100,29 @@ def flower_seconds(config: SharingConfig, work: Path, timeout: float) -> list[fl
     return [float(r["seconds"]) for r in read_metrics(out)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-root", required=True, help="folder with a9a/ and mnist/")
+def main(argv: list[str] | None = None) -> None:
+    parser = ArgumentParser(prog="python -m benchmarks.speed_sharing", description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", default="",
+                        help="folder with a9a/ and mnist/ (default: ../shared/data/<name> where it exists, "
+                             "else dpadmm's cache)")
     parser.add_argument("--datasets", default="a9a,mnist-4v9")
     parser.add_argument("--runs", default="1,3", help="comma-separated batch sizes S (seeds)")
     parser.add_argument("--noise", default="message", choices=("message", "paper"))
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rounds", type=positive_int, default=20)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--flower", action="store_true", help="also time a real `flwr run` of each data set")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds allowed to each `flwr run`")
-    args = parser.parse_args()
+    parser.add_argument("--timeout", type=positive_float, default=900,
+                        help="seconds allowed to each `flwr run`")
+    args = parser.parse_args(argv)
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not datasets or set(datasets) - set(FOLDERS):
+        parser.error(f"--datasets {args.datasets!r}: choose from {', '.join(FOLDERS)}")
+    batches = number_list(parser, "--runs", args.runs, int, lambda s: s >= 1, "batch sizes (integers >= 1)")
+    if args.flower and args.rounds < 2:
+        parser.error(f"--rounds {args.rounds}: --flower times rounds 2..R, so at least 2")
+    require_data(parser, [(FOLDERS[d], str(data_dir(FOLDERS[d], args.data_root)), "--data-root")
+                          for d in datasets])
     torch.set_num_threads(args.threads)
     rate = gemm_rate()
     print(f"float64 GEMM: {rate / 1e9:.1f} GFLOP/s on {args.threads} thread(s); {args.noise} noise; load "
@@ -109,10 +131,10 @@ def main() -> None:
           "round / read floor |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     engine_ms = {}
-    for dataset in args.datasets.split(","):
+    for dataset in datasets:
         config = config_for(dataset, args.data_root, args.rounds, args.noise)
         problem = engine.load(config)
-        for runs in (int(s) for s in args.runs.split(",")):
+        for runs in batches:
             row = measure(config, problem, runs, args.repeats, rate)
             engine_ms[(dataset, runs)] = row["ms"]
             print(f"| {dataset} | {row['m']} x {row['n']} x {row['d']} | {runs} | {row['ms']:.2f} | "
@@ -122,7 +144,7 @@ def main() -> None:
     print("\n| data | parties | Flower s/round (median, rounds 2..R) | min | engine s/round (S = 1) | "
           "Flower / engine |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for dataset in args.datasets.split(","):
+    for dataset in datasets:
         config = config_for(dataset, args.data_root, args.rounds, args.noise)
         with tempfile.TemporaryDirectory(prefix="speed-sharing-") as work:
             seconds = flower_seconds(config, Path(work), args.timeout)[1:]

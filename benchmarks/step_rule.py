@@ -27,12 +27,12 @@ Usage, from the project root::
     python -m benchmarks.step_rule [--models logistic,digits-mlp,mlp,tiny-cnn,cnn]
         [--out docs/results/step-rule]
 
-A benchmark script, not a test.
+Its data (the embedded sample, scikit-learn's digits) ship with dpadmm and scikit-learn: no data folder is
+needed. A benchmark script, not a test.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks import ArgumentParser, check_folder
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.iadmm import engine, schedules
 from dpadmm.iadmm.config import NETWORK_SHARE, RunConfig, main_job
@@ -127,18 +128,22 @@ def table(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m benchmarks.step_rule", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="logistic,digits-mlp,mlp,tiny-cnn")
     parser.add_argument("--out", default="docs/results/step-rule")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
-    if unknown:
+    if unknown or not models:
         parser.error(f"--models {','.join(unknown)} is not allowed; choose from {', '.join(MODELS)}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_folder(parser, "--out", out)
     log = out / "runs.jsonl"
-    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    try:
+        runs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    except (OSError, ValueError) as error:
+        parser.error(f"--out {out}: {log} is not this script's runs.jsonl ({error})")
+    out.mkdir(parents=True, exist_ok=True)
     done = {(r["model"], r["row"], r["seed"]) for r in runs}
     for model in models:
         config = setting(model)[0]

@@ -26,13 +26,13 @@ README runs it):
     python -m benchmarks.suite_cpu [--top 40] [--json suite-cpu.json] [--every 0.25] [-- PYTEST ARGS]
 
 It prints the machine's busy CPU over the run, the CPU charged to tests, the tests that cost most and
-the kinds of process that cost most; ``--json`` writes every test's numbers. A benchmark script, not a
-test: the numbers hold for the machine and the load it ran on.
+the kinds of process that cost most; ``--json`` writes every test's numbers. It reads no data of its own:
+the tests it runs find theirs (``tests/conftest.py``), and skip where a fresh clone lacks them. A benchmark
+script, not a test: the numbers hold for the machine and the load it ran on.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -48,6 +48,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import ArgumentParser, check_file
 from benchmarks.deployed_round import TICK, stat_fields
 from benchmarks.flower_overhead import machine, read_file
 
@@ -219,8 +220,7 @@ def report(tests: dict[str, dict[str, Any]], busy: float, wall: float, top: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite_cpu",
-                                     description=(__doc__ or "").split("\n")[0])
+    parser = ArgumentParser(prog="python -m benchmarks.suite_cpu", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--top", type=int, default=40, help="tests to list (default 40)")
     parser.add_argument("--every", type=float, default=0.25, help="seconds between looks at /proc")
     parser.add_argument("--json", type=Path, help="write every test's numbers here")
@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.every <= 0 or args.top < 0:
         parser.error(f"--every must be > 0 (got {args.every}) and --top >= 0 (got {args.top})")
+    if args.json:
+        check_file(parser, "--json", args.json)
     records = Path(tempfile.mkdtemp(prefix="suite-cpu-"))
     # a pytest started from a test (as in this module's own test) would charge itself to that test
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"} | {RECORDS: str(records)}

@@ -1,7 +1,8 @@
 """ClientApp: dpadmm's local round under FedAvg (``same-work``), or a reply without work (``echo``).
 
-``same-work`` calls the very functions ``clients.client_app.train`` calls,
-``agent_data_for`` and ``clients.dpiadmm.local_update``: the agent's data (cached per worker process), one
+``same-work`` calls the very functions the main ClientApp's DP-IADMM round calls (``clients.client_app``'s
+``agent_data_for``, then ``clients.dpiadmm.train_reply``'s ``dpadmm.iadmm.privacy.calibrate`` and
+``local_update``): the agent's data (cached per worker process), one
 ``dpadmm.iadmm.local.agent_round`` (E local steps with their Laplace noise), and z back with the last
 iterate when E > 1 (two arrays for ObjPM). It skips only the DP-IADMM message checks (partition
 and round ids), which FedAvg has no use for.
@@ -24,12 +25,13 @@ app = ClientApp()
 
 
 def _run_config(values: Mapping[str, Any]) -> Any:
-    """The dpadmm RunConfig in this app's run config (its ``bench-*`` keys are not dpadmm's), calibrated."""
-    from clients.client_app import calibrated
+    """The dpadmm RunConfig in this app's run config (its ``bench-*`` keys are not dpadmm's), calibrated as
+    ``clients.dpiadmm.train_reply`` calibrates it (eps-bar from ``target-epsilon``, when one is set)."""
+    from dpadmm.iadmm import privacy
     from dpadmm.iadmm.config import RunConfig
 
     keys = frozenset(f.name.replace("_", "-") for f in fields(RunConfig))
-    return calibrated(RunConfig.from_mapping({k: v for k, v in values.items() if k in keys}))
+    return privacy.calibrate(RunConfig.from_mapping({k: v for k, v in values.items() if k in keys}))
 
 
 @app.train()
