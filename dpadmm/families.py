@@ -96,16 +96,18 @@ def from_run_config(run_config: Mapping[str, Any]) -> Any:
     checks every key of every table (about 5 ms, most of a small model's message at 195 agents); the
     configurations are frozen, so one serves every message of a run. A refused run config is checked again
     each time (errors are not cached)."""
-    items = tuple(sorted(run_config.items()))
+    # each value with its type: 1, 1.0 and True are equal keys, and a value of a refused type must not be
+    # answered with the configuration built from an equal one of the right type
+    items = tuple(sorted((name, type(value).__name__, value) for name, value in run_config.items()))
     try:
         return _from_items(items)
     except TypeError:  # an unhashable value (Flower's run config holds none): built without the cache
-        return _from_run_config(dict(items))
+        return _from_run_config(run_config)
 
 
 @lru_cache(maxsize=16)
-def _from_items(items: tuple[tuple[str, Any], ...]) -> Any:
-    return _from_run_config(dict(items))
+def _from_items(items: tuple[tuple[str, str, Any], ...]) -> Any:
+    return _from_run_config({name: value for name, _, value in items})
 
 
 def _from_run_config(run_config: Mapping[str, Any]) -> Any:

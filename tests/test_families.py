@@ -87,3 +87,7 @@ def test_a_run_config_is_read_once_per_value_and_refused_every_time() -> None:
     for _ in range(2):
         with pytest.raises(ValueError, match=r"^iadmm\.rounds=0 is not allowed"):
             from_run_config({**given, "iadmm.rounds": 0})
+    # an equal value of another type is its own key: True is no round count, whatever 1 gave
+    assert from_run_config({**given, "iadmm.rounds": 1}).rounds == 1
+    with pytest.raises(ValueError, match=r"iadmm\.rounds"):
+        from_run_config({**given, "iadmm.rounds": True})
