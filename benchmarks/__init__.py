@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -209,3 +212,53 @@ def fail(prog: str, message: str, status: int = 1) -> NoReturn:
     """End the script with one line on stderr, ``<prog>: error: <message>``, and ``status``."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(status)
+
+
+# ----- the local SuperLink of a `flwr run` -----
+
+LOCAL_SUPERLINK_WAIT = 180.0
+
+
+def start_local_superlink(env: Mapping[str, str], timeout: float = LOCAL_SUPERLINK_WAIT) -> None:
+    """Start the local SuperLink that ``flwr run`` would start for ``env`` and wait until it answers.
+
+    ``flwr run`` against its local SuperLink starts one when nothing answers on
+    ``$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, and gives it a fixed 15 s (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``,
+    not configurable) to answer; a machine busy with other runs misses that, and the run fails before any of
+    it started. Started here first, with the command Flower uses (its public flags, the same ``FLWR_HOME``
+    files and ports) and a patient wait, the run finds it answering and uses it. The SuperLink runs in a
+    session of its own with ``FLWR_HOME`` in its environment, so whatever stops the run's other processes
+    (found by that variable) stops it too. A SuperLink that exits before it answers is started once more;
+    a second exit, or no answer within ``timeout`` seconds, raises with the tail of its log.
+    """
+    home, port = Path(env["FLWR_HOME"]), env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    folder = home / "local-superlink"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "superlink.log"
+    command = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+               "--control-api-address", f"127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}",
+               "--host", "127.0.0.1", "--port", port, "--database", str(folder / "state.db"),
+               "--log-file", str(log)]
+    deadline, state = time.monotonic() + timeout, "exited twice before it answered"
+    for _ in range(2):
+        process = subprocess.Popen(command, env=dict(env), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        while process.poll() is None and time.monotonic() < deadline:
+            if _answers(f"http://127.0.0.1:{port}/health"):
+                return
+            time.sleep(0.2)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+            state = f"did not answer within {timeout:g} s"
+            break
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+    raise RuntimeError(f"the local SuperLink on 127.0.0.1:{port} {state}; its log {log}:\n{tail}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.4) as response:
+            return 200 <= response.status < 300
+    except OSError:
+        return False

@@ -46,7 +46,7 @@ import tokenize
 from pathlib import Path
 from typing import Any
 
-from benchmarks import ArgumentParser, check_folder
+from benchmarks import ArgumentParser, check_folder, start_local_superlink
 from benchmarks.flower_overhead import flwr_env, machine
 from dpadmm.runs import references as bibliography
 from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
@@ -93,6 +93,7 @@ def run(keys: dict[str, Any], log: Path) -> dict[str, Any]:
                    "--run-config", config, "--federation-config", "num-supernodes=5"]
         env = flwr_env(home)
         try:
+            start_local_superlink(env)
             with log.open("a") as fh:
                 done = subprocess.run(command, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                       timeout=1800)

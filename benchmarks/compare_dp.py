@@ -107,7 +107,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from benchmarks import ArgumentParser, check_folder, number_list, positive_int, require_data
+from benchmarks import (
+    ArgumentParser,
+    check_folder,
+    number_list,
+    positive_int,
+    require_data,
+    start_local_superlink,
+)
 from benchmarks import data_dir as dataset_dir
 from benchmarks.flower_overhead import flwr_env
 from dpadmm.data import Dataset
@@ -545,6 +552,7 @@ def _flwr_run(ctx: Context, specs: list[dict[str, Any]], run_config: dict[str, A
         log_path.parent.mkdir(parents=True, exist_ok=True)
         seen = 0
         try:
+            start_local_superlink(env)
             with open(log_path, "a", encoding="utf-8") as log:
                 proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)

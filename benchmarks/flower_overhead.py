@@ -88,6 +88,7 @@ from benchmarks import (
     positive_float,
     positive_int,
     require_data,
+    start_local_superlink,
 )
 from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
@@ -419,6 +420,7 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path) -> RunResult
     log_path = work / "flwr-run.log"
     started = time.perf_counter()
     try:
+        start_local_superlink(env)
         started = time.perf_counter()
         result.returncode = follow(command, env, log_path, watcher, args.timeout, args.poll,
                                    lambda pid: peaks.add(run_processes(home, pid)),

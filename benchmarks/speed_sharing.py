@@ -42,6 +42,7 @@ from benchmarks import (
     positive_float,
     positive_int,
     require_data,
+    start_local_superlink,
 )
 from benchmarks.flower_overhead import ROOT, flwr_env
 from benchmarks.speed_linadmm import _median_seconds, gemm_rate
@@ -92,6 +93,7 @@ def flower_seconds(config: SharingConfig, work: Path, timeout: float) -> list[fl
                f"num-supernodes={len(config.widths)} client-resources-num-cpus=1"]
     print(f"[flower] {shlex.join(command)}", file=sys.stderr, flush=True)
     try:
+        start_local_superlink(env)
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         stop_flwr_processes(home)

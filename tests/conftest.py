@@ -32,6 +32,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from benchmarks import start_local_superlink
 from dpadmm.data.mnist import MNIST_FILES
 from dpadmm.families import DEFAULT, family_of
 from dpadmm.privacy.device import POLICY_FILE, Policy
@@ -356,11 +357,9 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
 
     ``app`` defaults to the project's app (:func:`shipped_app`); the command runs in the project's folder.
 
-    ``supernodes`` and ``federation`` (more ``key=value`` items) form ``--federation-config``. Flower gives
-    the local SuperLink it starts a fixed 15 s (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``), which a machine busy
-    with other tests can miss before any of the run starts; under such load the SuperLink has also been seen
-    to exit before it answered. Either way nothing of the run started: the command is run once more, and a
-    second failure shows the SuperLink's own log.
+    ``supernodes`` and ``federation`` (more ``key=value`` items) form ``--federation-config``. Without
+    ``superlink`` the run's local SuperLink is started first (:func:`benchmarks.start_local_superlink`): the
+    fixed 15 s Flower gives the one it starts is missed on a machine busy with other tests.
     """
     command = ["flwr", "run", str(app or shipped_app()), *([superlink] if superlink else []), "--stream",
                "--run-config", run_config]
@@ -369,14 +368,10 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
         command += ["--federation-config", " ".join(items)]
     bin_dir = Path(env.get("VIRTUAL_ENV", "")) / "bin"
     env = dict(env, PATH=f"{bin_dir}:{env['PATH']}") if bin_dir.exists() else env
-    for _ in range(2):
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        output = done.stdout + done.stderr
-        if done.returncode == 0 or "Failed to start local SuperLink" not in output:
-            break
-    if done.returncode != 0 and "Failed to start local SuperLink" in output and "FLWR_HOME" in env:
-        log = Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
-        output += "\n--- the local SuperLink's log:\n" + (log.read_text()[-3000:] if log.exists() else "none")
+    if superlink is None:
+        start_local_superlink(env)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     return output
 

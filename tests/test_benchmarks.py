@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, stop_flwr_processes
+from benchmarks import start_local_superlink
+from tests.conftest import ROOT, _pids_with_env, free_ports, stop_flwr_processes
 
 PROG = "python -m benchmarks.{}"
 
@@ -306,3 +307,43 @@ def test_engine_modules_case_c_on_the_embedded_sample(tmp_path: Path) -> None:
               env=_env(tmp_path, empty_cache=False), timeout=300))
     rows = [line for line in table.read_text().splitlines() if line.startswith("| (c)")]
     assert [row.split(" | ")[1] for row in rows] == ["closed form", "vmap", "loop"]
+
+
+def _superlink_env(tmp_path: Path) -> dict[str, str]:
+    superlink_port, control_port = free_ports(2)
+    return dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"), FLWR_TELEMETRY_ENABLED="0",
+                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
+                FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+
+def _superlinks(home: str) -> list[int]:
+    """The SuperLink processes run with FLWR_HOME=home."""
+    return [pid for pid in _pids_with_env("FLWR_HOME", home)
+            if b"flower-superlink" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.mark.slow  # a SuperLink process: seconds of imports
+def test_the_local_superlink_started_first_is_the_one_flwr_uses(tmp_path: Path) -> None:
+    """``start_local_superlink`` returns once the SuperLink answers on the run's port; ``flwr ls`` (which,
+    like ``flwr run``, starts a SuperLink of its own only when none answers) then uses that one, and
+    stopping the run's processes by its FLWR_HOME stops it."""
+    env = _superlink_env(tmp_path)
+    try:
+        start_local_superlink(env)
+        started = _superlinks(env["FLWR_HOME"])
+        listed = subprocess.run([str(Path(sys.executable).parent / "flwr"), "ls", "--format", "json"],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        output = listed.stdout + listed.stderr
+        assert listed.returncode == 0 and json.loads(listed.stdout)["runs"] == [], output
+        assert "Starting local SuperLink" not in output and len(started) == 1
+        assert _superlinks(env["FLWR_HOME"]) == started
+    finally:
+        assert stop_flwr_processes(Path(env["FLWR_HOME"])) == []
+
+
+def test_a_local_superlink_that_does_not_answer_in_time_is_stopped_and_named(tmp_path: Path) -> None:
+    env = _superlink_env(tmp_path)
+    with pytest.raises(RuntimeError, match=r"did not answer within 0\.01 s; its log .*superlink\.log"):
+        start_local_superlink(env, timeout=0.01)
+    assert stop_flwr_processes(Path(env["FLWR_HOME"])) == []
