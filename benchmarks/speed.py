@@ -58,7 +58,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import ArgumentParser, check_file, data_dir, positive_int, require_data
+from benchmarks import (
+    ArgumentParser,
+    check_file,
+    data_dir,
+    positive_int,
+    require_data,
+    start_local_superlink,
+)
+from benchmarks.flower_overhead import flwr_env
 from benchmarks.numpy_reference import NumpyDPIADMM, ReferenceConfig
 from dpadmm.data import Dataset, load_dataset, load_mnist
 from dpadmm.iadmm import local, privacy
@@ -264,11 +272,11 @@ def flower_seconds(rounds: int, agents: int) -> float:
     """Median seconds per round of `flwr run .` with ``agents`` SuperNodes (embedded data, ObjP)."""
     with tempfile.TemporaryDirectory() as tmp:
         home, out = Path(tmp) / "flwr-home", Path(tmp) / "run"
-        env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
-                   FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        env = flwr_env(home)
         run_config = (f"algorithm='objp' preset='papers' iadmm-papers.epsilon=0.1 iadmm-papers.num-agents="
                       f"{agents} iadmm-papers.rounds={rounds} iadmm-papers.out='{out}'")
         try:
+            start_local_superlink(env)
             subprocess.run(["flwr", "run", ".", "--stream", "--run-config", run_config,
                             "--federation-config", f"num-supernodes={agents}"],
                            cwd=ROOT, env=env, check=True, capture_output=True, timeout=3600)

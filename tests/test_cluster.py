@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks import start_local_superlink
 from tests.conftest import ROOT, free_ports, shipped_app, stop_flwr_processes
 
 pytestmark = pytest.mark.slow
@@ -242,6 +243,7 @@ def _flwr_run(env: dict[str, str], out: Path) -> str:
     env = dict(env, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
     command = ["flwr", "run", str(shipped_app()), "--stream", "--federation-config", FEDERATION,
                "--run-config", f"{RUN_CONFIG} iadmm.out='{out}'"]
+    start_local_superlink(env)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
