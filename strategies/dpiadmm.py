@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -246,6 +246,10 @@ class DPIADMM(Strategy):
                                    self.config.server_update)
         holders = self.roster.bind(grid)
         self._sent = []
+        # w is the same for every agent: serialised once, and the one Array (its bytes, its chunks' hashes)
+        # goes into every message, as Flower's FedAvg sends one record to all. Flower serialises each array
+        # when the record is built, so the per-agent rows go in as views, not copies.
+        shared = {key: Array(value) for key, value in wire.pack({"w": self.w}).items()}
         for p in sampled:
             node = holders.get(p)
             if node is None:
@@ -255,8 +259,8 @@ class DPIADMM(Strategy):
             train_config["server-round"] = server_round
             train_config["partition-id"] = p
             train_config[wire.IDENTITY_KEY] = self.run_identity
-            state = ArrayRecord(wire.pack({"w": _copy(self.w), "lambda": _agent(self.lam, p),
-                                           "z": _agent(self.z_chain, p)}))
+            own = wire.pack({"lambda": _row(self.lam, p), "z": _row(self.z_chain, p)})
+            state = ArrayRecord({**shared, **{key: Array(value) for key, value in own.items()}})
             message = Message(content=RecordDict({"arrays": state, "config": train_config}),
                               message_type=MessageType.TRAIN, dst_node_id=node)
             self._sent.append((message, node, p))
@@ -293,10 +297,12 @@ class DPIADMM(Strategy):
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t, self.config.server_update)
         reference = dual_reference(self.config.server_update, self.w, self.z)
-        for p in accepted:
-            lam_p = dual_update(_agent(self.lam, p), reference, _agent(self.z, p), rho_t)
+        if accepted:  # every replying agent at once: the same element-wise operations as one at a time
+            rows = torch.tensor(sorted(accepted))
+            lam = dual_update({name: v[rows] for name, v in self.lam.items()}, reference,
+                              {name: v[rows] for name, v in self.z.items()}, rho_t)
             for name in self.shapes:
-                self.lam[name][p] = lam_p[name]
+                self.lam[name][rows] = lam[name]
         self.round = server_round
         report.replied = sorted(accepted)
         report.no_reply = sorted(set(report.sampled) - set(accepted)
@@ -442,9 +448,9 @@ class DPIADMM(Strategy):
             [(r["partition"], r["reason"]) for r in report.rejected] or "none", self.config.delta, spent)
 
 
-def _agent(params: Params, p: int) -> Params:
-    """Agent p's copy of the per-agent parameters ([P, ...] -> [...])."""
-    return {name: v[p].clone() for name, v in params.items()}
+def _row(params: Params, p: int) -> Params:
+    """Agent p's row of the per-agent parameters ([P, ...] -> [...]): views, not copies."""
+    return {name: v[p] for name, v in params.items()}
 
 
 def _copy(params: Params) -> Params:
