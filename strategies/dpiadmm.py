@@ -291,14 +291,18 @@ class DPIADMM(Strategy):
             accepted[p] = outcome
             self.kinds[p] = reported_kind(reply)
         report.randomness = sorted({self.kinds[p] for p in accepted})
-        for p, (z_p, z_last) in accepted.items():
+        # Every replying agent's rows at once: one copy per parameter, not one per agent (each a parallel
+        # region of torch's threads, which wait on CPUs the ClientApps hold in a simulation).
+        order = sorted(accepted)
+        rows = torch.tensor(order, dtype=torch.long)
+        if order:
             for name in self.shapes:  # z_chain is z itself when E = 1: the same values either way
-                self.z[name][p], self.z_chain[name][p] = z_p[name], z_last[name]
+                self.z[name][rows] = torch.stack([accepted[p][0][name] for p in order])
+                self.z_chain[name][rows] = torch.stack([accepted[p][1][name] for p in order])
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t, self.config.server_update)
         reference = dual_reference(self.config.server_update, self.w, self.z)
-        if accepted:  # every replying agent at once: the same element-wise operations as one at a time
-            rows = torch.tensor(sorted(accepted))
+        if order:  # the same element-wise operations as one agent at a time
             lam = dual_update({name: v[rows] for name, v in self.lam.items()}, reference,
                               {name: v[rows] for name, v in self.z.items()}, rho_t)
             for name in self.shapes:
