@@ -302,7 +302,9 @@ class DPIADMM(Strategy):
         if self.config.algorithm == "outp":
             self.w = global_update(self.z, self.lam, rho_t, self.config.server_update)
         reference = dual_reference(self.config.server_update, self.w, self.z)
-        if order:  # the same element-wise operations as one agent at a time
+        if len(order) == self.config.num_agents:  # the same element-wise operations as one agent at a time
+            self.lam = dual_update(self.lam, reference, self.z, rho_t)
+        elif order:
             lam = dual_update({name: v[rows] for name, v in self.lam.items()}, reference,
                               {name: v[rows] for name, v in self.z.items()}, rho_t)
             for name in self.shapes:
