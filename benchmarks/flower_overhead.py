@@ -90,10 +90,14 @@ from benchmarks import (
     require_data,
     start_local_superlink,
 )
+from dpadmm.families import DEFAULT, table_of
 from tests.conftest import free_ports, stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDAVG_APP = ROOT / "benchmarks" / "fedavg_app"
+# The preset of `ours` and of the same-work ClientApp: the papers' (full batches, each agent replying its
+# last iterate beside the average of its E iterates; the card's configuration).
+PRESET = "papers"
 VARIANTS = ("ours", "fedavg-same-work", "fedavg-echo")
 LABELS = {"ours": "OURS (DP-IADMM)", "fedavg-same-work": "FEDAVG-SAME-WORK", "fedavg-echo": "FEDAVG-ECHO"}
 REFERENCE = "fedavg-same-work"
@@ -369,11 +373,12 @@ def variant_command(variant: str, args: argparse.Namespace, work: Path) -> tuple
     if variant == "ours":  # the papers preset's table (the FedAvg app's own run config is flat)
         app, watched = ROOT, work / "run" / "rounds.jsonl"
         own = {**common, "eval-every": args.eval_every, "out": str(work / "run")}
-        config = {"algorithm": own.pop("algorithm"), "preset": "papers",
-                  **{f"iadmm-papers.{k}": v for k, v in own.items()}}
-    else:
+        config = {"algorithm": own.pop("algorithm"), "preset": PRESET,
+                  **{f"{table_of(DEFAULT, PRESET)}.{k}": v for k, v in own.items()}}
+    else:  # the same keys and preset, read by the same function (fedavg_bench.client_app._run_config)
         app, watched = FEDAVG_APP, work / "timings.jsonl"
-        config = {**common, "bench-mode": variant.removeprefix("fedavg-"), "bench-timings": str(watched)}
+        config = {**common, "preset": PRESET, "bench-mode": variant.removeprefix("fedavg-"),
+                  "bench-timings": str(watched)}
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
     federation = f"num-supernodes={args.agents} client-resources-num-cpus=1"
     if args.gpus_per_clientapp:
@@ -508,7 +513,8 @@ def interrupt(signum: int, frame: object) -> None:
 PROG = "python -m benchmarks.flower_overhead"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ArgumentParser:
+    """The script's arguments (the tests build the variants' commands from them)."""
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=positive_int, default=195,
                         help="P: agents = SuperNodes (FEMNIST's first P writers)")
@@ -534,6 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=positive_float, default=0.5, help="seconds between memory polls")
     parser.add_argument("--timeout", type=positive_float, default=3600, help="seconds allowed per run")
     parser.add_argument("--keep", help="keep each run's folder (logs, FLWR_HOME, outputs) under this folder")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -25,13 +25,22 @@ app = ClientApp()
 
 
 def _run_config(values: Mapping[str, Any]) -> Any:
-    """The dpadmm RunConfig in this app's run config (its ``bench-*`` keys are not dpadmm's), calibrated as
-    ``clients.dpiadmm.train_reply`` calibrates it (eps-bar from ``target-epsilon``, when one is set)."""
+    """The dpadmm RunConfig in this app's run config (its ``bench-*`` keys are not dpadmm's), read as the main
+    app reads the same keys given in its ``preset``'s table (``dpadmm.families.from_run_config``, the main
+    ClientApp's reading, cached by value): the keys this app leaves out take the preset's values, as in the
+    main app's run, not RunConfig's defaults (the main job's, which sample a fifth of the data per step and
+    reply one array: less work than the papers' preset). Calibrated as ``clients.dpiadmm.train_reply``
+    calibrates it (eps-bar from ``target-epsilon``, when one is set)."""
+    from dpadmm.families import DEFAULT, from_run_config, table_of
     from dpadmm.iadmm import privacy
     from dpadmm.iadmm.config import RunConfig
 
-    keys = frozenset(f.name.replace("_", "-") for f in fields(RunConfig))
-    return privacy.calibrate(RunConfig.from_mapping({k: v for k, v in values.items() if k in keys}))
+    keys = frozenset(f.name.replace("_", "-") for f in fields(RunConfig)) - {"algorithm"}
+    preset = str(values["preset"])
+    table = table_of(DEFAULT, preset)
+    return privacy.calibrate(from_run_config({
+        "algorithm": values["algorithm"], "preset": preset,
+        **{f"{table}.{k}": v for k, v in values.items() if k in keys}}))
 
 
 @app.train()
