@@ -225,11 +225,12 @@ def start_local_superlink(env: Mapping[str, str], timeout: float = LOCAL_SUPERLI
     ``flwr run`` against its local SuperLink starts one when nothing answers on
     ``$FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, and gives it a fixed 15 s (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``,
     not configurable) to answer; a machine busy with other runs misses that, and the run fails before any of
-    it started. Started here first, with the command Flower uses (its public flags, the same ``FLWR_HOME``
-    files and ports) and a patient wait, the run finds it answering and uses it. The SuperLink runs in a
-    session of its own with ``FLWR_HOME`` in its environment, so whatever stops the run's other processes
-    (found by that variable) stops it too. A SuperLink that exits before it answers is started once more;
-    a second exit, or no answer within ``timeout`` seconds, raises with the tail of its log.
+    it started. Started here first, as Flower starts it (its public flags, the same ``FLWR_HOME`` files and
+    ports, no update check: Flower's CLI makes that one) and with a patient wait, the run finds it answering
+    and uses it. The SuperLink runs in a session of its own with ``FLWR_HOME`` in its environment, so
+    whatever stops the run's other processes (found by that variable) stops it too. A SuperLink that exits
+    before it answers is started once more; a second exit, or no answer within ``timeout`` seconds, raises
+    with the tail of its log.
     """
     home, port = Path(env["FLWR_HOME"]), env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
     folder = home / "local-superlink"
@@ -241,8 +242,9 @@ def start_local_superlink(env: Mapping[str, str], timeout: float = LOCAL_SUPERLI
                "--log-file", str(log)]
     deadline, state = time.monotonic() + timeout, "exited twice before it answered"
     for _ in range(2):
-        process = subprocess.Popen(command, env=dict(env), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(command, env={**env, "FLWR_DISABLE_UPDATE_CHECK": "1"},
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
         while process.poll() is None and time.monotonic() < deadline:
             if _answers(f"http://127.0.0.1:{port}/health"):
                 return
