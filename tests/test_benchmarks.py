@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import start_local_superlink
-from tests.conftest import ROOT, _pids_with_env, free_ports, stop_flwr_processes
+from benchmarks.flower_overhead import flwr_env
+from tests.conftest import ROOT, _pids_with_env, stop_flwr_processes
 
 PROG = "python -m benchmarks.{}"
 
@@ -341,14 +342,6 @@ def test_engine_modules_case_c_on_the_embedded_sample(tmp_path: Path) -> None:
     assert [row.split(" | ")[1] for row in rows] == ["closed form", "vmap", "loop"]
 
 
-def _superlink_env(tmp_path: Path) -> dict[str, str]:
-    superlink_port, control_port = free_ports(2)
-    return dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"), FLWR_TELEMETRY_ENABLED="0",
-                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(superlink_port),
-                FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-
-
 def _superlinks(home: str) -> list[int]:
     """The SuperLink processes run with FLWR_HOME=home."""
     return [pid for pid in _pids_with_env("FLWR_HOME", home)
@@ -360,7 +353,7 @@ def test_the_local_superlink_started_first_is_the_one_flwr_uses(tmp_path: Path) 
     """``start_local_superlink`` returns once the SuperLink answers on the run's port; ``flwr ls`` (which,
     like ``flwr run``, starts a SuperLink of its own only when none answers) then uses that one, and
     stopping the run's processes by its FLWR_HOME stops it."""
-    env = _superlink_env(tmp_path)
+    env = flwr_env(tmp_path / "flwr-home")
     try:
         start_local_superlink(env)
         started = _superlinks(env["FLWR_HOME"])
@@ -375,7 +368,7 @@ def test_the_local_superlink_started_first_is_the_one_flwr_uses(tmp_path: Path) 
 
 
 def test_a_local_superlink_that_does_not_answer_in_time_is_stopped_and_named(tmp_path: Path) -> None:
-    env = _superlink_env(tmp_path)
+    env = flwr_env(tmp_path / "flwr-home")
     with pytest.raises(RuntimeError, match=r"did not answer within 0\.01 s; its log .*superlink\.log"):
         start_local_superlink(env, timeout=0.01)
     assert stop_flwr_processes(Path(env["FLWR_HOME"])) == []
