@@ -81,6 +81,20 @@ def test_the_loop_over_agents_equals_vmap_for_an_mlp(server_update: str, small: 
     assert batched.records[-1]["noise-magnitude"] > 0
 
 
+def test_a_module_run_of_one_seed_draws_from_that_seed(small: Dataset) -> None:
+    """run_seeds(config, [s]) is the run of seed s whatever config.seed says, for a module as for logistic
+    regression (a module's draws are keyed by its configuration's seed)."""
+    config = papers(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=2, model="mlp")
+    given = engine.run_seeds(config, [7], dataset=small, write=False, progress=False)[0]
+    own = engine.run_seeds(dataclasses.replace(config, seed=7), [7], dataset=small, write=False,
+                           progress=False)[0]
+    other = engine.run_seeds(config, [0], dataset=small, write=False, progress=False)[0]
+    assert given.config.seed == 7
+    for name, value in own.state.w.items():
+        assert torch.equal(given.state.w[name], value), name
+    assert not torch.equal(given.state.w["fc1.weight"], other.state.w["fc1.weight"])
+
+
 def test_a_resumed_module_run_equals_the_uninterrupted_one(tmp_path: Path, small: Dataset) -> None:
     """Two seeds of an MLP run one after the other, each with its own checkpoint file."""
     config = papers(algorithm="objpm", epsilon=1.0, local_steps=2, rounds=4, eval_every=2, model="mlp")

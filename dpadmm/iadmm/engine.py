@@ -150,6 +150,8 @@ def run_seeds(
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds={seeds} is not allowed; give one or more distinct seeds")
     configs = [dataclasses.replace(config, seed=s) for s in seeds]  # validates each seed
+    if len(seeds) == 1:  # a module's run draws from config.seed: the one seed given is the run's
+        config = configs[0]
     if directories is not None and len(directories) != len(seeds):
         raise ValueError(f"got {len(directories)} directories for {len(seeds)} seeds")
     if checkpoint is not None and (not write or directories is None):
