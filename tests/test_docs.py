@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -47,7 +48,7 @@ from dpadmm.data import download
 from dpadmm.data.sources import SOURCES
 from dpadmm.families import FAMILIES, Family
 from server import server_app
-from tests.conftest import ROOT, missing_data
+from tests.conftest import ROOT, SHARED_DATA, missing_data
 
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
 # Programs of other tools: checked by their own projects, not here.
@@ -494,13 +495,19 @@ def test_the_changelog_names_the_version_the_package_reports() -> None:
 MAIN_JOB_LINE = re.compile(r"round 10 test error ([\d.]+), train loss ([\d.]+), consensus violation ([\d.]+)")
 
 
+def _train(args: tuple[str, ...], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """What `dpadmm train ARGS` prints (stdout)."""
+    done = subprocess.run([sys.executable, "-m", "dpadmm.cli", "train", "--no-progress", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def _trained(args: tuple[str, ...], cwd: Path) -> tuple[float, float, float]:
     """(test error, train loss, consensus violation) after `dpadmm train ARGS`'s last round."""
-    done = subprocess.run([sys.executable, "-m", "dpadmm.cli", "train", "--no-progress", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = MAIN_JOB_LINE.search(done.stdout)
-    assert found, done.stdout[-2000:]
+    out = _train(args, cwd)
+    found = MAIN_JOB_LINE.search(out)
+    assert found, out[-2000:]
     error, loss, violation = (float(v) for v in found.groups())
     return error, loss, violation
 
@@ -532,3 +539,75 @@ def test_the_main_jobs_documented_figures_are_what_dpadmm_train_prints(tmp_path:
     seeds = [error] + [_trained(("--seed", s), tmp_path)[0] for s in ("1", "2")]
     mean = 100 * sum(seeds) / 3  # stated to 0.1 points
     assert _stated(page, r"its ([\d.]+)% \(seeds 0-2\)") == pytest.approx([mean], abs=0.1)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Figures a family page states for one of its `dpadmm train` commands: ``stated`` finds them on the
+    page (its groups, in order), ``printed`` in what the command prints (the same figures, same order)."""
+
+    page: str
+    stated: str
+    args: tuple[str, ...]
+    printed: str
+    data: bool = False  # the command reads one of the other papers' data sets (binary_dir)
+
+    def __str__(self) -> str:
+        return f"{self.page}: dpadmm train {' '.join(self.args)}"
+
+
+_N = r"(-?\d+(?:\.\d+)?)"  # a figure on a page or in a command's output
+_A9A = ("--algorithm", "dp-admm", "--dataset", "a9a", "--rounds", "50")
+_A9A_LINE = rf"test accuracy {_N} \(always"
+# The family pages' figures for their commands. The runs are deterministic (keyed streams), so a figure may
+# differ from what the command prints by one unit of the last digit the page gives (its rounding, or another
+# CPU's); a change of defaults fails the test until the page says what the code does.
+FAMILY_FIGURES = (
+    Figures("docs/families/decentral.md",
+            rf"print the same numbers \(log-error {_N}, worst agent {_N},\s+consensus {_N}, "
+            rf"{_N}-LDP\)",
+            ("--algorithm", "ldp-admm", "--graph", "random", "--agents", "10", "--edges", "20"),
+            rf"log-error {_N} \(worst agent {_N}\), consensus {_N};.* of the a-priori {_N}",
+            data=True),
+    Figures("docs/families/linadmm.md",
+            rf"objective {_N} \(averaged iterate {_N}\), test accuracy {_N} \(always predicting "
+            rf"the majority class scores {_N}\)",
+            (*_A9A, "--target-epsilon", "0.05", "--eta", "8"),
+            rf"objective {_N} \(averaged iterate {_N}\), test accuracy {_N} \(always predicting "
+            rf"the majority class scores {_N}\)", data=True),
+    Figures("docs/families/linadmm.md", rf"without noise \(`--target-epsilon inf`\) it reaches {_N}",
+            (*_A9A, "--target-epsilon", "inf", "--eta", "8"), _A9A_LINE, data=True),
+    Figures("docs/families/linadmm.md", rf"the accuracy is still\s+{_N} \(",
+            (*_A9A, "--target-epsilon", "0.05"), _A9A_LINE, data=True),
+    Figures("docs/families/linadmm.md", rf"the accuracy is still\s+\d+\.\d+ \({_N} without noise\)",
+            (*_A9A, "--target-epsilon", "inf"), _A9A_LINE, data=True),
+    Figures("docs/families/iadmm.md", rf"The first ends at test error {_N} and train loss {_N}",
+            ("--model", "mlp"), rf"round 10 test error {_N}, train loss {_N}"),
+    Figures("docs/families/iadmm.md", rf"the second at\s+{_N} and {_N} \(2 cores, float64",
+            ("--model", "mlp", "--target-epsilon", "4", "--rounds", "20"),
+            rf"round 20 test error {_N}, train loss {_N}"),
+)
+
+
+def _last_digit(figure: str) -> float:
+    """One unit of a figure's last written digit: 0.001 for "0.147", 1 for "40"."""
+    return 10.0 ** -len(figure.split(".")[1]) if "." in figure else 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("figures", FAMILY_FIGURES, ids=str)
+def test_the_family_pages_figures_are_what_their_commands_print(figures: Figures, tmp_path: Path,
+                                                                request: pytest.FixtureRequest) -> None:
+    found = re.search(figures.stated, (ROOT / figures.page).read_text())
+    assert found, f"{figures.page} no longer states {figures.stated!r}"
+    env = dict(os.environ)
+    if figures.data:  # the data set from ../shared/data (a file:// mirror) or the cache, as a user's run
+        root = request.getfixturevalue("binary_dir")
+        if root == SHARED_DATA:
+            env["DPADMM_DATA_MIRRORS"] = root.as_uri()
+    out = _train(figures.args, tmp_path, env)
+    printed = re.search(figures.printed, out)
+    assert printed, out[-2000:]
+    for stated, value in zip(found.groups(), printed.groups(), strict=True):
+        assert float(value) == pytest.approx(float(stated), abs=_last_digit(stated) + 1e-12), (
+            f"{figures}: the page states {stated}, the command prints {value}")
