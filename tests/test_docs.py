@@ -588,6 +588,11 @@ FAMILY_FIGURES = (
     Figures("docs/families/iadmm.md", rf"the second at\s+{_N} and {_N} \(2 cores, float64",
             ("--model", "mlp", "--target-epsilon", "4", "--rounds", "20"),
             rf"round 20 test error {_N}, train loss {_N}"),
+    Figures("docs/families/iadmm.md",
+            rf"runs with noise multiplier {_N} \(r[\s\S]*?ends at test error {_N} under",
+            ("--model", "mlp", "--target-epsilon", "4", "--rounds", "20", "--batch-size", "32",
+             "--sampling-rate", "1", "--neighbouring", "replace-one"),
+            rf"noise multiplier {_N},[\s\S]*?round 20 test error {_N}"),
     Figures("docs/families/sharing.md",
             rf"reaches training objective {_N} and test error {_N}% in 100 rounds[\s\S]*?"
             rf"against {_N}% for always",
