@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import json
 import os
 import re
 import shlex
@@ -47,6 +48,8 @@ from dpadmm import cli
 from dpadmm.data import download
 from dpadmm.data.sources import SOURCES
 from dpadmm.families import FAMILIES, Family
+from dpadmm.iadmm.config import RunConfig
+from dpadmm.runs.results import read_metrics
 from server import server_app
 from tests.conftest import ROOT, SHARED_DATA, missing_data
 
@@ -527,6 +530,20 @@ def test_the_main_jobs_documented_figures_are_what_dpadmm_train_prints(tmp_path:
                                                 r"([\d.]+), consensus violation ([\d.]+)")
     assert stated[0] == pytest.approx(error, abs=0.001)
     assert stated[1:] == pytest.approx([loss, violation], rel=0.005)
+    # "(1,890 at round 1, 793 at round 10); ... falls from 0.220 after round 1", "here eps = 7.997": the run's
+    # files, as the page reads them
+    run = tmp_path / RunConfig().default_out()
+    first = read_metrics(run)[0]
+    text = (ROOT / "docs/getting-started.md").read_text()
+    found = re.search(r"\(([\d,]+) at round 1, ([\d,]+) at round 10\)", text)
+    assert found, "getting-started no longer states the consensus violation of rounds 1 and 10"
+    assert [float(v.replace(",", "")) for v in found.groups()] == pytest.approx(
+        [first["consensus-violation"], violation], abs=0.5 + 1e-9)
+    assert _stated("docs/getting-started.md", r"falls from ([\d.]+) after round 1") == pytest.approx(
+        [first["test-error"]], abs=0.001)
+    spent = json.loads((run / "privacy.json").read_text())["whole_run"]["epsilon_pld"]
+    assert _stated("docs/getting-started.md", r"here eps = ([\d.]+) at delta") == pytest.approx([spent],
+                                                                                               abs=0.001)
     # "`dpadmm train --target-epsilon 4` gives 15.5%, 2 gives 18.5% and 1 gives 26.5%; the same steps without
     # noise (...) give 9.7%", and the main job over seeds 0-2
     page = "docs/getting-started.md"
