@@ -47,7 +47,7 @@ from dpadmm.linadmm.config import LinAdmmConfig
 from dpadmm.linadmm.problem import load
 from dpadmm.models.modules import build_model, initial_parameters
 from dpadmm.privacy.ledger import Ledger
-from dpadmm.privacy.randomness import DEPLOYMENT, statement
+from dpadmm.privacy.randomness import DEPLOYMENT, SIMULATION, statement
 from dpadmm.runs.results import RunWriter, central_metrics, closing
 from dpadmm.sharing import engine as sharing_engine
 from dpadmm.sharing import privacy as sharing_privacy
@@ -184,8 +184,9 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
     """Paper 004: the ServerApp only routes the exchanged iterates along the graph (no server in the
     algorithm), or with ``exchange=secret`` sums them by SecAgg+ (:func:`decentral_secure`).
 
-    With ``data-dir`` (simulation) it also reads the data set, to evaluate the distance to x*; without
-    it (a deployment, whose agents read their own files) it holds no data and reports what the
+    In a simulation (Flower's in-memory grid), or with ``data-dir``, it also reads the data set (from the
+    cache when no folder is given, as the simulated agents do), to evaluate the distance to x*; a
+    deployment without it (whose agents read their own files) holds no data and reports what the
     exchanged iterates show: the consensus (and the a-priori epsilon). Once an agent reports deployment
     randomness, the router reports only those public metrics even with ``data-dir``: the distance to x*
     reads every agent's raw data, a simulation's diagnostic that no guarantee covers.
@@ -195,7 +196,7 @@ def decentral_main(grid: Grid, context: Context, config: DecentralConfig) -> Non
     with the kinds, when it ends."""
     dtype = decentral_engine.DTYPES[config.dtype]
     problem = (decentral_problem(config, decentral_engine.dataset_of(config), [config.seed], dtype)
-               if config.data_dir else None)
+               if config.data_dir or server_kind(grid) == SIMULATION else None)
     agents = problem.agents if problem else public_agents(config, dtype)
     stated = decentral_privacy.statement(config, FEATURES[config.dataset]) if config.private else None
     # first: the strategy refuses what it cannot run, and the nodes what they cannot, before a folder is made

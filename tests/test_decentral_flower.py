@@ -5,6 +5,7 @@ Flower's SecAgg+ sums the iterates, and the agents' updates from that sum are th
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.runs.results import read_metrics
 from dpadmm.wire import EXCHANGED_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
-from tests.conftest import flwr_run, replace_one_device, run_config_of
+from tests.conftest import ROOT, SHARED_DATA, flwr_run, replace_one_device, run_config_of
 
 
 @pytest.mark.slow
@@ -49,6 +50,27 @@ def test_flower_run_equals_the_engine_iteration_by_iteration(algorithm: str, par
     for ours, theirs in zip(flower, local, strict=True):
         for key in ("log-error", "log-error-max", "consensus", "epsilon"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-9, abs=1e-12), (key, ours["round"])
+
+
+@pytest.mark.slow
+def test_the_family_pages_flwr_run_prints_the_figures_dpadmm_train_prints(flwr_env: dict[str, str],
+                                                                          tmp_path: Path,
+                                                                          binary_dir: Path) -> None:
+    """docs/families/decentral.md's `flwr run .` (10 SuperNodes, algorithm='ldp-admm', no data-dir: a
+    simulated server reads the data set from the cache, as its agents do) ends with the log-error, worst
+    agent and consensus that `dpadmm train` prints and the page states."""
+    env = dict(flwr_env)
+    if binary_dir.is_relative_to(SHARED_DATA):  # the cache filled from ../shared/data, as a user's fetch
+        env["DPADMM_DATA_MIRRORS"] = SHARED_DATA.as_uri()
+    output = flwr_run(env, f"algorithm='ldp-admm' decentral.out='{tmp_path / 'run'}'", supernodes=10)
+    page = (ROOT / "docs" / "families" / "decentral.md").read_text()
+    stated = re.search(r"print the same numbers \(log-error (\S+), worst agent (\S+),\s+consensus (\S+), ",
+                       page)
+    printed = re.search(r"iteration 100/100: log-error (\S+) \(worst agent (\S+)\), consensus (\S+)\n",
+                        output)
+    assert stated, "decentral.md no longer states the figures of its commands"
+    assert printed, output[-3000:]
+    assert printed.groups() == stated.groups()
 
 
 @pytest.mark.slow
