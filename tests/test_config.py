@@ -151,7 +151,7 @@ def test_the_main_jobs_largest_step_follows_a_rule() -> None:
         ({"model": "custom", "algorithm": "outp"}, "algorithm='outp' is not allowed with model='custom'"),
         ({"model": "mlp", "neighbouring": "add-remove", "batch-size": 8},
          "batch-size=8 is not allowed with neighbouring='add-remove'"),
-        ({"per-sample": "loop"}, "per-sample='loop' is not allowed; choose one of vmap, factorized"),
+        ({"per-sample": "loop"}, "per-sample='loop' is not allowed; choose one of auto, vmap, factorized"),
         ({"per-sample": "factorized"}, "per-sample='factorized' is not allowed with model='logistic'"),
         ({"noise-generator": "numpy"}, "noise-generator='numpy' is not allowed; choose one of philox, torch"),
         ({"trust-radius": "constant"},

@@ -352,6 +352,29 @@ def test_factorized_clipping_equals_the_per_sample_autograd_loop(mechanism: str,
             torch.testing.assert_close(g[name], expected[name], rtol=1e-10, atol=1e-13)
 
 
+def test_auto_per_sample_gradients_are_factorized_for_the_built_in_networks_only() -> None:
+    """per-sample='auto', the default: factorized for build_model's networks (the same sums as the explicit
+    loop, above), vmap for any other module, a subclass of a built-in one included."""
+    assert RunConfig().per_sample == "auto"
+
+    class Wider(MLP):
+        pass
+
+    data, images = _data(), _image_data(pixels=784)
+    config = _config(per_sample="auto")
+    for module, on, path in ((MLP(J, K, hidden=HIDDEN), data, "factorized"),
+                             (SmallCNN(784, K), images, "factorized"),
+                             (_TinyConvNet(), _image_data(), "vmap"),
+                             (Wider(J, K, hidden=HIDDEN), data, "vmap")):
+        assert local.oracle(config, on, module).per_sample == path, type(module).__name__
+    module = MLP(J, K, hidden=HIDDEN)
+    z = _params(module, data.num_agents)
+    auto, _ = local.oracle(config, data, module).gradient(z, t=1, e=1)
+    factorized, _ = local.oracle(dataclasses.replace(config, per_sample="factorized"), data, module).gradient(
+        z, t=1, e=1)
+    assert all(torch.equal(auto[k], factorized[k]) for k in factorized)
+
+
 def test_a_module_under_the_logistic_fast_paths_name_is_refused() -> None:
     """model='logistic' would skip the network rules (no OutP, clipped sensitivity): say model='custom'."""
     refusal = r"a module \(MLP\) was given but model='logistic'.*set model='custom'"

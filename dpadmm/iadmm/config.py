@@ -33,7 +33,7 @@ DTYPES = ("float64", "float32")
 RHO_PRESETS = ("main", "auto", "mnist", "femnist", "custom")
 SENSITIVITIES = ("clipped", "data-dependent")
 MECHANISMS = ("laplace", "gaussian")
-PER_SAMPLE = ("vmap", "factorized")
+PER_SAMPLE = ("auto", "vmap", "factorized")
 TRUST_RADII = ("paper", "reference")
 LOCAL_STARTS = ("chain", "global")
 RELEASES = ("average", "last")
@@ -169,11 +169,12 @@ class RunConfig(keys.Keyed):
                           "API)"},
     )
     per_sample: str = field(
-        default="vmap",
-        metadata={"help": "how a module model's per-sample gradients are clipped: vmap (torch.func, any "
-                          "module) or factorized (norms of Linear and Conv2d layers from their inputs and "
-                          "output gradients, for modules made of such layers only: much faster for large "
-                          "dense layers)"},
+        default="auto",
+        metadata={"help": "how a module model's per-sample gradients are clipped: auto (factorized for the "
+                          "built-in networks, vmap for a custom module), vmap (torch.func, any module) or "
+                          "factorized (norms of Linear and Conv2d layers from their inputs and output "
+                          "gradients, for modules made of such layers, each applied once per forward pass: "
+                          "much faster for large dense layers)"},
     )
     noise_generator: str = field(
         default="philox",
@@ -366,7 +367,7 @@ class RunConfig(keys.Keyed):
         if self.sampling_rate < 1:
             self._check_sampling()
         if self.model == "logistic":
-            if self.per_sample != "vmap":
+            if self.per_sample == "factorized":
                 raise ValueError(f"per-sample={self.per_sample!r} is not allowed with model='logistic', "
                                  "whose fast path clips by a factorised norm already; it is for networks")
             if self.batch_size:
