@@ -82,6 +82,7 @@ BAD_ARGUMENTS = [
     ("speed", ["--rounds", "0", "--markdown", "{tmp}/t.md"], ["--rounds"]),
     ("speed_linadmm", ["--runs", "0,1"], ["--runs"]),
     ("speed_sharing", ["--datasets", "gisette"], ["--datasets", "gisette"]),
+    ("step_cost", ["--models", "mlp,cnn", "--json", "{tmp}/c.json"], ["model 'cnn'"]),
     ("step_rule", ["--models", "logistic", "--out", "/dev/null/x"], ["--out /dev/null/x"]),
     ("suite_cpu", ["--every", "0", "--json", "{tmp}/s.json"], ["--every"]),
 ]
@@ -180,6 +181,19 @@ def test_builtin_dp_writes_its_table_from_its_runs(tmp_path: Path) -> None:
     shutil.copy(ROOT / "docs" / "results" / "builtin-dp" / "runs.jsonl", out)
     _ran(_run("builtin_dp", "--out", out, env=_env(tmp_path, empty_cache=False)))
     assert (out / "table.md").read_text().startswith("# DP-IADMM beside DP-SGD + FedAvg")
+
+
+@pytest.mark.slow  # about 10 s
+def test_step_cost_times_both_steps_of_each_model(tmp_path: Path) -> None:
+    """The smallest run: one round of one step of each method per model, a row each, written as JSON."""
+    out = tmp_path / "cost.json"
+    printed = _ran(_run("step_cost", "--steps", "1", "--repeats", "1", "--json", out,
+                        env=_env(tmp_path, empty_cache=False)))
+    rows = json.loads(out.read_text())
+    assert [(r["model"], r["per-sample"]) for r in rows] == [("small-cnn", "factorized"),
+                                                              ("mlp", "factorized")]
+    assert all(r["ours-ms"] > 0 and r["opacus-ms"] > 0 for r in rows)
+    assert "| small-cnn | 26,010 | factorized |" in printed
 
 
 @pytest.mark.slow  # trains one run: about 15 s
