@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -374,6 +375,19 @@ def flwr_run(env: dict[str, str], run_config: str, supernodes: int | None = None
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     return output
+
+
+def unexplained_warnings(output: str) -> list[str]:
+    """The warning and error lines of a Flower run's ``output`` that are neither dpadmm's own nor among the
+    messages the README lists as harmless (each bullet of that list opens with the message in backticks)."""
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("are harmless:", 1)[1].split("\n\n", 2)[1]
+    known = [re.sub(r"\s+", " ", m).removeprefix("WARNING : ").removesuffix(" ...")
+             for m in re.findall(r"^- `([^`]+)`", listed, re.MULTILINE)]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    flagged = [re.sub(r"\s+", " ", line) for line in plain.splitlines()
+               if re.search(r"WARNING|ERROR|Warning\b|Error\b", line)]
+    return [line for line in flagged if "dpadmm" not in line and not any(k in line for k in known)]
 
 
 def last_run_status(env: dict[str, str], *connection: str) -> tuple[str, str]:

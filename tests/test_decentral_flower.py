@@ -25,7 +25,14 @@ from dpadmm.privacy.randomness import NodeSecret, Secret, new_run_identity, run_
 from dpadmm.runs.results import read_metrics
 from dpadmm.wire import EXCHANGED_KEY, MECHANISM_KEY, NEIGHBOURS_KEY
 from strategies.decentral import SecureSum
-from tests.conftest import ROOT, SHARED_DATA, flwr_run, replace_one_device, run_config_of
+from tests.conftest import (
+    ROOT,
+    SHARED_DATA,
+    flwr_run,
+    replace_one_device,
+    run_config_of,
+    unexplained_warnings,
+)
 
 
 @pytest.mark.slow
@@ -58,7 +65,8 @@ def test_the_family_pages_flwr_run_prints_the_figures_dpadmm_train_prints(flwr_e
                                                                           binary_dir: Path) -> None:
     """docs/families/decentral.md's `flwr run .` (10 SuperNodes, algorithm='ldp-admm', no data-dir: a
     simulated server reads the data set from the cache, as its agents do) ends with the log-error, worst
-    agent and consensus that `dpadmm train` prints and the page states."""
+    agent and consensus that `dpadmm train` prints and the page states; every warning it prints is dpadmm's
+    or one the README lists as harmless."""
     env = dict(flwr_env)
     if binary_dir.is_relative_to(SHARED_DATA):  # the cache filled from ../shared/data, as a user's fetch
         env["DPADMM_DATA_MIRRORS"] = SHARED_DATA.as_uri()
@@ -71,6 +79,7 @@ def test_the_family_pages_flwr_run_prints_the_figures_dpadmm_train_prints(flwr_e
     assert stated, "decentral.md no longer states the figures of its commands"
     assert printed, output[-3000:]
     assert printed.groups() == stated.groups()
+    assert not unexplained_warnings(output)
 
 
 @pytest.mark.slow

@@ -91,3 +91,15 @@ def test_a_run_config_is_read_once_per_value_and_refused_every_time() -> None:
     assert from_run_config({**given, "iadmm.rounds": 1}).rounds == 1
     with pytest.raises(ValueError, match=r"iadmm\.rounds"):
         from_run_config({**given, "iadmm.rounds": True})
+
+
+def test_the_client_package_names_every_familys_paper_and_module() -> None:
+    """clients/'s docstring, what a reader of the ClientApp meets first, names each family's paper and the
+    module that answers its messages."""
+    import clients
+
+    for family in FAMILIES:
+        paper = re.search(r"\((\d{3})", family.papers)
+        module = "dpiadmm" if family.name == "iadmm" else family.name
+        assert paper and (ROOT / "clients" / f"{module}.py").is_file(), family.name
+        assert f"({paper.group(1)}; ``{module}``" in (clients.__doc__ or ""), family.name
