@@ -498,9 +498,11 @@ def test_the_changelog_names_the_version_the_package_reports() -> None:
 MAIN_JOB_LINE = re.compile(r"round 10 test error ([\d.]+), train loss ([\d.]+), consensus violation ([\d.]+)")
 
 
-def _train(args: tuple[str, ...], cwd: Path, env: dict[str, str] | None = None) -> str:
-    """What `dpadmm train ARGS` prints (stdout)."""
-    done = subprocess.run([sys.executable, "-m", "dpadmm.cli", "train", "--no-progress", *args], cwd=cwd,
+def _train(args: tuple[str, ...], cwd: Path, env: dict[str, str] | None = None,
+           command: str = "train") -> str:
+    """What `dpadmm train ARGS` (or another ``command``) prints (stdout)."""
+    done = subprocess.run([sys.executable, "-m", "dpadmm.cli", command,
+                           *(["--no-progress"] if command == "train" else []), *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -569,9 +571,10 @@ class Figures:
     printed: str
     data: str = ""  # the fixture of the data set the command reads (binary_dir, mnist_dir), if any
     percent: tuple[int, ...] = ()  # the figures (by position) the page gives in % of what is printed
+    command: str = "train"  # or privacy
 
     def __str__(self) -> str:
-        return f"{self.page}: dpadmm train {' '.join(self.args)}"
+        return f"{self.page}: dpadmm {self.command} {' '.join(self.args)}"
 
 
 _N = r"(-?\d+(?:\.\d+)?(?:e-?\d+)?)"  # a figure on a page or in a command's output
@@ -610,6 +613,13 @@ FAMILY_FIGURES = (
             ("--model", "mlp", "--target-epsilon", "4", "--rounds", "20", "--batch-size", "32",
              "--sampling-rate", "1", "--neighbouring", "replace-one"),
             rf"noise multiplier {_N},[\s\S]*?round 20 test error {_N}"),
+    *(Figures("docs/families/iadmm.md", stated, ("--preset", "papers", "--sensitivity", sensitivity),
+              rf"round 50 test error {_N}")
+      for sensitivity, stated in (("clipped", rf"C = 200 ends at test error {_N} after 50 rounds"),
+                                  ("data-dependent", rf"against {_N} with the papers'\s+calibration"))),
+    Figures("docs/families/sharing.md", r"on a9a sigma is ([\d,]+) per entry",
+            ("--algorithm", "admm-sharing", "--epsilon", "1", "--rounds", "20"), rf"noise sigma = {_N} per",
+            command="privacy"),
     Figures("docs/families/sharing.md",
             rf"reaches training objective {_N} and test error {_N}% in 100 rounds[\s\S]*?"
             rf"against {_N}% for always",
@@ -667,10 +677,11 @@ def test_the_family_pages_figures_are_what_their_commands_print(figures: Figures
         folder = request.getfixturevalue(figures.data)
         if folder.is_relative_to(SHARED_DATA):
             env["DPADMM_DATA_MIRRORS"] = SHARED_DATA.as_uri()
-    out = _train(figures.args, tmp_path, env)
+    out = _train(figures.args, tmp_path, env, figures.command)
     printed = re.search(figures.printed, out)
     assert printed, out[-2000:]
-    for i, (stated, value) in enumerate(zip(found.groups(), printed.groups(), strict=True)):
+    for i, (written, value) in enumerate(zip(found.groups(), printed.groups(), strict=True)):
+        stated = written.replace(",", "")  # 17,485
         scale = 100.0 if i in figures.percent else 1.0
         assert scale * float(value) == pytest.approx(float(stated), abs=_last_digit(stated) + 1e-12), (
             f"{figures}: the page states {stated}, the command prints {value}")
