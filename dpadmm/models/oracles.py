@@ -343,7 +343,6 @@ def _expand(per_agent: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return per_agent.reshape(-1, *([1] * (like.dim() - 1))).to(like.dtype)
 
 
-
 def per_sample_path(choice: str, module: nn.Module) -> str:
     """The per-sample gradients of ``module``'s clipping: ``choice``, with ``auto`` resolved to factorized
     for the built-in networks (:func:`dpadmm.models.modules.build_model`'s MLP and CNNs, not a subclass) and
