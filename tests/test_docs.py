@@ -18,6 +18,10 @@ Every line of a ``bash`` block, split at ``&&``, is one command, and each kind h
 
 A command of no known kind fails, so a new kind of command gets its check before it is documented.
 
+The figures the pages state for their cheap commands (the main job's in the README and getting-started, the
+family pages' and testing.md's) are compared with what the commands print, so that a change of defaults
+fails until the pages say what the code does.
+
 The commands run as on a fresh clone: the data sets come from an empty cache (``DPADMM_CACHE``, a folder
 of the session's), fetched on first use from a ``file://`` mirror of ../shared/data
 (``DPADMM_DATA_MIRRORS``), and the README's and the family pages' commands never name ../shared.
@@ -562,8 +566,9 @@ def test_the_main_jobs_documented_figures_are_what_dpadmm_train_prints(tmp_path:
 
 @dataclass(frozen=True)
 class Figures:
-    """Figures a family page states for one of its `dpadmm train` commands: ``stated`` finds them on the
-    page (its groups, in order), ``printed`` in what the command prints (the same figures, same order)."""
+    """Figures a page states for one of its `dpadmm train` (or `privacy`) commands: ``stated`` finds them
+    on the page (its groups, in order), ``printed`` in what the command prints (the same figures, same
+    order)."""
 
     page: str
     stated: str
