@@ -45,7 +45,7 @@ schedule (T = 10 rounds of K = E = 10 steps, Poisson rate q = 0.2, C = 1: 100 su
 per agent) and equal tuning budgets (:func:`_study_grids`). Two more methods run there:
 
 - ``dpiadmm-defaults``: DP-IADMM with nothing tuned, ``dpadmm train --target-epsilon E`` on the setting's
-  data and model (float32; the CNN's per-sample gradients factorized, a compute choice): what a user gets.
+  data and model (float32, per-sample gradients as the defaults pick them): what a user gets.
   The study's goal is that it is at least as accurate as the tuned DP-SGD + FedAvg;
 - ``central``: central DP-SGD (Opacus), one trusted curator holding every sample, on the same schedule: a
   reference for what local noise costs, under another trust model (the curator sees the data).
@@ -224,12 +224,6 @@ def source(dataset: str) -> str:
 def model_of(dataset: str) -> str:
     """The model a comparison setting trains: a study setting's, else the papers' logistic regression."""
     return dataset.split("/")[1] if dataset in STUDY else "logistic"
-
-
-def per_sample(model: str) -> str:
-    """DP-IADMM's per-sample gradients for ``model``: factorized for the CNNs (the same numbers as vmap up to
-    rounding, faster), vmap otherwise. A compute choice, not a learning one."""
-    return "factorized" if model in ("cnn", "small-cnn") else "vmap"
 
 
 def defaults_fingerprint(model: str) -> dict[str, Any]:
@@ -445,7 +439,7 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
     """
     p, private = params, math.isfinite(epsilon)
     if "defaults" in p:  # `dpadmm train --target-epsilon E` on the setting's data and model, in float32
-        return RunConfig(model=ctx.model, per_sample=per_sample(ctx.model), target_epsilon=epsilon,
+        return RunConfig(model=ctx.model, target_epsilon=epsilon,
                          dtype="float32", dataset=source(ctx.dataset), data_dir=ctx.data_dir,
                          num_agents=ctx.num_agents, eval_every=RunConfig().rounds)
     named = ctx.dataset not in BINARY
@@ -457,7 +451,6 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
         release=p.get("release", "average"), server_update=p.get("server_update", "admm"),
         target_epsilon=epsilon if private else 0.0, epsilon=0.0 if private else math.inf,
         delta=DELTA, neighbouring="add-remove", dtype="float32", model=ctx.model,
-        per_sample=per_sample(ctx.model),
         dataset=source(ctx.dataset) if named else "default", data_dir=ctx.data_dir if named else "",
         partition=partition(ctx.dataset), partition_seed=PARTITION_SEED if named else 0,
         num_agents=ctx.num_agents, eval_every=p["rounds"])
