@@ -162,6 +162,11 @@ def seen(reply: Message, status: str, details: str) -> tuple[Any, ...]:
 Case = tuple[str, list[Message], dict[str, Any]]  # a name, the messages asked in turn, run-config changes
 
 
+def released(answer: tuple[Any, ...]) -> bool:
+    """Whether an answer (:func:`seen`) is a reply with the release, not a refusal or a failure."""
+    return answer[0] == "reply" and all(wire.REFUSED_KEY not in config for config in answer[5].values())
+
+
 class Releases:
     """Each release's value before its noise, as the grid mechanism receives it (secure._release wrapped,
     called through): (kind, spread, the value as float64)."""
@@ -208,18 +213,21 @@ def beyond_sensitivity(mine: list[tuple[str, float, np.ndarray]], theirs: list[t
 
 
 def fuzz(nodes: dict[str, Node], cases: Iterator[Case], run_config: dict[str, Any],
-         releases: Releases | None = None, sensitivity: Callable[[str, dict[str, Any]], float] | None = None
-         ) -> list[str]:
+         releases: Releases | None = None, sensitivity: Callable[[str, dict[str, Any]], float] | None = None,
+         answered: list[str] | None = None) -> list[str]:
     """Each case answered by every node; the names of the cases where a neighbour's answer differs from D's
     in anything but the release's values, or (given ``releases`` and ``sensitivity``, a function of the
     neighbour's name and the case's run config) where its releases are farther from D's than the
-    sensitivity."""
+    sensitivity. ``answered`` collects the names of the cases D answered with a release (neither refused nor
+    failed): the cases that reached the data, without which the check says nothing."""
     differing = []
     for name, messages, changes in cases:
         answers, made = {}, {}
         for who, node in nodes.items():
             answers[who] = node.answer(messages, run_config | changes)
             made[who] = releases.take() if releases is not None else []
+        if answered is not None and all(released(a) for a in answers["D"]):
+            answered.append(name)
         for who in nodes:
             if answers[who] != answers["D"]:
                 differing.append(f"{name}: {who} {str(answers[who])[:300]}; D {str(answers['D'])[:300]}")
@@ -251,13 +259,17 @@ ADMITTED = tuple(v for v in VALUES if abs(v) <= 2.0**40)  # the values the gate 
 
 
 def spoiled(rng: np.random.Generator, arrays: dict[str, np.ndarray]) -> None:
-    """Four entries of each array set to magnitudes of :data:`VALUES` (half the time those the gate admits
-    only), and noise of a random size added."""
-    values = np.array(VALUES if rng.random() < 0.5 else ADMITTED)
+    """Four entries of each array set to magnitudes of :data:`VALUES`, and noise of a random size added; half
+    the time the values are those the gate admits only, and the noise keeps every entry within its bound (so
+    that these messages reach the data)."""
+    admitted = rng.random() >= 0.5
+    values = np.array(ADMITTED if admitted else VALUES)
     for name in arrays:
         flat = arrays[name].reshape(-1)
         flat[rng.integers(0, flat.size, size=4)] = values[rng.integers(0, len(values), size=4)]
         flat += rng.normal(size=flat.size) * 10.0 ** rng.integers(-3, 3)
+        if admitted:
+            np.clip(flat, -(2.0**40), 2.0**40, out=flat)
 
 
 def faulted(rng: np.random.Generator, arrays: dict[str, np.ndarray], config: dict[str, Any],
@@ -332,15 +344,17 @@ def _neighbours(x: np.ndarray, y: np.ndarray) -> dict[str, tuple[np.ndarray, np.
     }
 
 
-def iadmm_cases(count: int, seed: int) -> Iterator[Case]:
+def iadmm_cases(count: int, seed: int, run: str = "") -> Iterator[Case]:
     """``count`` adversarial train messages: the fixed attacks first, then random draws over values, shapes,
-    dtypes, arrays and config values. Each asks its own round of one run (a round answered once)."""
+    dtypes, arrays and config values. Each asks its own round of one run, ``run`` (else one named after the
+    seed): a device answers a run's round once, and admits a run under one configuration only, so a call
+    that asked another call's run would be refused before its data."""
     rng = np.random.default_rng(seed)
     rounds = itertools.count(1)
     names = wire.pack({role: {"weight": None} for role in wire.DOWN})
 
     def settings(round_: int) -> dict[str, Any]:
-        return {"partition-id": 0, "server-round": round_, wire.IDENTITY_KEY: "fuzz-run"}
+        return {"partition-id": 0, "server-round": round_, wire.IDENTITY_KEY: run or f"fuzz-run-{seed}"}
 
     def zeros() -> dict[str, np.ndarray]:
         return {name: np.zeros((J, K)) for name in names}
@@ -624,8 +638,10 @@ def decentral_sensitivity(who: str, run: dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------ the tests
 def test_a_neighbour_never_changes_what_the_server_sees(iadmm_nodes: dict[str, Node]) -> None:
     """DP-IADMM train messages, the issue's attacks and random ones: D and its seven neighbours answer alike
-    (each answered, refused with the same text, or failed alike)."""
-    assert fuzz(iadmm_nodes, iadmm_cases(FUZZ_CASES, 0), RUN) == []
+    (each answered, refused with the same text, or failed alike); the range-edge case reaches the data."""
+    answered: list[str] = []
+    assert fuzz(iadmm_nodes, iadmm_cases(FUZZ_CASES, 0), RUN, answered=answered) == []
+    assert "range-edge" in answered
 
 
 def test_a_neighbour_never_changes_what_the_server_sees_of_an_mlp(iadmm_nodes: dict[str, Node]) -> None:
@@ -729,8 +745,10 @@ def test_releases_stay_within_the_stated_sensitivity(iadmm_nodes: dict[str, Node
     it) are within the family's sensitivity for their relation, plus the grid's rounding: DP-IADMM's clipped
     sensitivity (sampling rate 1, see iadmm_sensitivity), 001's 2 b sqrt(N), 004's d alpha_k B_inf."""
     releases = Releases(monkeypatch)
+    answered: list[str] = []
     assert fuzz(iadmm_nodes, iadmm_cases(FUZZ_CASES, 4), RUN | {"iadmm.seed": 4}, releases,
-                iadmm_sensitivity) == []
+                iadmm_sensitivity, answered) == []
+    assert "range-edge" in answered  # releases were made and compared
     assert fuzz(sharing_nodes, sharing_cases(FUZZ_CASES, 4), SHARING_RUN | {"sharing.seed": 4}, releases,
                 sharing_sensitivity) == []
     fixed = DECENTRAL_RUN | {"decentral.weights": "fixed"}  # see decentral_sensitivity
@@ -740,7 +758,9 @@ def test_releases_stay_within_the_stated_sensitivity(iadmm_nodes: dict[str, Node
 
 @pytest.mark.slow
 def test_a_long_fuzz_finds_no_difference_in_dpiadmm(iadmm_nodes: dict[str, Node]) -> None:
-    assert fuzz(iadmm_nodes, iadmm_cases(400, 1), RUN | {"iadmm.seed": 1}) == []
+    answered: list[str] = []
+    assert fuzz(iadmm_nodes, iadmm_cases(400, 1), RUN | {"iadmm.seed": 1}, answered=answered) == []
+    assert sum(name.endswith("-fault-0") for name in answered) >= 20  # random messages reached the data
     assert fuzz(iadmm_nodes, query_cases(40, 1, "iadmm"), RUN) == []
 
 
@@ -764,11 +784,14 @@ def test_a_long_fuzz_finds_no_difference_in_004(decentral_nodes: dict[str, Node]
 
 
 def test_the_fixed_attacks_are_answered_or_refused_by_the_gate(iadmm_nodes: dict[str, Node]) -> None:
-    """The overflow and range-edge messages are answered (total clipping, a clamped release); a w of nine
-    classes is refused naming the server's shape and the run's."""
+    """The overflow message (entries of 1e308) is refused by the gate, which admits magnitudes up to 2**40
+    (with the gate undone, total clipping answers it: test_the_fuzzer_catches_each_fix_undone); the
+    range-edge message is answered (a clamped release); a w of nine classes is refused naming the server's
+    shape and the run's."""
     node = iadmm_nodes["D"]
     answers = {name: node.answer(asked, RUN | {"iadmm.seed": 2})[0] for name, asked, _ in iadmm_cases(3, 2)}
-    assert answers["overflow"][0] == "reply" and answers["range-edge"][0] == "reply"
+    assert "magnitude 1e+308" in answers["overflow"][5]["config"][wire.REFUSED_KEY]
+    assert released(answers["range-edge"])
     refused = answers["nine-classes"][5]["config"][wire.REFUSED_KEY]
     assert "[784, 9]" in refused and "[784, 10]" in refused
 
