@@ -15,12 +15,12 @@ of E = 10 steps) with the rule and with a few other (a, rho), and writes what ea
 - ``cnn``: the LEAF CNN (6.6 M parameters) on the embedded sample, 10 agents (about 9 minutes a run on 2
   cores; ``--models`` leaves it out).
 
-Rows: ``rule`` (seeds 0, 1, 2), and with seed 0: ``rate R`` for R = 1 and 16 (a = R (1 + 0.2) P / C,
-rho = 0.2 / a: the rule's form at another rate, without the damping). The CNN: ``rule`` and ``rate 4``
-(the rule's largest rate, without its damping), seed 0. Every run is appended to ``runs.jsonl`` in
-``--out`` and skipped by a later call; ``table.md`` is written from all of them. The model study
-(``python -m benchmarks.compare_dp``, docs/results/models) measures the rule at eps 1 to 8 against tuned
-steps and tuned DP-SGD + FedAvg.
+Rows: ``rule`` (seeds 0, 1, 2), and with seed 0: ``rate R`` for R = 1 and 16 (a = R (1 + s) P / C, rho =
+s / a with the rule's share s = ``NETWORK_SHARE``: the rule's form at another rate, without the damping).
+The CNN: ``rule`` and ``rate 4`` (the rule's largest rate, without its damping), seed 0. Every run is
+appended to ``runs.jsonl`` in ``--out`` and skipped by a later call; ``table.md`` is written from all of
+them. The model study (``python -m benchmarks.compare_dp``, docs/results/models) measures the rule at eps
+1 to 8 against tuned steps and tuned DP-SGD + FedAvg.
 
 Usage, from the project root::
 

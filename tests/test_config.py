@@ -107,15 +107,15 @@ def test_derived_values() -> None:
 
 def test_the_main_jobs_largest_step_follows_a_rule() -> None:
     """prox-scale 0 and rho-preset main: logistic regression's largest step is the main job's a = 100 with
-    rho = 0.001; a network's is a = 4 (1 + 0.2) P / C with rho = 0.2 / a, so that its agents take DP-SGD
+    rho = 0.001; a network's is a = 4 (1 + 0.02) P / C with rho = 0.02 / a, so that its agents take DP-SGD
     steps of rate 4 / C on their mean loss at t = 1, whatever P and C (the noise may shrink either:
     tests/test_schedules.py); a given prox-scale is used as given."""
     logistic = main_job()
     assert (logistic.scale, logistic.rho_constants) == (100.0, (1e-3, 0.0, 10000))
     for agents, clip in ((10, 1.0), (5, 3.0)):
         network = dataclasses.replace(main_job(), model="mlp", num_agents=agents, clip_norm=clip)
-        assert network.scale == pytest.approx(4.8 * agents / clip)
-        assert network.rho_constants == (pytest.approx(0.2 / network.scale), 0.0, 10000)
+        assert network.scale == pytest.approx(4.08 * agents / clip)
+        assert network.rho_constants == (pytest.approx(0.02 / network.scale), 0.0, 10000)
         rate = network.scale / (1 + network.scale * network.rho_constants[0]) / agents  # eta^1 (I_p / I)
         assert rate * clip == pytest.approx(4.0)
     assert dataclasses.replace(main_job(), model="mlp", prox_scale=7.0).scale == 7.0

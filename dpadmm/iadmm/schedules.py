@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dpadmm.iadmm.calibration import outp_noise_multiplier
-from dpadmm.iadmm.config import NETWORK_SHARE, NOISE_ROOM, RunConfig
+from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, NETWORK_SHARE, NOISE_ROOM, RunConfig
 
 if TYPE_CHECKING:
     import torch
@@ -41,22 +41,24 @@ def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_param
     """The factor on the main job's scale a (``prox-scale`` 0, :attr:`RunConfig.scale`): min(1, NOISE_ROOM /
     (R r)); 1 for a given scale or without noise.
 
-    R = a C / ((1 + NETWORK_SHARE) P) is the learning rate (in units of 1 / C) of the local step at t = 1
-    on the agent's mean loss (NETWORK_STEP for a network; about 8 for logistic regression's a = 100 with
-    its rho of 0.001, which this ignores). r = noise_scale sqrt(d) P / C is one step's noise over its
-    largest clean gradient, in norm: the noise has scale ``noise_scale`` (per agent: their mean) in each of
-    the d parameters, and g is I_p / I (1 / P on average) times a mean of gradients clipped to C. The
-    damped rate is min(R, NOISE_ROOM / r): the noise's random walk must not drown what the gradients
-    teach, and a larger model or a smaller budget or batch raises r. On the main job's data the best of
-    four to six rates per model and eps (validation half) was within a factor of two of NOISE_ROOM / r for
-    logistic regression (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 and 8.4 at eps 8
-    and 2); the MLP (r 4.1 and 11.8) did best at about twice it (docs/results/models), and a tiny CNN and
-    the LEAF CNN (r 46) at rates 16 and 4 (docs/results/step-rule): r counts every parameter alike.
+    R = a C / ((1 + NETWORK_SHARE) P) is the learning rate (in units of 1 / C) of a network's local step at t
+    = 1 on the agent's mean loss (NETWORK_STEP); for logistic regression R = a C / ((1 + LOGISTIC_RATE_SHARE)
+    P), about 8 for its a = 100 (its rho of 0.001, which this ignores, makes it 9). r = noise_scale sqrt(d) P
+    / C is one step's noise over its largest clean gradient, in norm: the noise has scale ``noise_scale`` (per
+    agent: their mean) in each of the d parameters, and g is I_p / I (1 / P on average) times a mean of
+    gradients clipped to C. The damped rate is min(R, NOISE_ROOM / r): the noise's random walk must not drown
+    what the gradients teach, and a larger model or a smaller budget or batch raises r. On the main job's data
+    the best of four to six rates per model and eps (validation half) was within a factor of two of NOISE_ROOM
+    / r for logistic regression (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 and 8.4 at eps
+    8 and 2); the MLP (r 4.1 and 11.8) did best at about twice it (docs/results/models). At eps 8 no rate
+    tried beside the rule's did better for four networks, the LEAF CNN (r 46) included
+    (docs/results/step-rule).
     """
     if config.prox_scale > 0 or noise_scale is None:
         return 1.0
     ratio = float(noise_scale.mean()) * math.sqrt(num_params) * config.num_agents / config.clip_norm
-    rate = config.scale * config.clip_norm / ((1 + NETWORK_SHARE) * config.num_agents)
+    share = LOGISTIC_RATE_SHARE if config.model == "logistic" else NETWORK_SHARE
+    rate = config.scale * config.clip_norm / ((1 + share) * config.num_agents)
     return min(1.0, NOISE_ROOM / (rate * ratio))
 
 
