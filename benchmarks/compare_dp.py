@@ -125,7 +125,6 @@ from dpadmm.iadmm.config import (
     LOGISTIC_SCALE,
     NETWORK_SHARE,
     NETWORK_STEP,
-    NOISE_ROOM,
     RunConfig,
 )
 from dpadmm.iadmm.federation import load_for
@@ -234,7 +233,7 @@ def defaults_fingerprint(model: str) -> dict[str, Any]:
     largest = [LOGISTIC_SCALE, LOGISTIC_RHO] if model == "logistic" else [NETWORK_STEP, NETWORK_SHARE]
     return {"local-start": defaults.local_start, "release": defaults.release,
             "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
-            "largest-step": largest, "noise-room": NOISE_ROOM}
+            "largest-step": largest, "noise-room": RunConfig(model=model).effective_noise_room}
 
 
 def partition(dataset: str) -> str:

@@ -78,6 +78,7 @@ BAD_ARGUMENTS = [
     ("engine_modules", ["--cases", "c,d", "--markdown", "{tmp}/t.md"], ["--cases"]),
     ("flower_overhead", ["--agents", "0", "--keep", "{tmp}/keep", "--json", "{tmp}/f.json"], ["--agents"]),
     ("grids", ["--modes", "seq,w0", "--work", "{tmp}/work", "--json", "{tmp}/g.json"], ["--modes", "w0"]),
+    ("noise_room", ["--rooms", "0,10", "--out", "{tmp}/out"], ["--rooms"]),
     ("numpy_reference", ["--rounds", "3"], ["--rounds"]),
     ("speed", ["--rounds", "0", "--markdown", "{tmp}/t.md"], ["--rounds"]),
     ("speed_linadmm", ["--runs", "0,1"], ["--runs"]),
@@ -211,6 +212,25 @@ def test_step_rule_trains_the_run_its_folder_lacks(tmp_path: Path) -> None:
     assert "logistic rule seed 2: test error" in printed
     assert len((out / "runs.jsonl").read_text().splitlines()) == len(runs)
     assert "| logistic |" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow  # trains one run: a few seconds
+def test_noise_room_retrains_the_run_its_folder_lacks_to_the_committed_error(tmp_path: Path) -> None:
+    """The committed runs but one (logistic regression, room 10, eps 8, the last seed): that one is trained
+    alone, to the validation error committed for it (where it had been trained in a batch of seeds), and
+    the table is written from all."""
+    out = tmp_path / "noise-room"
+    committed = ROOT / "docs" / "results" / "noise-room" / "runs.jsonl"
+    runs = [json.loads(line) for line in committed.read_text().splitlines()]
+    cell = [r for r in runs if (r["setting"], r["room"], r["epsilon"]) == ("main/logistic", 10.0, 8.0)]
+    last = max(cell, key=lambda r: r["seed"])
+    _write_runs(out, [r for r in runs if r is not last])
+    printed = _ran(_run("noise_room", "--settings", "main/logistic", "--rooms", "10", "--eps", "8",
+                        "--seeds", str(last["seed"]), "--out", out, env=_env(tmp_path, empty_cache=False)))
+    assert "main/logistic room 10 eps 8: validation error" in printed
+    retrained = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
+    assert retrained["seed"] == last["seed"] and retrained["val-error"] == last["val-error"]
+    assert "| main/logistic | 10 (default) |" in (out / "table.md").read_text()
 
 
 @pytest.mark.slow  # about 7 s

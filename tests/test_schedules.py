@@ -69,17 +69,24 @@ def test_fraction_train_must_be_in_0_1() -> None:
 
 
 def test_the_main_jobs_rate_follows_the_noise() -> None:
-    """The main job's step (prox-scale 0) shrinks its learning rate R to NOISE_ROOM / r where one step's
-    noise, r = sigma sqrt(d) P / C times its largest clean gradient, would exceed it: R = 4 / C for a
-    network and a C / ((1 + 0.2) P) for logistic regression's a = 100 (about 8 in the main job); a given
-    prox-scale and a run without noise keep their step."""
+    """The main job's step (prox-scale 0) shrinks its learning rate R to room / r where one step's noise,
+    r = sigma sqrt(d) P / C times its largest clean gradient, would exceed it: R = 4 / C for a network and
+    a C / ((1 + 0.2) P) for logistic regression's a = 100 (about 8 in the main job); the room is 20 for the
+    built-in MLP and 10 for every other model, a custom module's included, unless noise-room gives one; a
+    given prox-scale and a run without noise keep their step."""
     d = 10_000
-    for model, rate in (("mlp", 4.0), ("logistic", 100.0 * 2.0 / (1.2 * 10))):
+    for model, rate, room in (("mlp", 4.0, 20.0), ("small-cnn", 4.0, 10.0), ("custom", 4.0, 10.0),
+                              ("logistic", 100.0 * 2.0 / (1.2 * 10), 10.0)):
         config = dataclasses.replace(main_job(), model=model, num_agents=10, clip_norm=2.0)
+        assert config.effective_noise_room == room
         for r in (0.5, 2.0, 20.0):
             sigma = torch.full((10,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
             damping = schedules.noise_damping(config, sigma, d)
-            assert damping * rate == pytest.approx(min(rate, 10.0 / r))
+            assert damping * rate == pytest.approx(min(rate, room / r))
+        chosen = dataclasses.replace(config, noise_room=3.0)  # noise-room given: the model's room replaced
+        sigma = torch.full((10,), 2.0 * config.clip_norm / (math.sqrt(d) * config.num_agents))
+        assert chosen.effective_noise_room == 3.0
+        assert schedules.noise_damping(chosen, sigma, d) * rate == pytest.approx(min(rate, 3.0 / 2.0))
         assert schedules.noise_damping(config, None, d) == 1.0
         given = dataclasses.replace(config, prox_scale=7.0)
         assert schedules.noise_damping(given, torch.full((10,), 1e3), d) == 1.0

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dpadmm.iadmm.calibration import outp_noise_multiplier
-from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, NETWORK_SHARE, NOISE_ROOM, RunConfig
+from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, NETWORK_SHARE, RunConfig
 
 if TYPE_CHECKING:
     import torch
@@ -38,28 +38,29 @@ def rho_at(config: RunConfig, t: int) -> float:
 
 
 def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int) -> float:
-    """The factor on the main job's scale a (``prox-scale`` 0, :attr:`RunConfig.scale`): min(1, NOISE_ROOM /
-    (R r)); 1 for a given scale or without noise.
+    """The factor on the main job's scale a (``prox-scale`` 0, :attr:`RunConfig.scale`): min(1, room / (R r)),
+    room being :attr:`RunConfig.effective_noise_room`; 1 for a given scale or without noise.
 
     R = a C / ((1 + NETWORK_SHARE) P) is the learning rate (in units of 1 / C) of a network's local step at t
     = 1 on the agent's mean loss (NETWORK_STEP); for logistic regression R = a C / ((1 + LOGISTIC_RATE_SHARE)
     P), about 8 for its a = 100 (its rho of 0.001, which this ignores, makes it 9). r = noise_scale sqrt(d) P
     / C is one step's noise over its largest clean gradient, in norm: the noise has scale ``noise_scale`` (per
     agent: their mean) in each of the d parameters, and g is I_p / I (1 / P on average) times a mean of
-    gradients clipped to C. The damped rate is min(R, NOISE_ROOM / r): the noise's random walk must not drown
-    what the gradients teach, and a larger model or a smaller budget or batch raises r. On the main job's data
-    the best of four to six rates per model and eps (validation half) was within a factor of two of NOISE_ROOM
-    / r for logistic regression (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 and 8.4 at eps
-    8 and 2); the MLP (r 4.1 and 11.8) did best at about twice it (docs/results/models). At eps 8 no rate
-    tried beside the rule's did better for four networks, the LEAF CNN (r 46) included
-    (docs/results/step-rule).
+    gradients clipped to C. The damped rate is min(R, room / r): the noise's random walk must not drown what
+    the gradients teach, and a larger model or a smaller budget or batch raises r. On the main job's data
+    (validation half, docs/results/noise-room) the room of 10 suits logistic regression (r from 1.6 at eps 8
+    to 8.5 at eps 1) and the small CNN (r 2.9 at eps 8 to 15 at eps 1), whose errors grow by up to nine points
+    under 15; the MLP (r 4.1 to 22) does best at 15 to 20, up to 2.9 points better than under 10. So r alone
+    does not set the rate: how far the noise of a parameter moves the loss differs from model to model. At
+    eps 8 no undamped rate tried beside the rule's did better for four networks, the LEAF CNN (r 46)
+    included (docs/results/step-rule).
     """
     if config.prox_scale > 0 or noise_scale is None:
         return 1.0
     ratio = float(noise_scale.mean()) * math.sqrt(num_params) * config.num_agents / config.clip_norm
     share = LOGISTIC_RATE_SHARE if config.model == "logistic" else NETWORK_SHARE
     rate = config.scale * config.clip_norm / ((1 + share) * config.num_agents)
-    return min(1.0, NOISE_ROOM / (rate * ratio))
+    return min(1.0, config.effective_noise_room / (rate * ratio))
 
 
 def eta(t: int, a: float) -> float:
