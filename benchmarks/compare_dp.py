@@ -74,7 +74,14 @@ Usage, from the project root:
         [--methods dpiadmm,dpsgd,dpfedprox,dpsgd-sqrt,dpsgd-extra,dpfedavg] [--eps 1,2,4,8] [--seeds 1,2,3]
     python -m benchmarks.compare_dp --datasets main/logistic,main/mlp,main/small-cnn
         --methods dpiadmm-defaults,dpiadmm,dpsgd,central --out docs/results/models
-        [--out docs/results/compare] [--threads 1] [--data-root ../shared/data]
+        [--out docs/results/compare] [--threads 1] [--workers 1 | --ray-address ADDRESS]
+        [--data-root ../shared/data]
+
+With ``--workers N`` (N > 1) or ``--ray-address`` the runs are cells of dpadmm's grid runner
+(``dpadmm.runs.grid``, as ``dpadmm reproduce --workers`` runs its cells): N at once on a local Ray instance,
+or as many as a Ray cluster's CPUs allow, each committed to ``runs.jsonl`` as it finishes, with the numbers
+the same runs give one after another (a DP-IADMM configuration's seeds stay one batched cell). DP-FedAvg's
+runs start Flower processes of their own and run in this process.
 
 ``--quick`` is a smoke test (two rounds, one configuration per method, one reported seed) written to
 ``runs/compare-quick`` unless ``--out`` says otherwise. Each data set is read from ../shared/data/<name> where
@@ -89,6 +96,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
+import hashlib
 import importlib.util
 import json
 import logging
@@ -130,6 +139,7 @@ from dpadmm.iadmm.config import (
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
 from dpadmm.runs import references as bibliography  # write_table has its own `references`
+from dpadmm.runs.grid import Cell, GridOptions, GridRunner, Workspace
 from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -585,8 +595,11 @@ def load_runs(path: Path) -> dict[str, Result]:
     return {run["key"]: run for run in runs}
 
 
-def run_phase(ctx: Context, method: str, jobs: list[Job], runs: dict[str, Result], bar: tqdm) -> None:
-    """Run the jobs not in ``runs``; append each result to runs.jsonl as it comes."""
+def run_phase(ctx: Context, method: str, jobs: list[Job], runs: dict[str, Result], bar: tqdm,
+              runner: GridRunner | None = None) -> None:
+    """Run the jobs not in ``runs``; append each result to runs.jsonl as it comes. With a ``runner`` (on
+    Ray) the jobs are its cells (:func:`cells`), committed as they finish; DP-FedAvg, which starts Flower
+    processes of its own, always runs here."""
     todo = [job for job in jobs if job.key not in runs]
     bar.update(len(jobs) - len(todo))
     if not todo:
@@ -602,7 +615,51 @@ def run_phase(ctx: Context, method: str, jobs: list[Job], runs: dict[str, Result
                                 f"{job.phase} error {result[_score(job.phase)]:.4f}")
             bar.update(1)
 
-        RUNNERS[method](ctx, todo, done)
+        if runner is None or method == "dpfedavg":
+            RUNNERS[method](ctx, todo, done)
+            return
+        planned = cells(ctx, method, todo)
+        groups = {cell.key: group for cell, group in planned}
+
+        def commit(cell: Cell, results: list[Result]) -> None:
+            for job, result in zip(groups[cell.key], results, strict=True):
+                done(job, result)
+
+        runner.run([cell for cell, _ in planned], commit)
+
+
+def cells(ctx: Context, method: str, jobs: list[Job]) -> list[tuple[Cell, list[Job]]]:
+    """The grid runner's cells for ``jobs``, with the jobs of each: one cell per run, except DP-IADMM's,
+    whose seeds of one configuration run batched in one cell as they do here (the same numbers). A cell
+    loads the setting's data where it runs (``ctx.data_dir``; on a cluster every node needs the data at
+    that path, and this checkout's ``benchmarks``)."""
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        batched = method in ("dpiadmm", "dpiadmm-defaults")
+        same = json.dumps([job.epsilon, job.params] if batched else job.key, sort_keys=True)
+        groups.setdefault(same, []).append(job)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        digest = hashlib.sha256(json.dumps([j.key for j in group]).encode()).hexdigest()[:12]
+        key = f"{first.dataset}-{method}-{first.phase}-eps{first.epsilon:g}-{digest}"
+        # by reference to the importable module, not to __main__ (`python -m`), whose functions and classes
+        # Ray would pickle by value, with references to modules a worker cannot import
+        here = importlib.import_module("benchmarks.compare_dp")
+        run = functools.partial(here._run_cell, first.dataset, ctx.data_dir, method,
+                                [asdict(job) for job in group])
+        out.append((Cell(key=key, run=run, identity=[j.key for j in group]), group))
+    return out
+
+
+def _run_cell(dataset: str, data_dir: str, method: str, jobs: list[dict[str, Any]],
+              workspace: Workspace) -> list[Result]:
+    """One cell, where the grid runner put it: the setting's data loaded there, the jobs run as here."""
+    paths = {"mnist_dir": data_dir, "femnist_dir": data_dir, "data_root": str(Path(data_dir).parent)}
+    ctx = load_context(dataset, argparse.Namespace(**paths), workspace.path)
+    results: list[Result] = []
+    RUNNERS[method](ctx, [Job(**job) for job in jobs], lambda job, result: results.append(result))
+    return results
 
 
 def _score(phase: str) -> str:
@@ -640,8 +697,10 @@ def current_runs(runs: list[Result], grids: dict[str, dict[str, list[dict[str, A
 
 
 def compare(ctx: Context, methods: Iterable[str], eps: list[float], seeds: list[int],
-            grids: dict[str, list[dict[str, Any]]], runs: dict[str, Result]) -> None:
-    """Tune then report every method at every epsilon on one data set (the methods it has a grid for)."""
+            grids: dict[str, list[dict[str, Any]]], runs: dict[str, Result],
+            runner: GridRunner | None = None) -> None:
+    """Tune then report every method at every epsilon on one data set (the methods it has a grid for); with
+    a ``runner``, each phase's runs on Ray."""
     for method in methods:
         if method not in grids:
             tqdm.write(f"{ctx.dataset}: {method} is not run on this data set (no grid; the docstring "
@@ -651,18 +710,18 @@ def compare(ctx: Context, methods: Iterable[str], eps: list[float], seeds: list[
         tune = [Job(ctx.dataset, method, e, TUNE_SEED, p, "tune") for e in eps for p in grid]
         with tqdm(total=len(tune) + len(eps) * len(seeds), desc=f"{ctx.dataset} {method}",
                   dynamic_ncols=True) as bar:
-            run_phase(ctx, method, tune, runs, bar)
+            run_phase(ctx, method, tune, runs, bar, runner)
             report = []
             for e in eps:
                 best = best_params(grid, [runs[j.key] for j in tune if j.epsilon == e])
                 report += [Job(ctx.dataset, method, e, s, best, "report") for s in seeds]
-            run_phase(ctx, method, report, runs, bar)
+            run_phase(ctx, method, report, runs, bar, runner)
             if method in REFERENCE_METHODS:
                 chosen = {json.dumps(j.params, sort_keys=True): j.params for j in report}
                 reference = [Job(ctx.dataset, method, math.inf, seeds[0], p, "reference")
                              for p in chosen.values()]
                 bar.total += len(reference)
-                run_phase(ctx, method, reference, runs, bar)
+                run_phase(ctx, method, reference, runs, bar, runner)
 
 
 # ----- outputs -----
@@ -901,7 +960,14 @@ def main(argv: list[str] | None = None) -> None:
                                                   "runs/compare-quick with --quick)")
     add_data_arguments(parser)
     parser.add_argument("--threads", type=positive_int, default=1,
-                        help="torch threads of this process (1 is fastest on a shared 2-core machine)")
+                        help="torch threads of this process, or of each run on Ray (1 is fastest on a shared "
+                             "2-core machine)")
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="runs at once: 1 (default) one after another in this process; N > 1 on a local "
+                             "Ray instance (DP-FedAvg's runs stay in this process: they start Flower's own)")
+    parser.add_argument("--ray-address", default="",
+                        help="run on the Ray cluster at this address (host:port, or auto); every node needs "
+                             "this checkout and the data at the same paths")
     args = parser.parse_args(argv)
     datasets = [d for d in args.datasets.split(",") if d]
     methods = [m for m in args.methods.split(",") if m]
@@ -917,6 +983,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"seed {TUNE_SEED} tunes the configurations; report other seeds")
     out = Path(args.out or ("runs/compare-quick" if args.quick else "docs/results/compare"))
     check_folder(parser, "--out", out)
+    try:
+        options = GridOptions(workers=args.workers, ray_address=args.ray_address, threads=args.threads,
+                              progress=False)
+    except ValueError as error:
+        parser.error(str(error).replace("workers=", "--workers ").replace("ray-address=", "--ray-address "))
     if set(methods) & set(OPACUS_METHODS) and importlib.util.find_spec("opacus") is None:
         named = ", ".join(m for m in methods if m in OPACUS_METHODS)
         parser.error(f"methods {named} train with Opacus, which is not installed: pip install -e "
@@ -934,10 +1005,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the in-process Grid's per-round log lines
     started = time.perf_counter()
     facts = {}
-    for dataset in datasets:
-        ctx = load_context(dataset, args, out)
-        facts[dataset] = describe(ctx)
-        compare(ctx, methods, eps, seeds, grids[dataset], runs)
+    # On Ray: the runner's spool (results that arrived before an earlier cell's) lies outside --out, one per
+    # --out, so that an interrupted call leaves nothing in a results folder
+    spool = ROOT / "runs" / "compare-dp-cells" / hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
+    with GridRunner(spool, options, log=tqdm.write) as runner:
+        for dataset in datasets:
+            ctx = load_context(dataset, args, out)
+            facts[dataset] = describe(ctx)
+            compare(ctx, methods, eps, seeds, grids[dataset], runs, runner if options.on_ray else None)
+    if options.on_ray:
+        runner.raise_failures()
     everything = list(runs.values())
     write_csv(out / "runs.csv", everything)
     current = current_runs(everything, grids)

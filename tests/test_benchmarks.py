@@ -73,6 +73,8 @@ BAD_ARGUMENTS = [
     ("central_optimum", ["--dataset", "default", "--max-iterations", "0", "--json", "{tmp}/o.json"],
      ["--max-iterations"]),
     ("compare_dp", ["--datasets", "main/logistic", "--eps", "0,1", "--out", "{tmp}/out"], ["--eps"]),
+    ("compare_dp", ["--workers", "2", "--ray-address", "auto", "--out", "{tmp}/out"],
+     ["--workers 2 with --ray-address 'auto'"]),
     ("compare_dp_terms", ["--seeds", "one", "--out", "{tmp}/out"], ["--seeds"]),
     ("deployed_round", ["--rounds", "1", "--keep", "{tmp}/keep", "--json", "{tmp}/d.json"], ["--rounds"]),
     ("engine_modules", ["--cases", "c,d", "--markdown", "{tmp}/t.md"], ["--cases"]),
@@ -101,7 +103,7 @@ def test_a_bad_argument_is_one_line_before_anything_is_made(script: str, args: l
 
 def test_every_script_has_its_argument_check() -> None:
     scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
-    assert sorted(c[0] for c in BAD_ARGUMENTS) == scripts
+    assert sorted({c[0] for c in BAD_ARGUMENTS}) == scripts
 
 
 def _chosen_runs(dataset: str) -> list[dict[str, object]]:
@@ -241,6 +243,21 @@ def test_central_optimum_on_the_embedded_sample(tmp_path: Path) -> None:
     numbers = json.loads(result.read_text())
     assert numbers["dataset"] == "default" and numbers["iterations"] == 10
     assert 0 < numbers["test-error"] < 0.5
+
+
+@pytest.mark.slow  # a local Ray instance: about a minute on 2 idle cores
+def test_compare_dp_on_ray_gives_the_runs_it_gives_here(tmp_path: Path) -> None:
+    """``--workers 2``: the runs are the grid runner's cells on Ray, committed to runs.jsonl as they finish,
+    with the errors the same runs give one after another in one process (DP-IADMM's and DP-SGD's)."""
+    found = {}
+    for label, extra in (("here", []), ("ray", ["--workers", "2"])):
+        out = tmp_path / label
+        _ran(_run("compare_dp", "--quick", "--datasets", "main/logistic", "--methods", "dpiadmm,dpsgd",
+                  "--out", out, *extra, env=_env(tmp_path, empty_cache=False)))
+        runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+        found[label] = {r["key"]: (r["val-error"], r["test-error"]) for r in runs}
+    assert len(found["here"]) == 6  # per method: one tuning run, one reported seed, one without noise
+    assert found["ray"] == found["here"]
 
 
 @pytest.mark.slow  # about 9 s
