@@ -139,7 +139,7 @@ from dpadmm.iadmm.config import (
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
 from dpadmm.runs import references as bibliography  # write_table has its own `references`
-from dpadmm.runs.grid import Cell, GridOptions, GridRunner, Workspace
+from dpadmm.runs.grid import Cell, CellsFailed, GridOptions, GridRunner, Workspace
 from tests.conftest import stop_flwr_processes, toml_value  # the clean-up of the Flower tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -626,6 +626,8 @@ def run_phase(ctx: Context, method: str, jobs: list[Job], runs: dict[str, Result
                 done(job, result)
 
         runner.run([cell for cell, _ in planned], commit)
+        if runner.failures:  # the next phase needs every run of this one: stop, naming what failed
+            runner.raise_failures()
 
 
 def cells(ctx: Context, method: str, jobs: list[Job]) -> list[tuple[Cell, list[Job]]]:
@@ -1008,13 +1010,16 @@ def main(argv: list[str] | None = None) -> None:
     # On Ray: the runner's spool (results that arrived before an earlier cell's) lies outside --out, one per
     # --out, so that an interrupted call leaves nothing in a results folder
     spool = ROOT / "runs" / "compare-dp-cells" / hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:12]
-    with GridRunner(spool, options, log=tqdm.write) as runner:
-        for dataset in datasets:
-            ctx = load_context(dataset, args, out)
-            facts[dataset] = describe(ctx)
-            compare(ctx, methods, eps, seeds, grids[dataset], runs, runner if options.on_ray else None)
-    if options.on_ray:
-        runner.raise_failures()
+    try:
+        with GridRunner(spool, options, log=tqdm.write) as runner:
+            for dataset in datasets:
+                ctx = load_context(dataset, args, out)
+                facts[dataset] = describe(ctx)
+                compare(ctx, methods, eps, seeds, grids[dataset], runs, runner if options.on_ray else None)
+        if options.on_ray:
+            runner.raise_failures()
+    except CellsFailed as error:  # the runs that completed are in runs.jsonl; a later call retries the rest
+        sys.exit(f"python -m benchmarks.compare_dp: {error}")
     everything = list(runs.values())
     write_csv(out / "runs.csv", everything)
     current = current_runs(everything, grids)
