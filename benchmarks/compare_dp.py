@@ -470,12 +470,17 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
         num_agents=ctx.num_agents, eval_every=p["rounds"])
 
 
-def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], None]) -> None:
-    """Budget-first DP-IADMM on the engine; the seeds of one configuration run batched."""
+def batches(jobs: list[Job]) -> list[list[Job]]:
+    """DP-IADMM's jobs by configuration (epsilon and parameters): each list's seeds run as one batch."""
     groups: dict[str, list[Job]] = {}
     for job in jobs:
         groups.setdefault(json.dumps([job.epsilon, job.params], sort_keys=True), []).append(job)
-    for group in groups.values():
+    return list(groups.values())
+
+
+def run_dpiadmm(ctx: Context, jobs: list[Job], done: Callable[[Job, Result], None]) -> None:
+    """Budget-first DP-IADMM on the engine; the seeds of one configuration run batched."""
+    for group in batches(jobs):
         config = iadmm_config(ctx, group[0].params, group[0].epsilon)
         started = time.perf_counter()
         results = engine.run_seeds(config, [j.seed for j in group], dataset=ctx.data, write=False,
@@ -635,13 +640,9 @@ def cells(ctx: Context, method: str, jobs: list[Job]) -> list[tuple[Cell, list[J
     whose seeds of one configuration run batched in one cell as they do here (the same numbers). A cell
     loads the setting's data where it runs (``ctx.data_dir``; on a cluster every node needs the data at
     that path, and this checkout's ``benchmarks``)."""
-    groups: dict[str, list[Job]] = {}
-    for job in jobs:
-        batched = method in ("dpiadmm", "dpiadmm-defaults")
-        same = json.dumps([job.epsilon, job.params] if batched else job.key, sort_keys=True)
-        groups.setdefault(same, []).append(job)
+    batched = RUNNERS[method] is run_dpiadmm
     out = []
-    for group in groups.values():
+    for group in batches(jobs) if batched else [[job] for job in jobs]:
         first = group[0]
         digest = hashlib.sha256(json.dumps([j.key for j in group]).encode()).hexdigest()[:12]
         key = f"{first.dataset}-{method}-{first.phase}-eps{first.epsilon:g}-{digest}"
