@@ -15,7 +15,10 @@ from __future__ import annotations
 import ast
 import json
 import shutil
+import subprocess
 import sys
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -32,7 +35,8 @@ DIGITS = ROOT / "examples" / "digits_app"
 # helpers and the core library. server.server_app and clients.client_app are our own app.
 PROJECT = {"dpadmm", "strategies", "clients", "server", "benchmarks", "tests"}
 PUBLIC = ("dpadmm", "strategies", "clients.dpiadmm")
-THIRD_PARTY = {"torch", "flwr", "numpy", "sklearn", "opacus"}  # opacus: the digits app's dp-sgd
+# opacus and threadpoolctl: the digits app's dp-sgd (the compare extra)
+THIRD_PARTY = {"torch", "flwr", "numpy", "sklearn", "opacus", "threadpoolctl"}
 
 
 def _imports(path: Path) -> list[str]:
@@ -196,6 +200,29 @@ def test_the_digits_app_refuses_settings_it_cannot_run_and_a_federation_of_anoth
         refused = f"target-epsilon={target!r} is not allowed with method='dp-sgd'"
         with pytest.raises(ValueError, match=refused):
             dpsgd.noise_multiplier(target, 1e-5, 0.2, 100)
+
+
+def test_the_digits_apps_dp_sgd_calibrates_while_another_thread_forks() -> None:
+    """A simulation's ServerApp calibrates z in a thread of the process whose main thread starts Ray's
+    processes. A fork during Opacus's PRV search used to end OpenBLAS's worker threads under a running dot
+    product, which then waited for them forever (a `flwr run` that never ended). Here the search runs beside a
+    thread that forks as often as it can: it ends, and gives the z it gives alone."""
+    sys.path.insert(0, str(DIGITS))
+    try:
+        from digits_app import dpsgd
+    finally:
+        sys.path.remove(str(DIGITS))
+    search = dpsgd.noise_multiplier.__wrapped__  # uncached: each call searches
+    found: list[float] = []
+    thread = threading.Thread(target=lambda: found.append(search(8.0, 1e-5, 0.2, 100)), daemon=True)
+    thread.start()
+    forks = 0
+    deadline = time.monotonic() + 120
+    while thread.is_alive() and time.monotonic() < deadline:
+        subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # preexec_fn: a fork, not a spawn
+        forks += 1
+    assert not thread.is_alive(), f"the search still runs after 120 s beside {forks} forks"
+    assert forks > 10 and found == [search(8.0, 1e-5, 0.2, 100)]
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from logging import INFO
 
@@ -25,11 +27,28 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from digits_app.task import Net, Results, StopsWhenEveryReplyFails, client_block, settings
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.models.modules import initial_parameters
+
+
+@contextmanager
+def prv_accounting() -> Iterator[None]:
+    """Where Opacus's PRV accountant runs: with one BLAS thread, and without the warning of its domain.
+
+    Its discretisation takes dot products over a domain of millions of points, which numpy's OpenBLAS splits
+    over its worker threads; a fork in another thread of the process during such a call (in a simulation,
+    Flower starts Ray's processes from its main thread while the ServerApp's thread calibrates) ends those
+    workers, and the call then waits for them forever at 100% CPU: the run hangs before its first round. On
+    one thread the call involves no worker. And the accountant sizes its domain with an RDP bound, which
+    warns at the search's small z that a larger order would be tighter: a looser bound only widens the
+    domain, so the warning is dropped."""
+    with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
 
 
 @lru_cache(maxsize=8)
@@ -44,10 +63,7 @@ def noise_multiplier(target_epsilon: float, delta: float, sampling_rate: float, 
                f"{sampling_rate:g}")
     if not (0 < target_epsilon < math.inf):
         raise ValueError(refused)  # Opacus would answer inf with z = 10, and 0 after a long search
-    # The PRV accountant sizes its domain with an RDP bound, which warns at the search's small z that a
-    # larger order would be tighter: a looser bound only widens the domain, so the warning is dropped.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
+    with prv_accounting():
         try:
             return get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
                                         sample_rate=sampling_rate, steps=steps, accountant="prv")
@@ -62,8 +78,7 @@ def spent_epsilon(config: RunConfig, z: float) -> float:
     accountant = PRVAccountant()
     for _ in range(config.rounds * config.steps):
         accountant.step(noise_multiplier=z, sample_rate=config.sampling_rate)
-    with warnings.catch_warnings():  # the RDP bound that sizes the domain, as in noise_multiplier
-        warnings.simplefilter("ignore", UserWarning)
+    with prv_accounting():
         return accountant.get_epsilon(delta=config.delta)
 
 
