@@ -181,13 +181,15 @@ GOALS = {"mnist100-dir0.1": "ahead", "mnist100-shards2": "ahead", "mnist100-dir1
 # The model study: each setting is a data set and a model ("DATA/MODEL"), under one release schedule for every
 # method (STUDY_SCHEDULE): the main job's data (the embedded 5,000-image MNIST sample, 10 agents of 400
 # training images), full MNIST (10 agents of 6,000) and FEMNIST (195 writers).
-STUDY = ("main/logistic", "main/mlp", "main/small-cnn", "mnist/logistic", "mnist/small-cnn",
-         "femnist/logistic", "femnist/small-cnn")
+STUDY = ("main/logistic", "main/mlp", "main/small-cnn", "main/scatter-cnn", "mnist/logistic",
+         "mnist/small-cnn", "mnist/scatter-cnn", "femnist/logistic", "femnist/small-cnn",
+         "femnist/scatter-cnn")
 # The study's goal, stated before its runs: the defaults, untuned, at least as accurate as the tuned DP-SGD +
 # FedAvg within the seeds' spread, at every eps.
 GOALS |= {name: "defaults at least" for name in STUDY}
 STUDY_DATA = {"main": "the main job's data", "mnist": "MNIST", "femnist": "FEMNIST"}
-MODEL_NAMES = {"logistic": "logistic regression", "mlp": "the MLP", "small-cnn": "the small CNN"}
+MODEL_NAMES = {"logistic": "logistic regression", "mlp": "the MLP", "small-cnn": "the small CNN",
+               "scatter-cnn": "the ScatterNet CNN"}
 DATASETS = ("mnist", "femnist", "a9a", "ijcnn1", *HETEROGENEOUS, *STUDY)
 BINARY = ("a9a", "ijcnn1")  # the 002 family's tasks, loaded by dpadmm.data.libsvm
 AGENTS = ({"mnist": 10, "femnist": 195, "a9a": 10, "ijcnn1": 10} | {name: 100 for name in HETEROGENEOUS}

@@ -15,7 +15,8 @@ NUM_CLASSES = {"default": 10, "mnist": 10, "femnist": 62}
 # P when num-agents is 0: the papers' 10 MNIST agents, and one agent per FEMNIST writer (195).
 DEFAULT_AGENTS = {"default": 10, "mnist": 10, "femnist": 195}
 
-MODELS = ("logistic", "cnn", "small-cnn", "mlp", "custom")  # what dpadmm.models.modules.build_model knows
+# what dpadmm.models.modules.build_model knows
+MODELS = ("logistic", "cnn", "small-cnn", "scatter-cnn", "mlp", "custom")
 
 # dpadmm.privacy.noise's generators (see its "A faster generator for large models")
 GENERATORS = ("philox", "torch")

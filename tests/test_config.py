@@ -144,7 +144,7 @@ def test_the_main_jobs_largest_step_follows_a_rule() -> None:
         ({"batch-size": 16}, "batch-size=16 is not allowed with model='logistic', whose closed-form"),
         ({"batch-size": -1, "model": "mlp"}, "batch-size=-1 is not allowed; it must be >= 0"),
         ({"model": "resnet"},
-         "model='resnet' is not allowed; choose one of logistic, cnn, small-cnn, mlp, custom"),
+         "model='resnet' is not allowed; choose one of logistic, cnn, small-cnn, scatter-cnn, mlp, custom"),
         ({"model": "mlp", "algorithm": "outp"}, "algorithm='outp' is not allowed with model='mlp'"),
         ({"model": "cnn", "sensitivity": "data-dependent"},
          "sensitivity='data-dependent' is not allowed with model='cnn': eq. (9b)"),

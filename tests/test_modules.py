@@ -11,18 +11,21 @@ from dpadmm.models.modules import (
     MODELS,
     LeafCNN,
     LogisticRegression,
+    ScatterCNN,
     SmallCNN,
     build_model,
     initial_parameters,
     logits_of,
     numel,
+    prepared,
     tree_map,
 )
 from dpadmm.models.oracles import factorizable_layers
 
 
 @pytest.mark.parametrize(("name", "kind"), [("logistic", LogisticRegression), ("cnn", LeafCNN),
-                                           ("small-cnn", SmallCNN), ("mlp", MLP)])
+                                           ("small-cnn", SmallCNN), ("scatter-cnn", ScatterCNN),
+                                           ("mlp", MLP)])
 def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
     """Every name of MODELS (the config's allowed values) builds its module for the data set's shape."""
     assert name in MODELS
@@ -32,7 +35,8 @@ def test_build_model_by_name(name: str, kind: type[nn.Module]) -> None:
 
 
 def test_build_model_names_the_bad_value_and_the_allowed_ones() -> None:
-    allowed = r"model='resnet' is not allowed; choose one of logistic, cnn, small-cnn, mlp, custom"
+    allowed = (r"model='resnet' is not allowed; choose one of logistic, cnn, small-cnn, scatter-cnn, mlp, "
+               r"custom")
     with pytest.raises(ValueError, match=allowed):
         build_model("resnet", 784, 10)
 
@@ -61,7 +65,38 @@ def test_small_cnn_is_tramer_and_bonehs_network() -> None:
     assert model(torch.rand(2, 784)).shape == (2, 10)
 
 
-@pytest.mark.parametrize("kind", [LeafCNN, SmallCNN])
+def test_scatter_cnn_is_tramer_and_bonehs_scatternet_cnn() -> None:
+    """34,782 parameters for 62 classes (conv 16 3x3 stride 2 and conv 32 3x3 on the 81 x 7 x 7 scattering
+    features, dense 32), all in Linear and Conv2d layers (factorizable); it takes images or their features."""
+    model = ScatterCNN(784, 62)
+    params = initial_parameters(model, 0)
+    assert numel(params) == 34_782 and numel(initial_parameters(ScatterCNN(), 0)) == 33_066
+    assert set(factorizable_layers(model)) == {"conv1", "conv2", "fc1", "fc2"}
+    assert not list(model.buffers())  # the filters are constants, not state the per-sample clipping refuses
+    images = torch.rand(5, 784, dtype=torch.float64)
+    features = model.prepare(images)
+    assert features.shape == (5, 3969) and features.dtype == torch.float64
+    torch.testing.assert_close(logits_of(model, params, images), logits_of(model, params, features))
+    with pytest.raises(ValueError, match=r"784 pixels \(28 x 28\) or of their 3969 scattering features; got "
+                                         r"rows of 100$"):
+        model(torch.rand(2, 100))
+
+
+def test_prepared_computes_a_front_end_once_per_contents() -> None:
+    """The same rows passed again, as another tensor object, are answered from the cache; rows changed in
+    place are not; a module without a front end gets its input back."""
+    model = ScatterCNN(784, 10)
+    images = torch.rand(4, 784, dtype=torch.float64)
+    first = prepared(model, images)
+    assert prepared(model, images.clone()) is first
+    images[0, 0] += 0.5
+    changed = prepared(model, images)
+    assert changed is not first and not torch.equal(changed[0], first[0])
+    assert torch.equal(changed[1:], first[1:])  # each image's features are its own
+    assert prepared(MLP(784, 10), images) is images
+
+
+@pytest.mark.parametrize("kind", [LeafCNN, SmallCNN, ScatterCNN])
 @pytest.mark.parametrize("features", [783, 3 * 32 * 32])
 def test_the_cnns_refuse_other_feature_counts(kind: type[nn.Module], features: int) -> None:
     with pytest.raises(ValueError, match=f"784 features\\); got {features} features"):

@@ -180,6 +180,7 @@ class RunConfig(keys.Keyed):
         default="logistic",
         metadata={"help": "logistic (the papers' model, closed-form fast path), cnn (the LEAF CNN, 6.6 M "
                           "parameters), small-cnn (Tramer and Boneh's 26k-parameter tanh CNN, sized for DP), "
+                          "scatter-cnn (their 35k-parameter CNN on fixed scattering features of the images), "
                           "mlp (one hidden layer of 64), or custom (any nn.Module given through the Python "
                           "API)"},
     )

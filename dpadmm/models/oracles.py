@@ -32,6 +32,7 @@ neighbours; DP-SGD's sampling, Abadi et al. 2016).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ from dpadmm.models.logistic import (
     probabilities,
     total_clip_factors,
 )
-from dpadmm.models.modules import MLP, LeafCNN, Params, SmallCNN, numel
+from dpadmm.models.modules import MLP, LeafCNN, Params, ScatterCNN, SmallCNN, numel, prepared
 from dpadmm.privacy import noise
 from dpadmm.privacy.ledger import clipped_sensitivity
 from dpadmm.privacy.randomness import Secret
@@ -57,7 +58,7 @@ PER_SAMPLE_BUDGET = 2**26
 
 
 # The built-in networks: each Linear and Conv2d layer applied once per forward pass (per_sample_path)
-FACTORIZED_NETWORKS = (MLP, SmallCNN, LeafCNN)
+FACTORIZED_NETWORKS = (MLP, SmallCNN, LeafCNN, ScatterCNN)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ class ModuleOracle:
         self.spec = spec
         self.module = module
         self.per_sample = per_sample_path(spec.per_sample, module)
-        self.data = data
+        self.data = dataclasses.replace(data, x=prepared(module, data.x))  # a fixed front end, once
         self.agents = data.agents
         self.vectorize = vectorize
         self.budget = budget

@@ -58,7 +58,7 @@ from torch import nn
 
 from dpadmm.data import Dataset
 from dpadmm.models.logistic import error_from_logits
-from dpadmm.models.modules import Params, build_model, initial_parameters, logits_of
+from dpadmm.models.modules import Params, build_model, initial_parameters, logits_of, prepared
 from dpadmm.privacy import ledger
 
 if TYPE_CHECKING:
@@ -367,7 +367,8 @@ def dpsgd_fedavg(config: DpSgdConfig, dataset: Dataset, num_agents: int, *, mode
 
     module = build_model(model, dataset.num_features, dataset.num_classes).to(dtype)
     private = GradSampleModule(module, loss_reduction="sum")
-    blocks = agent_blocks(dataset, num_agents, dtype)
+    # a fixed front end (the scatter CNN's features) computed once per agent, not at every step
+    blocks = [(prepared(module, x), y) for x, y in agent_blocks(dataset, num_agents, dtype)]
     total = sum(x.shape[0] for x, _ in blocks)
     params = initial_parameters(module, config.seed, dtype=dtype)
     previous = params  # zbar^{t-1}
