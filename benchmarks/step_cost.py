@@ -15,8 +15,8 @@ are.
 
 Usage, from the project root (Opacus: ``pip install -e ".[compare]"``):
 
-    python -m benchmarks.step_cost [--models small-cnn,mlp] [--steps 10] [--repeats 3] [--threads 1]
-        [--per-sample auto|vmap|factorized] [--json FILE]
+    python -m benchmarks.step_cost [--models small-cnn,scatter-cnn,mlp] [--steps 10] [--repeats 3]
+        [--threads 1] [--per-sample auto|vmap|factorized] [--json FILE]
 
 Prints a Markdown table; ``--json`` also writes the rows. Reads only the embedded sample (no data folder).
 A benchmark script, not a test.
@@ -39,13 +39,14 @@ from benchmarks import ArgumentParser, check_file, positive_int
 from dpadmm.iadmm.config import PER_SAMPLE, RunConfig
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.iadmm.local import objective_perturbation_round, oracle
-from dpadmm.models.modules import build_model, initial_parameters
+from dpadmm.models.modules import build_model, initial_parameters, prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "dpfedavg_app"))
 from dpfedavg_bench.baselines import DpSgdConfig, dpsgd_local  # noqa: E402  (the app's own module)
 
-MODELS = ("small-cnn", "mlp")  # the LEAF CNN: Opacus would hold 1,200 x 6.5 M per-sample gradients (31 GB)
+# not the LEAF CNN: Opacus would hold 1,200 x 6.5 M per-sample gradients (31 GB)
+MODELS = ("small-cnn", "scatter-cnn", "mlp")
 RATE = 0.3  # 1,200 of the agent's 4,000 images a step
 NOISE = 1.0  # noise multiplier of both (the cost does not depend on it)
 
@@ -77,8 +78,9 @@ def theirs(model: str, steps: int) -> Callable[[], Any]:
     from opacus import GradSampleModule
 
     dataset = load_for(RunConfig(model=model, num_agents=1))
-    x, y = dataset.x_train.to(torch.float32), dataset.y_train
     module = build_model(model, dataset.num_features, dataset.num_classes).to(torch.float32)
+    # a fixed front end once, as both methods' runs compute it (not at each step: not a step's cost)
+    x, y = prepared(module, dataset.x_train.to(torch.float32)), dataset.y_train
     private = GradSampleModule(module, loss_reduction="sum")
     params = initial_parameters(module, 0, dtype=torch.float32)
     config = DpSgdConfig(rounds=1, local_steps=steps, sample_rate=RATE, clip_norm=1.0, lr=1.0,
@@ -113,7 +115,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="python -m benchmarks.step_cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="small-cnn,mlp", help=f"models, of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"models, of {', '.join(MODELS)}")
     parser.add_argument("--steps", type=positive_int, default=10, help="local steps per timed round")
     parser.add_argument("--repeats", type=positive_int, default=3, help="rounds of each method")
     parser.add_argument("--per-sample", default="auto", choices=PER_SAMPLE,

@@ -194,6 +194,7 @@ def test_step_cost_times_both_steps_of_each_model(tmp_path: Path) -> None:
                         env=_env(tmp_path, empty_cache=False)))
     rows = json.loads(out.read_text())
     assert [(r["model"], r["per-sample"]) for r in rows] == [("small-cnn", "factorized"),
+                                                              ("scatter-cnn", "factorized"),
                                                               ("mlp", "factorized")]
     assert all(r["ours-ms"] > 0 and r["opacus-ms"] > 0 for r in rows)
     assert "| small-cnn | 26,010 | factorized |" in printed

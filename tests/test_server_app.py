@@ -162,17 +162,18 @@ def test_flower_simulation_equals_the_engine(algorithm: str, partition: str, flw
         assert ours["test-error"] == theirs["test-error"]
 
 
-@pytest.mark.parametrize(("mechanism", "keys"), [
-    ("laplace", {}),
-    ("gaussian", {"local_start": "global", "release": "last", "server_update": "mean"}),
+@pytest.mark.parametrize(("model", "mechanism", "keys"), [
+    ("mlp", "laplace", {}),
+    ("mlp", "gaussian", {"local_start": "global", "release": "last", "server_update": "mean"}),
+    ("scatter-cnn", "gaussian", {"local_start": "global"}),
 ])
-def test_a_network_through_flower_equals_the_engine(mechanism: str, keys: dict[str, str],
+def test_a_network_through_flower_equals_the_engine(model: str, mechanism: str, keys: dict[str, str],
                                                    flwr_env: dict[str, str], tmp_path: Path) -> None:
     """model=mlp: dicts of parameter tensors on the wire, per-sample clipping and minibatches in the
     ClientApps; every round's parameters equal the engine's (which vmaps the agents). The papers' round,
     and FedAvg's shape of it: local steps from w, the last iterate sent, the mean release as the server's
-    w."""
-    config = papers(model="mlp", mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
+    w. model=scatter-cnn: each ClientApp computes its images' scattering features itself."""
+    config = papers(model=model, mechanism=mechanism, epsilon=2.0, clip_norm=5.0, batch_size=32, rounds=2,
                     local_steps=2, num_agents=4, seed=5, out=str(tmp_path / "flower"), save_weights=True,
                     **keys)
     flwr_run(flwr_env, run_config_of(config), supernodes=4)
@@ -181,7 +182,8 @@ def test_a_network_through_flower_equals_the_engine(mechanism: str, keys: dict[s
 
     batched = engine.run(dataclasses.replace(config, out=str(tmp_path / "engine")), progress=False)
     engine_w = np.load(batched.directory / "weights.npz")
-    names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    layers = ["fc1", "fc2"] if model == "mlp" else ["conv1", "conv2", "fc1", "fc2"]
+    names = [f"{layer}.{kind}" for layer in layers for kind in ("weight", "bias")]
     assert flower_w.files == engine_w.files == [f"round-{t}.{n}" for t in (1, 2) for n in names]
     for key in flower_w.files:
         np.testing.assert_allclose(flower_w[key], engine_w[key], rtol=1e-6, atol=1e-10)
