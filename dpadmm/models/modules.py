@@ -208,15 +208,15 @@ def prepared(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     A front end is a fixed function of each row, so a caller that passes the same rows many times (an
     agent's data at every local step, a test set at every evaluation) computes it once here. The last few
-    results are kept by the rows' contents (a digest of their bytes, its shape, dtype and device): the same
-    data passed again as another tensor object (``x.to(dtype)`` makes a new one) is found too, and no
-    tensor changed in place can be answered with stale features.
+    results are kept by the module's class and the rows' contents (a digest of their bytes, their shape,
+    dtype and device): the same data passed again as another tensor object (``x.to(dtype)`` makes a new
+    one) is found too, and no tensor changed in place can be answered with stale features.
     """
     prepare = getattr(module, "prepare", None)
     if prepare is None:
         return x
     contents = x.detach().contiguous().cpu().numpy().tobytes()
-    key = (type(module).__qualname__, tuple(x.shape), x.dtype, str(x.device),
+    key = (type(module), tuple(x.shape), x.dtype, str(x.device),
            hashlib.blake2b(contents, digest_size=16).hexdigest())
     if key in _PREPARED:
         _PREPARED.move_to_end(key)
