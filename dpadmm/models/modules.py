@@ -215,7 +215,7 @@ def prepared(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     prepare = getattr(module, "prepare", None)
     if prepare is None:
         return x
-    contents = x.detach().contiguous().cpu().numpy().tobytes()
+    contents = x.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()  # any dtype
     key = (type(module), tuple(x.shape), x.dtype, str(x.device),
            hashlib.blake2b(contents, digest_size=16).hexdigest())
     if key in _PREPARED:
