@@ -1,6 +1,6 @@
 """A fixed front end for 28 x 28 images: the scattering transform, the features Tramer and Boneh train on.
 
-Bruna and Mallat, "Invariant Scattering Convolution Networks" (IEEE TPAMI 35(8), 2013), sec. 3: a
+Bruna and Mallat, "Invariant Scattering Convolution Networks" (IEEE TPAMI 35(8), 2013): a
 scattering network is a cascade of wavelet convolutions and moduli with no learnt weight,
 
     S0 x = x * phi_J,   S1 x = |x * psi_{j1,l1}| * phi_J,   S2 x = ||x * psi_{j1,l1}| * psi_{j2,l2}| * phi_J
@@ -9,7 +9,7 @@ scattering network is a cascade of wavelet convolutions and moduli with no learn
 with Morlet wavelets psi_{j,l} at scale 2^j and angle l pi / L, and phi_J a Gaussian low-pass of scale
 2^J, sampled every 2^J pixels. For J = 2 and L = 8 that is 1 + J L + L^2 J (J - 1) / 2 = 81 channels of
 7 x 7 on a 28 x 28 image: 3,969 features. Tramer and Boneh ("Differentially Private Learning Needs Better
-Features (or Much More Data)", ICLR 2021, sec. 3) train DP-SGD on them, normalised per sample in 27 groups
+Features (or Much More Data)", ICLR 2021) train DP-SGD on them, normalised per sample in 27 groups
 of 3 channels (GroupNorm), and are ahead of end-to-end CNNs on MNIST, Fashion-MNIST and CIFAR-10 at every
 epsilon up to 3 that they report.
 
@@ -20,7 +20,7 @@ trained parameters holds unchanged, and a device computes the features of its ow
 The computation is the standard fast one (Bruna and Mallat's): convolutions as products of
 spectra; x * psi_{j1} is sampled every 2^{j1} pixels (exactly: its spectrum is periodised before the
 inverse transform) and the modulus, the next wavelet and the low-pass act at that resolution, which aliases
-a little of the modulus' high frequencies (a few per cent of a channel's energy against the full-resolution
+a little of the modulus' high frequencies (a few per cent of a channel's norm against the full-resolution
 definition; tests/test_scattering.py measures it). The image is reflected 2^J pixels into a border first,
 as the periodic convolutions would otherwise wrap one edge onto the other.
 """
