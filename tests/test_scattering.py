@@ -33,7 +33,9 @@ def test_the_filters_are_wavelets_and_a_low_pass() -> None:
     psi, phi = scattering.filters(torch.float64)
     assert psi.shape == (2, 8, 36, 36) and phi.shape == (36, 36)
     assert psi[..., 0, 0].abs().max() < 1e-12 and abs(phi[0, 0] - 1) < 1e-12
-    assert psi.dtype == phi.dtype == torch.float64  # the real parts: fft2 of the filters is real
+    assert psi.dtype == phi.dtype == torch.float64
+    wave = scattering._gabor(1.6, 3 * torch.pi / 8, 3 * torch.pi / 8, 0.5)  # psi_{1,3}'s Gabor part
+    assert torch.fft.fft2(wave).imag.abs().max() < 1e-12  # conjugate-symmetric: a real spectrum
 
 
 def test_the_fast_transform_is_the_definition_up_to_its_aliasing() -> None:

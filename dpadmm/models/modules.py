@@ -52,6 +52,12 @@ class LogisticRegression(nn.Module):
         return x.flatten(1) @ self.weight
 
 
+def _require_images(network: str, num_features: int) -> None:
+    """A CNN here reads 28 x 28 images (MNIST's and FEMNIST's); another feature count is named."""
+    if num_features != 28 * 28:
+        raise ValueError(f"{network} takes 28 x 28 images (784 features); got {num_features} features")
+
+
 class LeafCNN(nn.Module):
     """The LEAF FEMNIST CNN (Caldas et al., 2018): conv 5x5 32, pool, conv 5x5 64, pool, dense 2048, K.
 
@@ -60,8 +66,7 @@ class LeafCNN(nn.Module):
 
     def __init__(self, num_features: int = 784, num_classes: int = 62):
         super().__init__()
-        if num_features != 28 * 28:
-            raise ValueError(f"the LEAF CNN takes 28 x 28 images (784 features); got {num_features} features")
+        _require_images("the LEAF CNN", num_features)
         self.conv1 = nn.Conv2d(1, 32, kernel_size=5, padding=2)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
         self.fc1 = nn.Linear(7 * 7 * 64, 2048)
@@ -89,9 +94,7 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_features: int = 784, num_classes: int = 10):
         super().__init__()
-        if num_features != 28 * 28:
-            raise ValueError(f"the small CNN takes 28 x 28 images (784 features); got {num_features} "
-                             "features")
+        _require_images("the small CNN", num_features)
         self.conv1 = nn.Conv2d(1, 16, kernel_size=8, stride=2, padding=2)
         self.conv2 = nn.Conv2d(16, 32, kernel_size=4, stride=2)
         self.fc1 = nn.Linear(32 * 4 * 4, 32)
@@ -119,9 +122,7 @@ class ScatterCNN(nn.Module):
 
     def __init__(self, num_features: int = 784, num_classes: int = 10):
         super().__init__()
-        if num_features != 28 * 28:
-            raise ValueError(f"the scatter CNN takes 28 x 28 images (784 features); got {num_features} "
-                             "features")
+        _require_images("the scatter CNN", num_features)
         self.conv1 = nn.Conv2d(scattering.CHANNELS, 16, kernel_size=3, stride=2, padding=1)
         self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
         self.fc1 = nn.Linear(32 * 4 * 4, 32)

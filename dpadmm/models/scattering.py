@@ -142,7 +142,4 @@ def features(images: torch.Tensor) -> torch.Tensor:
     of 3 channels to mean 0 and variance 1 (Tramer and Boneh's GroupNorm without affine parameters), flat:
     [N, 3969]."""
     s = scattering(images)
-    groups = s.reshape(s.shape[0], GROUPS, -1)
-    mean = groups.mean(dim=2, keepdim=True)
-    var = groups.var(dim=2, unbiased=False, keepdim=True)
-    return ((groups - mean) / torch.sqrt(var + NORM_EPS)).reshape(s.shape[0], NUM_FEATURES)
+    return torch.nn.functional.group_norm(s, GROUPS, eps=NORM_EPS).reshape(s.shape[0], NUM_FEATURES)
