@@ -50,6 +50,9 @@ per agent) and equal tuning budgets (:func:`_study_grids`). Two more methods run
 - ``central``: central DP-SGD (Opacus), one trusted curator holding every sample, on the same schedule: a
   reference for what local noise costs, under another trust model (the curator sees the data).
 
+A study setting named DATA/MODEL/T<T> runs the same schedule for T rounds: ``femnist/scatter-cnn/T40``, the
+FEMNIST CNN goal's (400 releases per agent), with DP-IADMM and DP-SGD + FedAvg on three points each.
+
 The three epsilons are not the same promise (``dpfedavg_bench.baselines`` explains): DP-IADMM and DP-SGD
 are sample-level and local (the agent adds the noise); DP-FedAvg is client-level (a whole agent)
 and central (the server adds the noise and sees the clipped updates). All three are stated for
@@ -183,10 +186,16 @@ GOALS = {"mnist100-dir0.1": "ahead", "mnist100-shards2": "ahead", "mnist100-dir1
 # training images), full MNIST (10 agents of 6,000) and FEMNIST (195 writers).
 STUDY = ("main/logistic", "main/mlp", "main/small-cnn", "main/scatter-cnn", "mnist/logistic",
          "mnist/small-cnn", "mnist/scatter-cnn", "femnist/logistic", "femnist/small-cnn",
-         "femnist/scatter-cnn")
+         "femnist/scatter-cnn", "femnist/scatter-cnn/T40")
 # The study's goal, stated before its runs: the defaults, untuned, at least as accurate as the tuned DP-SGD +
 # FedAvg within the seeds' spread, at every eps.
 GOALS |= {name: "defaults at least" for name in STUDY}
+# The FEMNIST CNN goal's setting, DATA/MODEL/T<rounds>: the study's schedule run for T = 40 rounds (400
+# releases), added after the study's T = 10 runs showed both methods short of rounds, not of privacy (without
+# noise the ScatterNet CNN's chosen configurations end at 69% and 59% test error after ten rounds). Its goal,
+# stated before its runs: the tuned DP-IADMM at least as accurate as the tuned DP-SGD + FedAvg with the same
+# CNN, within the seeds' spread (the family page holds it against logistic regression's figure too).
+GOALS["femnist/scatter-cnn/T40"] = "at least"
 STUDY_DATA = {"main": "the main job's data", "mnist": "MNIST", "femnist": "FEMNIST"}
 MODEL_NAMES = {"logistic": "logistic regression", "mlp": "the MLP", "small-cnn": "the small CNN",
                "scatter-cnn": "the ScatterNet CNN"}
@@ -199,7 +208,9 @@ TITLES = {"mnist": "MNIST", "femnist": "FEMNIST", "a9a": "a9a", "ijcnn1": "ijcnn
           "mnist100-dir0.5": "MNIST, Dirichlet label skew alpha = 0.5",
           "mnist100-dir1000": "MNIST, Dirichlet alpha = 1000 (near-IID)",
           "mnist100-shards2": "MNIST, two label-sorted shards per agent"} | {
-              name: f"{STUDY_DATA[name.split('/')[0]]}, {MODEL_NAMES[name.split('/')[1]]}" for name in STUDY}
+              name: ", ".join([STUDY_DATA[name.split('/')[0]], MODEL_NAMES[name.split('/')[1]],
+                               *(f"T = {part[1:]} rounds" for part in name.split("/")[2:])])
+              for name in STUDY}
 DELTA = 1e-5
 TUNE_SEED = 0
 # Methods whose chosen configurations are also trained without noise (one seed), to separate what
@@ -209,6 +220,12 @@ REFERENCE_METHODS = ("dpiadmm", "dpsgd", "dpfedprox", "dpsgd-sqrt", "dpsgd-extra
 # The study's release schedule, the main job's: T = 10 rounds of K = E = 10 Poisson-sampled steps at q = 0.2,
 # per-sample L2 clip C = 1 (100 subsampled Gaussian releases per agent).
 STUDY_SCHEDULE = {"rounds": 10, "local_steps": 10, "sample_rate": 0.2, "clip_norm": 1.0}
+
+
+def schedule_of(dataset: str) -> dict[str, Any]:
+    """A study setting's release schedule: the study's, with T rounds where its name ends in /T<T>."""
+    parts = dataset.split("/")
+    return {**STUDY_SCHEDULE, "rounds": int(parts[2][1:])} if len(parts) == 3 else STUDY_SCHEDULE
 
 # DP-IADMM's grid gives it what DP-SGD + FedAvg gets: the same rounds T, local steps E (= DP-SGD's K steps
 # per round), Poisson rates q and L2 clip C = 1 (``sampling-rate``, credited by the ledger), Gaussian noise,
@@ -269,8 +286,12 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     starts; DP-SGD's lr from 0.5 to 64. A network: the rule's form a = R (1 + 0.2) P / C, rho = 0.2 / a, at R
     from 1/8 to 4 (the rule's 4) from the global model, and at R = 1 and 4 from the agent's chain (the
     papers' start); DP-SGD's lr from 1/8 to 16. Both grids run the papers' release and server update.
+
+    A longer schedule's setting (T = 40 on FEMNIST; a run costs four times a study run's) has three points
+    each, around what both chose at T = 10 there (R = 2, lr 1/2), one step of two either side: R in {1, 2,
+    4} from the global model and lr in {1/4, 1/2, 1}; no defaults (they keep T = 10) and no central DP-SGD.
     """
-    agents, schedule = AGENTS[dataset], STUDY_SCHEDULE
+    agents, schedule = AGENTS[dataset], schedule_of(dataset)
     rate, steps, rounds = schedule["sample_rate"], schedule["local_steps"], schedule["rounds"]
     if model_of(dataset) == "logistic":
         iadmm = [_iadmm(rounds, steps, rate, a * agents / 10, LOGISTIC_RHO, start)
@@ -281,6 +302,9 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
             a = r * (1 + GRID_SHARE) * agents / schedule["clip_norm"]
             return _iadmm(rounds, steps, rate, a, GRID_SHARE / a, start)
 
+        if schedule is not STUDY_SCHEDULE:
+            return {"dpiadmm": [point(r, "global") for r in (1.0, 2.0, 4.0)],
+                    "dpsgd": [{**schedule, "lr": lr} for lr in (0.25, 0.5, 1.0)]}
         iadmm = ([point(r, "global") for r in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)]
                  + [point(r, "chain") for r in (1.0, 4.0)])
         lrs = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -769,6 +793,8 @@ def goal_lines(dataset: str, cells: dict[tuple[str, str, float], list[Result]]) 
     words = {"ahead": "DP-IADMM ahead of DP-SGD + FedAvg by more than the seeds' spread (the sum of the two "
                       "standard deviations)",
              "within 0.5": "DP-IADMM no more than 0.5 points behind DP-SGD + FedAvg",
+             "at least": "DP-IADMM at least as accurate as DP-SGD + FedAvg, within the seeds' spread (the "
+                         "sum of the two standard deviations)",
              "defaults at least": "DP-IADMM's defaults, with nothing tuned, at least as accurate as the "
                                   "tuned DP-SGD + FedAvg, within the seeds' spread (the sum of the two "
                                   "standard deviations)"}
