@@ -22,17 +22,18 @@ def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
         "femnist", "scatter-cnn", 195)
 
 
-def test_the_goal_settings_grids_are_three_points_each_around_the_ten_round_choices() -> None:
-    """Equal budgets, one step of two either side of what the study's T = 10 grids chose on FEMNIST (R = 2,
-    lr 1/2), every point on the 40-round schedule; the R = 2 point is the study's but for its rounds."""
+def test_the_goal_settings_grids_are_four_points_each_around_the_ten_round_choices() -> None:
+    """Equal budgets: one step of two either side of what the study's T = 10 grids chose on FEMNIST (R = 2,
+    lr 1/2), then one more step down for both; every point on the 40-round schedule; the R = 2 point is the
+    study's but for its rounds."""
     grids = GRIDS[GOAL]
     assert sorted(grids) == ["dpiadmm", "dpsgd"]
-    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == 3
-    assert [p["lr"] for p in grids["dpsgd"]] == [0.25, 0.5, 1.0]
+    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == 4
+    assert [p["lr"] for p in grids["dpsgd"]] == [0.25, 0.5, 1.0, 0.125]
     assert all(p["rounds"] == 40 for grid in grids.values() for p in grid)
     agents = compare_dp.AGENTS[GOAL]
     rates = [p["prox_scale"] / ((1 + compare_dp.GRID_SHARE) * agents) for p in grids["dpiadmm"]]
-    assert rates == pytest.approx([1.0, 2.0, 4.0])
+    assert rates == pytest.approx([1.0, 2.0, 4.0, 0.5])
     study = next(p for p in GRIDS["femnist/scatter-cnn"]["dpiadmm"]
                  if p["prox_scale"] == grids["dpiadmm"][1]["prox_scale"] and p.get("local_start") == "global")
     assert grids["dpiadmm"][1] == {**study, "rounds": 40}
