@@ -455,6 +455,30 @@ def test_a_modules_poisson_gradient_is_the_clipped_sum_over_its_sample_over_qi(m
     torch.testing.assert_close(scale, torch.full_like(scale, sensitivity / 0.5), rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize(("net", "per_sample", "batch"), [
+    ("mlp", "auto", {}), ("conv", "factorized", {}), ("mlp", "vmap", {}),
+    ("mlp", "auto", {"sampling_rate": 1.0, "batch_size": 4, "neighbouring": "replace-one"}),
+    ("mlp", "auto", {"sampling_rate": 1.0, "neighbouring": "replace-one"})])
+def test_an_agent_computed_alone_reads_its_own_rows_as_its_flower_client_does(
+        net: str, per_sample: str, batch: dict[str, object]) -> None:
+    """Computed one agent at a time (the factorized path; vmap under vectorize=False), each agent's gradient
+    is, bit for bit, the one its ClientApp computes holding only its own samples: the rows padded to the
+    largest agent's sample (Poisson), batch (minibatch) or data (full batch) are never read, so they cost
+    nothing and cannot change the rounding. Unequal agents (2 to 9 samples), so the padding is real."""
+    data, module = (_data(), MLP(J, K, hidden=HIDDEN)) if net == "mlp" else (_image_data(), _TinyConvNet())
+    z = _params(module, data.num_agents)
+    config = _sampled(per_sample=per_sample, **batch)
+    batched, scale = local.oracle(config, data, module, vectorize=False).gradient(z, 2, 3)
+    for p in range(data.num_agents):
+        own = AgentData.from_blocks([data.x[p, :COUNTS[p]]], [data.y[p, :COUNTS[p]].argmax(-1)],
+                                    num_classes=K, total=TOTAL, agents=[p])
+        alone, alone_scale = local.oracle(config, own, module).gradient({k: v[p:p + 1] for k, v in z.items()},
+                                                                       2, 3)
+        assert torch.equal(alone_scale, scale[p:p + 1])
+        for name in z:
+            assert torch.equal(alone[name][0], batched[name][p]), (p, name)
+
+
 def test_the_logistic_poisson_gradient_is_the_clipped_sum_over_its_sample_over_qi() -> None:
     """The gathered batch against a loop over the taken samples (outer products, clipped to L2 norm C), for
     one run and for two runs batched, each with its own seed's sample."""
