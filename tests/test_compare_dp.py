@@ -5,6 +5,7 @@ tests/test_benchmarks.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from benchmarks import compare_dp
 from benchmarks.compare_dp import GRIDS, STUDY_SCHEDULE, TITLES, goal_lines, schedule_of
 
 GOAL = "femnist/scatter-cnn/T40"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
@@ -55,3 +57,41 @@ def test_the_goal_holds_while_dp_iadmm_trails_by_no_more_than_the_spread(ours: l
     assert lines[0].startswith("Goal, stated before the runs: DP-IADMM at least as accurate as DP-SGD")
     assert lines[-1] == f"The goal is **{verdict}** here."
     assert json.dumps(lines).count("| 8 |") == 1
+
+
+def _percent(values: list[float]) -> str:
+    return ", ".join(f"{100 * v:.2f}" for v in values)
+
+
+def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
+    """docs/families/iadmm.md's FEMNIST CNN table and the README's sentence, recomputed from
+    docs/results/models-femnist/runs.jsonl as compare_dp's table.md computes them: each method's tuning (by
+    rate), the configuration it chooses, its reported seeds, their mean and sd, the run without noise, and
+    the goal's margin and spread."""
+    runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
+    kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
+    page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
+    means = {}
+    for method, rate in (("dpiadmm", "prox_scale"), ("dpsgd", "lr")):
+        ours = [r for r in kept if r["method"] == method]
+        tune = sorted((r for r in ours if r["phase"] == "tune"), key=lambda r: r["params"][rate])
+        assert len(tune) == len(GRIDS[GOAL][method])
+        report = [r for r in ours if r["phase"] == "report"]
+        assert [r["seed"] for r in report] == [1, 2, 3]
+        mean, sd = compare_dp._mean_sd([100 * r["test-error"] for r in report])
+        means[method] = mean, sd
+        (reference,) = [r for r in ours if r["phase"] == "reference"]
+        step = report[0]["params"][rate]
+        multiple = step / ((1 + compare_dp.GRID_SHARE) * compare_dp.AGENTS[GOAL])
+        chosen = f"R = {multiple:g} (a = {step:g})" if method == "dpiadmm" else f"lr = 1/{1 / step:g}"
+        row = (f"| {_percent([r['val-error'] for r in tune])} | {chosen} | "
+               f"{_percent([r['test-error'] for r in report])} | {mean:.2f} +- {sd:.2f} | "
+               f"{100 * reference['test-error']:.2f} |")
+        assert row in page, row
+    (ours_mean, ours_sd), (theirs_mean, theirs_sd) = means["dpiadmm"], means["dpsgd"]
+    assert f"DP-IADMM reaches {100 - ours_mean:.1f}% test accuracy" in page
+    assert f"{theirs_mean - ours_mean:.2f} points ahead of DP-SGD + FedAvg" in page
+    assert f"is {ours_sd + theirs_sd:.2f}" in page
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
+            f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
