@@ -338,7 +338,7 @@ class ModuleOracle:
                     for k in out:  # (a grouped convolution for Conv2d)
                         out[k][a0:a1] += part[k]
                 continue
-            mine = torch.arange(lengths[a0], device=data.x.device) if rows is None else rows[a0, :lengths[a0]]
+            mine = slice(lengths[a0]) if rows is None else rows[a0, :lengths[a0]]  # a full batch: a view
             x, y = data.x[a0, mine], data.y[a0, mine]
             alone = {k: v[0] for k, v in params.items()}
             for s0 in range(0, x.shape[0], sample_chunk):
