@@ -123,6 +123,19 @@ def test_the_main_jobs_largest_step_follows_a_rule() -> None:
         RunConfig(prox_scale=-1.0)
 
 
+def test_a_network_under_the_main_jobs_rule_clips_without_noise_too() -> None:
+    """Its rate is in units of 1 / C: a network under the rule clips whether or not the run is private;
+    logistic regression and a given prox-scale clip only where a private run's sensitivity needs it."""
+    quiet = {"epsilon": math.inf, "target_epsilon": 0.0}
+    for model in ("mlp", "small-cnn", "custom"):
+        assert RunConfig(model=model).clipped and RunConfig(model=model, **quiet).clipped
+        assert RunConfig(model=model, **quiet).network_rule
+        assert not RunConfig(model=model, prox_scale=7.0, **quiet).clipped
+        iadmm = RunConfig(model=model, algorithm="iadmm", target_epsilon=0.0)
+        assert iadmm.clipped and not iadmm.private
+    assert main_job().clipped and not RunConfig(**quiet).clipped and not RunConfig(**quiet).network_rule
+
+
 
 @pytest.mark.parametrize(
     ("values", "message"),

@@ -8,6 +8,7 @@ per-sample gradients (the MLP's are 3,850 numbers per image here, 50,890 at 28 x
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,15 @@ def test_the_main_job_trains_an_mlp_without_a_search() -> None:
     records = engine.run(config, write=False, progress=False).records
     assert records[-1]["test-error"] < 0.25
     assert records[-1]["train-loss"] < 0.6 * np.log(10)
+
+
+@pytest.mark.slow
+def test_the_main_jobs_small_cnn_learns_without_noise() -> None:
+    """The same steps as a private run's, without their noise: clipped at C (RunConfig.clipped), since the
+    rule's rate is in units of 1 / C. Unclipped, the first step sent the small CNN to chance for the whole
+    run (test error 0.90 after each of 10 rounds)."""
+    config = dataclasses.replace(main_job(), model="small-cnn", dtype="float32", epsilon=math.inf,
+                                 target_epsilon=0.0, rounds=3, eval_every=3)
+    record = engine.run(config, write=False, progress=False).records[-1]
+    assert record["test-error"] < 0.3
+    assert record["train-loss"] < 0.5 * np.log(10)
