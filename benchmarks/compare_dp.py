@@ -260,9 +260,12 @@ def defaults_fingerprint(model: str) -> dict[str, Any]:
     earlier defaults are never counted as these (they stay in runs.jsonl)."""
     defaults = RunConfig()
     largest = [LOGISTIC_SCALE, LOGISTIC_RHO] if model == "logistic" else [NETWORK_STEP, NETWORK_SHARE]
-    return {"local-start": defaults.local_start, "release": defaults.release,
-            "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
-            "largest-step": largest, "noise-room": RunConfig(model=model).effective_noise_room}
+    fingerprint = {"local-start": defaults.local_start, "release": defaults.release,
+                   "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
+                   "largest-step": largest, "noise-room": RunConfig(model=model).effective_noise_room}
+    if RunConfig(model=model).network_rule:  # its rate decays only as its noise needs (schedules.local_eta)
+        fingerprint["rate-decay"] = "noise"
+    return fingerprint
 
 
 def partition(dataset: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpadmm.iadmm import schedules
-from dpadmm.iadmm.config import main_job, papers
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 
 
 def test_rho_eq_24_presets() -> None:
@@ -90,3 +90,34 @@ def test_the_main_jobs_rate_follows_the_noise() -> None:
         assert schedules.noise_damping(config, None, d) == 1.0
         given = dataclasses.replace(config, prox_scale=7.0)
         assert schedules.noise_damping(given, torch.full((10,), 1e3), d) == 1.0
+
+
+def test_a_networks_rate_decays_only_as_far_as_its_noise_needs() -> None:
+    """local_eta: a network under the main job's rule takes min(R, room / (r sqrt(t))), eq. (8)'s eta^t =
+    a / sqrt(t) times the damping where the noise binds from t = 1 (as before, to the bit), a constant a
+    without noise; logistic regression and a given prox-scale keep eq. (8)'s decay."""
+    d = 10_000
+
+    def sigma(config: RunConfig, r: float) -> torch.Tensor:
+        return torch.full((10,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
+
+    network = dataclasses.replace(main_job(), model="small-cnn", num_agents=10, clip_norm=2.0)
+    a, rate, room = network.scale, 4.0, 10.0
+    for t in (1, 2, 5, 50):
+        assert schedules.local_eta(network, t, None, d) == a  # no noise: DP-SGD's constant rate
+        binds = sigma(network, 5.0)  # R r = 20 > room: damped from the first round
+        assert schedules.local_eta(network, t, binds, d) == schedules.eta(
+            t, a * schedules.noise_damping(network, binds, d))
+        damped = room / (5.0 * math.sqrt(t))
+        assert schedules.local_eta(network, t, binds, d) * rate / a == pytest.approx(damped)
+        free = sigma(network, 0.5)  # R r = 2: D = 5, the rate stays R while t <= 25
+        assert schedules.local_eta(network, t, free, d) == pytest.approx(a * min(1.0, 5.0 / math.sqrt(t)))
+    logistic = dataclasses.replace(network, model="logistic")
+    given = dataclasses.replace(network, prox_scale=7.0)
+    for t in (1, 4, 9):
+        for r in (0.01, 0.5, 5.0):
+            noisy = sigma(logistic, r)
+            assert schedules.local_eta(logistic, t, noisy, d) == schedules.eta(
+                t, logistic.scale * schedules.noise_damping(logistic, noisy, d))
+            assert schedules.local_eta(given, t, sigma(given, r), d) == schedules.eta(t, 7.0)
+        assert schedules.local_eta(logistic, t, None, d) == schedules.eta(t, logistic.scale)

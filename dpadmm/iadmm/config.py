@@ -135,12 +135,14 @@ class RunConfig(keys.Keyed):
         default=0.0,
         metadata={"help": "scaling constant a of eta^t = a/sqrt(t) and the trust radius a/t^2 (000 A.11); "
                           f"0 = the main job's: {LOGISTIC_SCALE:g} for logistic regression, "
-                          f"{NETWORK_STEP * (1 + NETWORK_SHARE):g} P / clip-norm for a network"},
+                          f"{NETWORK_STEP * (1 + NETWORK_SHARE):g} P / clip-norm for a network (whose "
+                          "eta^t then decays only as far as its noise needs)"},
     )
     noise_room: float = field(
         default=0.0,
         metadata={"help": "under the main job's step (prox-scale 0), the most its learning rate times the "
-                          "noise ratio r (one step's noise over its largest clean gradient) may be; 0 = the "
+                          "noise ratio r (one step's noise over its largest clean gradient) may be (a "
+                          "network's: at round t, that over sqrt(t)); 0 = the "
                           f"model's: {MLP_NOISE_ROOM:g} for mlp, {NOISE_ROOM:g} for every other"},
     )
     trust_radius: str = field(
@@ -455,7 +457,7 @@ class RunConfig(keys.Keyed):
         A private run clips (its sensitivity needs it); so does a network under the main job's rule without
         noise, whose rate is in units of 1 / C (:attr:`scale`): unclipped, the small CNN's first step on the
         main job's data left it at chance for the whole run (test error 0.90, seeds 0-2), clipped it ends at
-        5.7%, the same steps as a private run's, without their noise."""
+        4.5%, the same steps as a private run's, without their noise."""
         if self.sensitivity != "clipped" or self.algorithm == "outp":
             return False
         return self.private or self.network_rule
@@ -494,11 +496,12 @@ class RunConfig(keys.Keyed):
         The noise enters the same step, and its size relative to the signal is fixed by the budget, not by
         a: a private run's local steps use a times :func:`dpadmm.iadmm.schedules.noise_damping`, which
         lowers the rate to :attr:`effective_noise_room` / r where the noise ratio r would make it larger
-        (rho stays what :attr:`rho_constants` says for the a returned here). Measured on the main job's
-        data (the validation half, docs/results/noise-room): the room that suits logistic regression and the
-        small CNN costs the MLP up to 2.9 points of test error, and the MLP's costs the small CNN up to 18,
-        hence one room for the MLP and one for the rest; rates 1 and 16 without the damping did no
-        better than the rule for any model at eps 8 (docs/results/step-rule).
+        (rho stays what :attr:`rho_constants` says for the a returned here), and a network's rate decays
+        over the rounds only as far as its noise needs (:func:`dpadmm.iadmm.schedules.local_eta`). Measured
+        on the main job's data (the validation half, docs/results/noise-room): the room that suits logistic
+        regression and the small CNN costs the MLP up to 2.9 points of test error, and the MLP's costs the
+        small CNN up to 18, hence one room for the MLP and one for the rest; rates 1 and 16 without the
+        damping did no better than the rule for any model at eps 8 (docs/results/step-rule).
         """
         if self.prox_scale > 0:
             return self.prox_scale

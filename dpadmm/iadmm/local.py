@@ -165,7 +165,7 @@ def objective_perturbation_round(config: RunConfig, oracle: Oracle, w: Tree, lam
     magnitude = torch.zeros(runs_agents, dtype=first.dtype, device=first.device)
     for e in range(1, steps + 1):
         g, scale = oracle.gradient(z, t, e)
-        if e == 1:  # the step's scale a may shrink with the noise (schedules.noise_damping): known from here
+        if e == 1:  # the step may shrink with the noise (schedules.local_eta): known from here
             step = _step(config, t, rho_t, scale, z)
         xi = no_noise
         if scale is not None and randomness is not None:
@@ -198,15 +198,16 @@ def release_bound(config: RunConfig, largest: float) -> float:
 
 def _step(config: RunConfig, t: int, rho_t: float, scale: torch.Tensor | None,
           z: Tree) -> Callable[..., torch.Tensor]:
-    """The elementwise local step of round t (eq. (8), or ObjT's trust region) with a = the configured scale
-    times :func:`dpadmm.iadmm.schedules.noise_damping` of this step's noise (``scale``, per agent)."""
+    """The elementwise local step of round t: eq. (8) with :func:`dpadmm.iadmm.schedules.local_eta` of this
+    step's noise (``scale``, per agent), or ObjT's trust region with a = the configured scale times
+    :func:`dpadmm.iadmm.schedules.noise_damping`."""
     num_params = (sum(v[0].numel() for v in z.values()) if isinstance(z, Mapping)
                   else z.shape[-2] * z.shape[-1])
-    a = config.scale * schedules.noise_damping(config, scale, num_params)
     if config.algorithm == "objt":
+        a = config.scale * schedules.noise_damping(config, scale, num_params)
         radius = schedules.trust_radius(t, a, config.trust_radius)
         return lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)
-    eta = schedules.eta(t, a)
+    eta = schedules.local_eta(config, t, scale, num_params)
     return lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)
 
 
