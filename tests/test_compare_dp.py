@@ -1,10 +1,12 @@
 """benchmarks.compare_dp's settings and verdicts, without training: the FEMNIST CNN goal's longer schedule
-and its grids, and the goal lines table.md prints from the reported runs (the runs themselves:
-tests/test_benchmarks.py)."""
+and its grids, the goal lines table.md prints from the reported runs, and the family page's figures from
+the committed runs (the runs themselves: tests/test_benchmarks.py)."""
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,44 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
             f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
+
+
+FULL_MNIST = "mnist/small-cnn"
+
+
+def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> None:
+    """docs/families/iadmm.md's full-MNIST small-CNN rows, recomputed from
+    docs/results/models-mnist/runs.jsonl as compare_dp's table.md computes them: the defaults' and the tuned
+    DP-SGD + FedAvg's mean +- sd per eps (ten seeds at eps 8, where the two are closest; three elsewhere),
+    the goal's verdict per eps, the eps-8 gap against its standard error, DP-SGD's chosen rates and runs
+    without noise, and the seconds per run."""
+    runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
+    cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
+    page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
+    eps = (1.0, 2.0, 4.0, 8.0)
+    for method, label in (("dpiadmm-defaults", "DP-IADMM defaults"), ("dpsgd", "DP-SGD + FedAvg, tuned")):
+        seeds = {e: [r["seed"] for r in cells[(FULL_MNIST, method, e)]] for e in eps}
+        assert seeds == {1.0: [1, 2, 3], 2.0: [1, 2, 3], 4.0: [1, 2, 3], 8.0: list(range(1, 11))}
+        means = [compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, method, e)]])
+                 for e in eps]
+        row = f"| {label} | " + " | ".join(f"{m:.2f} +- {s:.2f}" for m, s in means) + " |"
+        assert row in page, row
+    verdicts = [line for line in goal_lines(FULL_MNIST, cells) if line.startswith("| ") and line[2].isdigit()]
+    assert len(verdicts) == len(eps)
+    for line in verdicts:
+        assert line in page, line
+    ours, theirs = ([100 * r["test-error"] for r in cells[(FULL_MNIST, m, 8.0)]] for m in ("dpiadmm-defaults",
+                                                                                              "dpsgd"))
+    error = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(theirs) / len(theirs))
+    gap = statistics.fmean(ours) - statistics.fmean(theirs)
+    assert f"DP-SGD + FedAvg is {gap:.2f} points ahead" in page
+    assert f"the standard error of the difference ({error:.2f})" in page
+    assert gap > error  # the words "a real gap"
+    chosen = {e: cells[(FULL_MNIST, "dpsgd", e)][0]["params"]["lr"] for e in eps}
+    assert chosen == {1.0: 4.0, 2.0: 4.0, 4.0: 4.0, 8.0: 8.0}
+    plain = {r["params"]["lr"]: 100 * r["test-error"] for r in runs.values()
+             if (r["dataset"], r["method"], r["phase"]) == (FULL_MNIST, "dpsgd", "reference")}
+    assert f"ends at {plain[8.0]:.2f}% with lr 8 and {plain[4.0]:.2f}% with lr 4" in page
+    for method, words in (("dpiadmm-defaults", "for the defaults"), ("dpsgd", "for DP-SGD + FedAvg")):
+        seconds = [statistics.fmean(r["seconds"] for r in cells[(FULL_MNIST, method, e)]) for e in eps]
+        assert f"{min(seconds):.0f} to {max(seconds):.0f} s {words}" in page
