@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import compare_dp
 from benchmarks.compare_dp import GRIDS, STUDY_SCHEDULE, TITLES, goal_lines, schedule_of
+from dpadmm.iadmm.config import NETWORK_STEP
 
 GOAL = "femnist/scatter-cnn/T40"
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,19 +113,20 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
     page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
     eps = (1.0, 2.0, 4.0, 8.0)
+    table = {}
     for method, label in (("dpiadmm-defaults", "DP-IADMM defaults"), ("dpsgd", "DP-SGD + FedAvg, tuned")):
         seeds = {e: [r["seed"] for r in cells[(FULL_MNIST, method, e)]] for e in eps}
         assert seeds == {1.0: [1, 2, 3], 2.0: [1, 2, 3], 4.0: [1, 2, 3], 8.0: list(range(1, 11))}
-        means = [compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, method, e)]])
-                 for e in eps]
-        row = f"| {label} | " + " | ".join(f"{m:.2f} +- {s:.2f}" for m, s in means) + " |"
+        table[method] = [compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, method, e)]])
+                         for e in eps]
+        row = f"| {label} | " + " | ".join(f"{m:.2f} +- {s:.2f}" for m, s in table[method]) + " |"
         assert row in page, row
     verdicts = [line for line in goal_lines(FULL_MNIST, cells) if line.startswith("| ") and line[2].isdigit()]
     assert len(verdicts) == len(eps)
     for line in verdicts:
         assert line in page, line
-    ours, theirs = ([100 * r["test-error"] for r in cells[(FULL_MNIST, m, 8.0)]] for m in ("dpiadmm-defaults",
-                                                                                              "dpsgd"))
+    ours, theirs = ([100 * r["test-error"] for r in cells[(FULL_MNIST, m, 8.0)]]
+                    for m in ("dpiadmm-defaults", "dpsgd"))
     error = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(theirs) / len(theirs))
     gap = statistics.fmean(ours) - statistics.fmean(theirs)
     assert f"DP-SGD + FedAvg is {gap:.2f} points ahead" in page
@@ -132,9 +134,15 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     assert gap > error  # the words "a real gap"
     chosen = {e: cells[(FULL_MNIST, "dpsgd", e)][0]["params"]["lr"] for e in eps}
     assert chosen == {1.0: 4.0, 2.0: 4.0, 4.0: 4.0, 8.0: 8.0}
+    assert chosen[8.0] == 2 * NETWORK_STEP  # "twice the defaults' largest" rate, 4 / C with C = 1
     plain = {r["params"]["lr"]: 100 * r["test-error"] for r in runs.values()
              if (r["dataset"], r["method"], r["phase"], r["seed"]) == (FULL_MNIST, "dpsgd", "reference", 1)}
     assert f"ends at {plain[8.0]:.2f}% with lr 8 and {plain[4.0]:.2f}% with lr 4" in page
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for method, words in (("dpiadmm-defaults", "untuned, end at"), ("dpsgd", "learning rates, at")):
+        errors = [f"{mean:.2f}" for mean, _ in table[method]]
+        assert f"{words} {', '.join(errors[:3])} and {errors[3]}%" in readme
+    assert f"{gap:.1f} points behind at eps 8" in readme
     for method, words in (("dpiadmm-defaults", "for the defaults"), ("dpsgd", "for DP-SGD + FedAvg")):
         seconds = [statistics.fmean(r["seconds"] for r in cells[(FULL_MNIST, method, e)]) for e in eps]
         assert f"{min(seconds):.0f} to {max(seconds):.0f} s {words}" in page
