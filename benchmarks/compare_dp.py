@@ -750,11 +750,23 @@ def compare(ctx: Context, methods: Iterable[str], eps: list[float], seeds: list[
                 report += [Job(ctx.dataset, method, e, s, best, "report") for s in seeds]
             run_phase(ctx, method, report, runs, bar, runner)
             if method in REFERENCE_METHODS:
-                chosen = {json.dumps(j.params, sort_keys=True): j.params for j in report}
-                reference = [Job(ctx.dataset, method, math.inf, seeds[0], p, "reference")
-                             for p in chosen.values()]
+                reference = reference_jobs(report, runs, seeds[0])
                 bar.total += len(reference)
                 run_phase(ctx, method, reference, runs, bar, runner)
+
+
+def reference_jobs(report: list[Job], runs: dict[str, Result], seed: int) -> list[Job]:
+    """The runs without noise of the configurations ``report`` chose, with ``seed``: one per configuration,
+    none where ``runs`` holds one already (with whichever seed), so that reporting more seeds later does not
+    train a configuration's reference again."""
+    def identity(dataset: str, method: str, params: dict[str, Any]) -> str:
+        return json.dumps([dataset, method, params], sort_keys=True)
+
+    done = {identity(r["dataset"], r["method"], r["params"]) for r in runs.values()
+            if r["phase"] == "reference"}
+    chosen = {identity(j.dataset, j.method, j.params): j for j in report}
+    return [Job(j.dataset, j.method, math.inf, seed, j.params, "reference") for key, j in chosen.items()
+            if key not in done]
 
 
 # ----- outputs -----

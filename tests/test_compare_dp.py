@@ -146,3 +146,18 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     for method, words in (("dpiadmm-defaults", "for the defaults"), ("dpsgd", "for DP-SGD + FedAvg")):
         seconds = [statistics.fmean(r["seconds"] for r in cells[(FULL_MNIST, method, e)]) for e in eps]
         assert f"{min(seconds):.0f} to {max(seconds):.0f} s {words}" in page
+
+
+def test_more_report_seeds_train_no_second_reference() -> None:
+    """A configuration's run without noise is trained once: reporting seeds 4-10 after seeds 1-3 (as the
+    full-MNIST eps-8 cell did) adds none for the configuration that has one, and one for a new choice."""
+    lr8, lr4 = ({**STUDY_SCHEDULE, "lr": lr} for lr in (8.0, 4.0))
+    runs = {}
+    for job in (compare_dp.Job(FULL_MNIST, "dpsgd", math.inf, 1, lr8, "reference"),
+                compare_dp.Job(FULL_MNIST, "dpsgd", 8.0, 1, lr8, "report")):
+        runs[job.key] = {"key": job.key, **vars(job)}
+    report = [compare_dp.Job(FULL_MNIST, "dpsgd", eps, seed, params, "report")
+              for eps, params in ((8.0, lr8), (4.0, lr4)) for seed in range(4, 11)]
+    (job,) = compare_dp.reference_jobs(report, runs, 4)
+    assert (job.params, job.seed, job.epsilon, job.phase) == (lr4, 4, math.inf, "reference")
+    assert compare_dp.reference_jobs(report[:7], runs, 4) == []
