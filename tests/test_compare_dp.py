@@ -62,6 +62,12 @@ def test_the_goal_holds_while_dp_iadmm_trails_by_no_more_than_the_spread(ours: l
     assert json.dumps(lines).count("| 8 |") == 1
 
 
+def _words(path: str) -> str:
+    """A committed page's text with its line breaks and runs of spaces made single spaces, as sentences
+    wrapped anywhere are searched."""
+    return " ".join((ROOT / path).read_text().split())
+
+
 def _percent(values: list[float]) -> str:
     return ", ".join(f"{100 * v:.2f}" for v in values)
 
@@ -73,7 +79,7 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     the goal's margin and spread."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
-    page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
+    page = _words("docs/families/iadmm.md")
     means = {}
     for method, rate in (("dpiadmm", "prox_scale"), ("dpsgd", "lr")):
         ours = [r for r in kept if r["method"] == method]
@@ -95,7 +101,7 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     assert f"DP-IADMM reaches {100 - ours_mean:.1f}% test accuracy" in page
     assert f"{theirs_mean - ours_mean:.2f} points ahead of DP-SGD + FedAvg" in page
     assert f"is {ours_sd + theirs_sd:.2f}" in page
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = _words("README.md")
     assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
             f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
 
@@ -111,7 +117,7 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     without noise, and the seconds per run."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
-    page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
+    page = _words("docs/families/iadmm.md")
     eps = (1.0, 2.0, 4.0, 8.0)
     table = {}
     for method, label in (("dpiadmm-defaults", "DP-IADMM defaults"), ("dpsgd", "DP-SGD + FedAvg, tuned")):
@@ -138,7 +144,7 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     plain = {r["params"]["lr"]: 100 * r["test-error"] for r in runs.values()
              if (r["dataset"], r["method"], r["phase"], r["seed"]) == (FULL_MNIST, "dpsgd", "reference", 1)}
     assert f"ends at {plain[8.0]:.2f}% with lr 8 and {plain[4.0]:.2f}% with lr 4" in page
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = _words("README.md")
     for method, words in (("dpiadmm-defaults", "untuned, end at"), ("dpsgd", "learning rates, at")):
         errors = [f"{mean:.2f}" for mean, _ in table[method]]
         assert f"{words} {', '.join(errors[:3])} and {errors[3]}%" in readme
@@ -170,7 +176,7 @@ def test_the_pages_femnist_logistic_shortfall_is_what_the_committed_runs_give() 
     scales a with the number of agents."""
     setting = "femnist/logistic"
     agents = compare_dp.AGENTS[setting]
-    page = " ".join((ROOT / "docs/families/iadmm.md").read_text().split())
+    page = _words("docs/families/iadmm.md")
     small, many = (LOGISTIC_SCALE / ((1 + LOGISTIC_RATE_SHARE) * p) for p in (10, agents))
     rates = f"is {small:.2f} with the main job's 10 agents and {many:.2f} with FEMNIST's {agents} writers"
     assert rates in page
