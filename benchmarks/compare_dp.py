@@ -129,16 +129,10 @@ from benchmarks import (
 )
 from benchmarks import data_dir as dataset_dir
 from benchmarks.flower_overhead import flwr_env
-from dpadmm.data import Dataset
+from dpadmm.data import NUM_CLASSES, Dataset
 from dpadmm.data.libsvm import load_binary, normalise_rows
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import (
-    LOGISTIC_RHO,
-    LOGISTIC_SCALE,
-    NETWORK_SHARE,
-    NETWORK_STEP,
-    RunConfig,
-)
+from dpadmm.iadmm.config import NETWORK_SHARE, NETWORK_STEP, RunConfig
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
 from dpadmm.runs import references as bibliography  # write_table has its own `references`
@@ -254,16 +248,19 @@ def model_of(dataset: str) -> str:
     return dataset.split("/")[1] if dataset in STUDY else "logistic"
 
 
-def defaults_fingerprint(model: str) -> dict[str, Any]:
-    """What DP-IADMM's defaults learn ``model`` with: the keys of the default configuration and the step
-    rule's constants for that model. The defaults' runs carry it as their parameters, so that runs of
-    earlier defaults are never counted as these (they stay in runs.jsonl)."""
-    defaults = RunConfig()
-    largest = [LOGISTIC_SCALE, LOGISTIC_RHO] if model == "logistic" else [NETWORK_STEP, NETWORK_SHARE]
+def defaults_fingerprint(dataset: str) -> dict[str, Any]:
+    """What DP-IADMM's defaults learn a setting's model with: the keys of the default configuration and the
+    step rule's constants for that model, number of agents and classes (logistic regression's a, rho and
+    noise room; a network's rate, pull share and room). The defaults' runs carry it as their parameters,
+    so that runs of earlier defaults are never counted as these (they stay in runs.jsonl)."""
+    defaults = RunConfig(model=model_of(dataset), num_agents=AGENTS[dataset])
+    largest = ([defaults.scale, defaults.rho_constants[0]] if defaults.model == "logistic"
+               else [NETWORK_STEP, NETWORK_SHARE])
     fingerprint = {"local-start": defaults.local_start, "release": defaults.release,
                    "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
-                   "largest-step": largest, "noise-room": RunConfig(model=model).effective_noise_room}
-    if RunConfig(model=model).network_rule:  # its rate decays only as its noise needs (schedules.local_eta)
+                   "largest-step": largest,
+                   "noise-room": defaults.noise_room_for(NUM_CLASSES[source(dataset)])}
+    if defaults.network_rule:  # its rate decays only as its noise needs (schedules.local_eta)
         fingerprint["rate-decay"] = "noise"
     return fingerprint
 
@@ -273,9 +270,10 @@ def partition(dataset: str) -> str:
     return HETEROGENEOUS.get(dataset, "contiguous")
 
 
-# The pull share of the tuned grid's network points (rho = GRID_SHARE / a): the rule's when the grid was
-# fixed, kept so that the grid's runs keep their keys; the defaults take the rule's (NETWORK_SHARE).
-GRID_SHARE = 0.2
+# The pull share of the tuned grid's network points (rho = GRID_SHARE / a) and logistic regression's rho:
+# the rule's when the grid was fixed, kept so that the grid's runs keep their keys; the defaults take the
+# rule's (RunConfig.rho_constants).
+GRID_SHARE, GRID_LOGISTIC_RHO = 0.2, 1e-3
 
 
 def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
@@ -298,7 +296,7 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     agents, schedule = AGENTS[dataset], schedule_of(dataset)
     rate, steps, rounds = schedule["sample_rate"], schedule["local_steps"], schedule["rounds"]
     if model_of(dataset) == "logistic":
-        iadmm = [_iadmm(rounds, steps, rate, a * agents / 10, LOGISTIC_RHO, start)
+        iadmm = [_iadmm(rounds, steps, rate, a * agents / 10, GRID_LOGISTIC_RHO, start)
                  for a in (10.0, 25.0, 100.0, 400.0) for start in ("chain", "global")]
         lrs: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
     else:
@@ -313,7 +311,7 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
                  + [point(r, "chain") for r in (1.0, 4.0)])
         lrs = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
     sgd = [{**schedule, "lr": lr} for lr in lrs]
-    return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint(model_of(dataset))}], "dpiadmm": iadmm,
+    return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint(dataset)}], "dpiadmm": iadmm,
             "dpsgd": sgd, "central": sgd}
 
 
@@ -393,9 +391,9 @@ QUICK_GRIDS: dict[str, dict[str, list[dict[str, Any]]]] = {
          "dpfedprox": [{**_QUICK_SKEWED_SGD, "prox_mu": 0.1}],
          "dpsgd-sqrt": [{**_QUICK_SKEWED_SGD, "lr_decay": "sqrt"}],
          "dpsgd-extra": [{**_QUICK_SKEWED_SGD, "extrapolation": 1.0}]} for name in HETEROGENEOUS} | {name: {
-             "dpiadmm-defaults": [{"defaults": defaults_fingerprint(model_of(name))}],
+             "dpiadmm-defaults": [{"defaults": defaults_fingerprint(name)}],
              "dpiadmm": [_iadmm(2, 2, 0.2, 400.0 if model_of(name) == "logistic" else 12.0,
-                                LOGISTIC_RHO if model_of(name) == "logistic" else 0.2 / 12.0, "global")],
+                                GRID_LOGISTIC_RHO if model_of(name) == "logistic" else 0.2 / 12.0, "global")],
              "dpsgd": [{**_QUICK_SGD, "lr": 1.0}], "central": [{**_QUICK_SGD, "lr": 1.0}]} for name in STUDY}
 
 

@@ -3,7 +3,7 @@ half.
 
 The main job's local steps take the learning rate min(R, room / r) (``dpadmm.iadmm.schedules.noise_damping``):
 r is one step's noise over its largest clean gradient, fixed by the budget before training, and the room
-(``noise-room``; 0, the default, is the model's: ``RunConfig.effective_noise_room``) is how large the rate may
+(``noise-room``; 0, the default, is the model's: ``RunConfig.noise_room_for``) is how large the rate may
 be against it. This script trains the defaults (what ``dpadmm train --target-epsilon E`` runs on the model
 study's settings of ``benchmarks.compare_dp``: its data, agents and model, in float32) under each room given,
 at each eps, and scores every run on the *validation* half of the test set, the half the model study tunes
@@ -17,10 +17,11 @@ its standard error.
 
 Usage, from the project root::
 
-    python -m benchmarks.noise_room [--settings main/logistic,main/mlp,main/small-cnn] [--rooms 10,15,20]
+    python -m benchmarks.noise_room [--settings main/logistic,main/mlp,main/small-cnn] [--rooms 0,10,15,20]
         [--eps 1,2,4,8] [--seeds 10,11,...,21] [--out docs/results/noise-room]
 
-The main job's settings read the embedded sample (no data folder); the MNIST ones read ``--mnist-dir``.
+The main job's settings read the embedded sample (no data folder); the MNIST ones read ``--mnist-dir``, the
+FEMNIST ones ``--femnist-dir``.
 A benchmark script, not a test.
 """
 
@@ -40,6 +41,7 @@ import torch
 
 from benchmarks import ArgumentParser, check_folder, number_list
 from benchmarks.compare_dp import (
+    AGENTS,
     STUDY,
     Context,
     add_data_arguments,
@@ -48,7 +50,9 @@ from benchmarks.compare_dp import (
     load_context,
     model_of,
     require_settings_data,
+    source,
 )
+from dpadmm.data import NUM_CLASSES
 from dpadmm.iadmm import engine
 from dpadmm.iadmm.config import RunConfig
 from dpadmm.runs import references as bibliography
@@ -57,18 +61,23 @@ SETTINGS = ("main/logistic", "main/mlp", "main/small-cnn")  # the defaults' stud
 REFERENCES = ("003", "abadi2016")
 
 
+def default_room(setting: str) -> float:
+    """The room DP-IADMM's defaults take on a setting today (its model's, for its agents and classes)."""
+    config = RunConfig(model=model_of(setting), num_agents=AGENTS[setting])
+    return config.noise_room_for(NUM_CLASSES[source(setting)])
+
+
 def measure(ctx: Context, room: float, epsilon: float, seeds: list[int]) -> list[dict[str, Any]]:
-    """The defaults at ``epsilon`` under ``room`` for each seed (batched: one engine call)."""
+    """The defaults at ``epsilon`` under ``room`` (> 0) for each seed (batched: one engine call)."""
     config = dataclasses.replace(iadmm_config(ctx, {"defaults": 1}, epsilon), noise_room=room)
     started = time.perf_counter()
     results = engine.run_seeds(config, seeds, dataset=ctx.data, write=False, progress=False)
     seconds = (time.perf_counter() - started) / len(seeds)
-    default = dataclasses.replace(config, noise_room=0.0).effective_noise_room
     records = []
     for seed, result in zip(seeds, results, strict=True):
         w = result.model if isinstance(result.model, dict) else {"weight": result.model}
         records.append({"setting": ctx.dataset, "room": room, "epsilon": epsilon, "seed": seed,
-                        "val-error": errors(ctx, w)["val-error"], "default-room": default,
+                        "val-error": errors(ctx, w)["val-error"], "default-room": default_room(ctx.dataset),
                         "seconds": seconds})
     return records
 
@@ -88,9 +97,9 @@ def table(runs: list[dict[str, Any]]) -> str:
     means, diffs = [head, rule], [head, rule]
     for setting in settings:
         group = [r for r in runs if r["setting"] == setting]
-        default = RunConfig(model=model_of(setting)).effective_noise_room  # today's, whatever a run recorded
+        default = default_room(setting)  # today's, whatever a run recorded
         for room in sorted({r["room"] for r in group}):
-            label = f"{room:g}" + (" (default)" if room == default else "")
+            label = f"{room:.4g}" + (" (default)" if room == default else "")
             cells, paired = [], []
             for e in eps:
                 here, base = ({r["seed"]: 100 * r["val-error"] for r in group
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m benchmarks.noise_room", description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default=",".join(SETTINGS),
                         help=f"the model study's settings (of {', '.join(STUDY)})")
-    parser.add_argument("--rooms", default="10,15,20", help="noise rooms (> 0)")
+    parser.add_argument("--rooms", default="0,10,15,20", help="noise rooms (0: each setting's default)")
     parser.add_argument("--eps", default="1,2,4,8", help="whole-run epsilons per agent, at delta 1e-5")
     parser.add_argument("--seeds", default=",".join(str(s) for s in range(10, 22)),
                         help="seeds (the model study reports 1-10 and tunes on 0)")
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in settings if s not in STUDY]
     if unknown or not settings:
         parser.error(f"--settings {','.join(unknown)!r} is not allowed; choose from {', '.join(STUDY)}")
-    rooms = number_list(parser, "--rooms", args.rooms, float, lambda v: 0 < v < math.inf, "finite rooms > 0")
+    given = number_list(parser, "--rooms", args.rooms, float, lambda v: 0 <= v < math.inf,
+                        "finite rooms >= 0 (0: each setting's default)")
     eps = number_list(parser, "--eps", args.eps, float, lambda v: 0 < v < math.inf, "finite epsilons > 0")
     seeds = number_list(parser, "--seeds", args.seeds, int, lambda v: 0 <= v < 2**32, "seeds (integers >= 0)")
     out = Path(args.out)
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one thread per process: fastest on a shared 2-core machine
     for setting in settings:
         ctx = load_context(setting, argparse.Namespace(**vars(args)), out)
-        for room in rooms:
+        for room in dict.fromkeys(room or default_room(setting) for room in given):
             for e in eps:
                 todo = [s for s in seeds if (setting, room, e, s) not in done]
                 if not todo:
@@ -154,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{setting} room {room:g} eps {e:g}: validation error {mean:.2f}% over "
                       f"{len(records)} seeds, {records[0]['seconds']:.0f} s a run", flush=True)
     (out / "table.md").write_text(
-        "# The main job's noise room, measured\n\nGenerated by `python -m benchmarks.noise_room` on "
+        "# The step rule's noise room, measured\n\nGenerated by `python -m benchmarks.noise_room` on "
         f"{platform.machine()}, torch {torch.__version__}, one thread: DP-IADMM's defaults (`dpadmm train "
         "--target-epsilon E`: T = 10 rounds of E = 10 local steps, q = 0.2, C = 1, float32) on the model "
         "study's settings, whole-run (eps, 1e-5) per agent, each under a given `noise-room`; test error on "

@@ -20,8 +20,10 @@ script printed its table as a result.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,7 @@ import pytest
 
 from benchmarks import start_local_superlink
 from benchmarks.flower_overhead import flwr_env
+from benchmarks.noise_room import default_room
 from tests.conftest import ROOT, _pids_with_env, stop_flwr_processes
 
 PROG = "python -m benchmarks.{}"
@@ -80,7 +83,7 @@ BAD_ARGUMENTS = [
     ("engine_modules", ["--cases", "c,d", "--markdown", "{tmp}/t.md"], ["--cases"]),
     ("flower_overhead", ["--agents", "0", "--keep", "{tmp}/keep", "--json", "{tmp}/f.json"], ["--agents"]),
     ("grids", ["--modes", "seq,w0", "--work", "{tmp}/work", "--json", "{tmp}/g.json"], ["--modes", "w0"]),
-    ("noise_room", ["--rooms", "0,10", "--out", "{tmp}/out"], ["--rooms"]),
+    ("noise_room", ["--rooms", "-1,10", "--out", "{tmp}/out"], ["--rooms"]),
     ("numpy_reference", ["--rounds", "3"], ["--rounds"]),
     ("speed", ["--rounds", "0", "--markdown", "{tmp}/t.md"], ["--rounds"]),
     ("speed_linadmm", ["--runs", "0,1"], ["--runs"]),
@@ -234,6 +237,41 @@ def test_noise_room_retrains_the_run_its_folder_lacks_to_the_committed_error(tmp
     retrained = json.loads((out / "runs.jsonl").read_text().splitlines()[-1])
     assert retrained["seed"] == last["seed"] and retrained["val-error"] == last["val-error"]
     assert "| main/logistic | 10 (default) |" in (out / "table.md").read_text()
+
+
+def test_the_pages_logistic_room_on_femnist_is_what_the_committed_runs_give() -> None:
+    """docs/families/iadmm.md's paragraph on logistic regression's room sqrt(P K), recomputed from
+    docs/results/noise-room/runs.jsonl: FEMNIST's default room, every smaller room worse at every eps (the
+    main job's room scaled by sqrt(P / 10) alone by the range given), the largest within the points and
+    standard errors given; the default is what the rule takes there."""
+    page = " ".join((ROOT / "docs" / "families" / "iadmm.md").read_text().split())
+    log = ROOT / "docs/results/noise-room/runs.jsonl"
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    femnist = [r for r in runs if r["setting"] == "femnist/logistic"]
+    default = default_room("femnist/logistic")
+    assert default == math.sqrt(195 * 62) and f"give a room of {default:.0f}" in page
+
+    def paired(room: float, eps: float) -> tuple[float, float]:
+        here, base = ({r["seed"]: 100 * r["val-error"] for r in femnist
+                       if r["room"] == x and r["epsilon"] == eps} for x in (room, default))
+        assert sorted(here) == sorted(base) == [10, 11, 12, 13]
+        d = [here[s] - base[s] for s in here]
+        return statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+
+    rooms = sorted({r["room"] for r in femnist} - {default})
+    eps = sorted({r["epsilon"] for r in femnist})
+    assert f"--rooms 0,{','.join(f'{room:.4g}' for room in rooms)}" in page
+    smaller, largest = [room for room in rooms if room < default], max(rooms)
+    assert all(paired(room, e)[0] > 0 for room in smaller for e in eps)  # "every smaller room did worse"
+    scaled = 10 * math.sqrt(195 / 10)
+    assert scaled in smaller
+    gaps = [paired(scaled, e)[0] for e in eps]
+    assert f"({scaled:.2f}) by {min(gaps):.2f} to {max(gaps):.2f} points" in page
+    near = [paired(largest, e) for e in eps]
+    points = max(abs(mean) for mean, _ in near)
+    errors = max(abs(mean) / se for mean, se in near if se > 0)
+    assert f"{largest:.4g} ended within {points:.2f} points of {default:.0f} at every eps" in page
+    assert f"at most {errors:.1f} standard errors" in page
 
 
 @pytest.mark.slow  # about 7 s

@@ -71,25 +71,28 @@ def test_fraction_train_must_be_in_0_1() -> None:
 def test_the_main_jobs_rate_follows_the_noise() -> None:
     """The main job's step (prox-scale 0) shrinks its learning rate R to room / r where one step's noise,
     r = sigma sqrt(d) P / C times its largest clean gradient, would exceed it: R = 4 / C for a network and
-    a C / ((1 + 0.2) P) for logistic regression's a = 100 (about 8 in the main job); the room is 20 for the
-    built-in MLP and 10 for every other model, a custom module's included, unless noise-room gives one; a
-    given prox-scale and a run without noise keep their step."""
+    a C / ((1 + 0.2) P) for logistic regression's a = 10 P / C (about 8); the room is 20 for the built-in
+    MLP, sqrt(P K) for logistic regression with K classes (10 in the main job) and 10 for every other
+    model, a custom module's included, unless noise-room gives one; a given prox-scale and a run without
+    noise keep their step."""
     d = 10_000
-    for model, rate, room in (("mlp", 4.0, 20.0), ("small-cnn", 4.0, 10.0), ("custom", 4.0, 10.0),
-                              ("logistic", 100.0 * 2.0 / (1.2 * 10), 10.0)):
-        config = dataclasses.replace(main_job(), model=model, num_agents=10, clip_norm=2.0)
-        assert config.effective_noise_room == room
+    for model, agents, classes, rate, room in (
+            ("mlp", 10, 10, 4.0, 20.0), ("small-cnn", 10, 62, 4.0, 10.0), ("custom", 195, 0, 4.0, 10.0),
+            ("logistic", 10, 10, 10.0 / 1.2, 10.0), ("logistic", 195, 62, 10.0 / 1.2, math.sqrt(195 * 62))):
+        config = dataclasses.replace(main_job(), model=model, num_agents=agents, clip_norm=2.0)
+        assert config.noise_room_for(classes) == room
         for r in (0.5, 2.0, 20.0):
-            sigma = torch.full((10,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
-            damping = schedules.noise_damping(config, sigma, d)
+            sigma = torch.full((agents,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
+            damping = schedules.noise_damping(config, sigma, d, classes)
             assert damping * rate == pytest.approx(min(rate, room / r))
         chosen = dataclasses.replace(config, noise_room=3.0)  # noise-room given: the model's room replaced
-        sigma = torch.full((10,), 2.0 * config.clip_norm / (math.sqrt(d) * config.num_agents))
-        assert chosen.effective_noise_room == 3.0
-        assert schedules.noise_damping(chosen, sigma, d) * rate == pytest.approx(min(rate, 3.0 / 2.0))
-        assert schedules.noise_damping(config, None, d) == 1.0
+        sigma = torch.full((agents,), 2.0 * config.clip_norm / (math.sqrt(d) * config.num_agents))
+        assert chosen.noise_room_for(classes) == 3.0
+        damped = schedules.noise_damping(chosen, sigma, d, classes)
+        assert damped * rate == pytest.approx(min(rate, 3.0 / 2.0))
+        assert schedules.noise_damping(config, None, d, classes) == 1.0
         given = dataclasses.replace(config, prox_scale=7.0)
-        assert schedules.noise_damping(given, torch.full((10,), 1e3), d) == 1.0
+        assert schedules.noise_damping(given, torch.full((agents,), 1e3), d, classes) == 1.0
 
 
 def test_a_networks_rate_decays_only_as_far_as_its_noise_needs() -> None:
@@ -104,20 +107,20 @@ def test_a_networks_rate_decays_only_as_far_as_its_noise_needs() -> None:
     network = dataclasses.replace(main_job(), model="small-cnn", num_agents=10, clip_norm=2.0)
     a, rate, room = network.scale, 4.0, 10.0
     for t in (1, 2, 5, 50):
-        assert schedules.local_eta(network, t, None, d) == a  # no noise: DP-SGD's constant rate
+        assert schedules.local_eta(network, t, None, d, 10) == a  # no noise: DP-SGD's constant rate
         binds = sigma(network, 5.0)  # R r = 20 > room: damped from the first round
-        assert schedules.local_eta(network, t, binds, d) == schedules.eta(
-            t, a * schedules.noise_damping(network, binds, d))
+        assert schedules.local_eta(network, t, binds, d, 10) == schedules.eta(
+            t, a * schedules.noise_damping(network, binds, d, 10))
         damped = room / (5.0 * math.sqrt(t))
-        assert schedules.local_eta(network, t, binds, d) * rate / a == pytest.approx(damped)
+        assert schedules.local_eta(network, t, binds, d, 10) * rate / a == pytest.approx(damped)
         free = sigma(network, 0.5)  # R r = 2: D = 5, the rate stays R while t <= 25
-        assert schedules.local_eta(network, t, free, d) == pytest.approx(a * min(1.0, 5.0 / math.sqrt(t)))
+        assert schedules.local_eta(network, t, free, d, 10) == pytest.approx(a * min(1.0, 5.0 / math.sqrt(t)))
     logistic = dataclasses.replace(network, model="logistic")
     given = dataclasses.replace(network, prox_scale=7.0)
     for t in (1, 4, 9):
         for r in (0.01, 0.5, 5.0):
             noisy = sigma(logistic, r)
-            assert schedules.local_eta(logistic, t, noisy, d) == schedules.eta(
-                t, logistic.scale * schedules.noise_damping(logistic, noisy, d))
-            assert schedules.local_eta(given, t, sigma(given, r), d) == schedules.eta(t, 7.0)
-        assert schedules.local_eta(logistic, t, None, d) == schedules.eta(t, logistic.scale)
+            assert schedules.local_eta(logistic, t, noisy, d, 10) == schedules.eta(
+                t, logistic.scale * schedules.noise_damping(logistic, noisy, d, 10))
+            assert schedules.local_eta(given, t, sigma(given, r), d, 10) == schedules.eta(t, 7.0)
+        assert schedules.local_eta(logistic, t, None, d, 10) == schedules.eta(t, logistic.scale)

@@ -45,9 +45,14 @@ RHO_PRESET_VALUES = {"mnist": (2.0, 5.0, 10000), "femnist": (0.005, 0.05, 2000)}
 # The papers' number of local updates for ObjPM (003, Section IV).
 OBJPM_DEFAULT_LOCAL_STEPS = 10
 
-# The main job's largest step for logistic regression: eta^t = 100 / sqrt(t) (without noise the best of a in
-# {50, 100, 200, 400} on the embedded data's test set) and a constant rho = 0.001 (the comment above PAPERS).
-LOGISTIC_SCALE, LOGISTIC_RHO = 100.0, 1e-3
+# The main job's largest step for logistic regression: eta^t = a / sqrt(t) with a = LOGISTIC_STEP P / C and a
+# constant rho = LOGISTIC_SHARE / a: a = 100 and rho = 0.001 for the main job's 10 agents at C = 1 (without
+# noise the best of a in {50, 100, 200, 400} on the embedded data's test set; the comment above PAPERS).
+# Like a network's (NETWORK_STEP), a grows with the number of agents P, so that an agent's step on its own
+# mean loss keeps its rate (about 9 at t = 1): a fixed a = 100 gave FEMNIST's 195 writers a rate of 0.43
+# and left the defaults 7.5 to 10.7 points of validation error behind DP-SGD + FedAvg there
+# (docs/families/iadmm.md, "Many agents").
+LOGISTIC_STEP, LOGISTIC_SHARE = 10.0, 0.1
 # The main job's rule for a network (RunConfig.scale and rho_constants): an agent's local step is DP-SGD on
 # its own mean loss with learning rate at most NETWORK_STEP / C, and the pull towards w is NETWORK_SHARE of
 # the proximal term's at t = 1 (docs/families/iadmm.md, "Choosing rho and the proximal scale"). The pull
@@ -56,13 +61,14 @@ LOGISTIC_SCALE, LOGISTIC_RHO = 100.0, 1e-3
 # error behind 0.02 at eps 1 to 8, and the MLP's within 0.7 points of it.
 NETWORK_STEP, NETWORK_SHARE = 4.0, 0.02
 # ... and for any model, the learning rate times the noise ratio r (one step's noise over its largest clean
-# gradient) is at most its room (RunConfig.effective_noise_room): the step follows the noise
-# (schedules.noise_damping). NOISE_ROOM for every model but the MLP, MLP_NOISE_ROOM for it, read off the
-# validation half of the model study's test data (python -m benchmarks.noise_room, docs/results/noise-room),
-# where no one room suited every model: 10 suited logistic regression and the small CNN, which lost up to 18
-# points under 20; the MLP did best at 15 to 20 and lost up to 2.9 points under 10. Logistic regression's
-# rate at t = 1 is taken as a C / ((1 + LOGISTIC_RATE_SHARE) P), about 8 in the main job (its rho of 0.001
-# makes it 9): the estimate NOISE_ROOM was fitted with.
+# gradient) is at most its room (RunConfig.noise_room_for): the step follows the noise
+# (schedules.noise_damping). NOISE_ROOM for every network but the MLP, MLP_NOISE_ROOM for it, and sqrt(P K)
+# for logistic regression (P agents, K classes), read off the validation half of the model study's test data
+# (python -m benchmarks.noise_room, docs/results/noise-room), where no one room suited every model: 10
+# suited logistic regression (P = K = 10 there) and the small CNN, which lost up to 18 points under 20; the
+# MLP did best at 15 to 20 and lost up to 2.9 points under 10; with FEMNIST's 195 writers and 62 classes,
+# logistic regression did best at 110 to 199. Logistic regression's rate at t = 1 is taken as a C / ((1 +
+# LOGISTIC_RATE_SHARE) P), about 8 (its rho share of 0.1 makes it 9): the estimate its room was fitted with.
 NOISE_ROOM, MLP_NOISE_ROOM, LOGISTIC_RATE_SHARE = 10.0, 20.0, 0.2
 
 
@@ -134,7 +140,7 @@ class RunConfig(keys.Keyed):
     prox_scale: float = field(
         default=0.0,
         metadata={"help": "scaling constant a of eta^t = a/sqrt(t) and the trust radius a/t^2 (000 A.11); "
-                          f"0 = the main job's: {LOGISTIC_SCALE:g} for logistic regression, "
+                          f"0 = the main job's: {LOGISTIC_STEP:g} P / clip-norm for logistic regression, "
                           f"{NETWORK_STEP * (1 + NETWORK_SHARE):g} P / clip-norm for a network (whose "
                           "eta^t then decays only as far as its noise needs)"},
     )
@@ -143,7 +149,8 @@ class RunConfig(keys.Keyed):
         metadata={"help": "under the main job's step (prox-scale 0), the most its learning rate times the "
                           "noise ratio r (one step's noise over its largest clean gradient) may be (a "
                           "network's: at round t, that over sqrt(t)); 0 = the "
-                          f"model's: {MLP_NOISE_ROOM:g} for mlp, {NOISE_ROOM:g} for every other"},
+                          f"model's: {MLP_NOISE_ROOM:g} for mlp, sqrt(P K) for logistic regression with K "
+                          f"classes, {NOISE_ROOM:g} for every other"},
     )
     trust_radius: str = field(
         default="paper",
@@ -154,7 +161,8 @@ class RunConfig(keys.Keyed):
     rho_preset: str = field(
         default="main",
         metadata={"help": "rho^t: main (the main job's constant rho: "
-                          f"{LOGISTIC_RHO:g} for logistic regression, {NETWORK_SHARE:g} / a for a network), "
+                          f"{LOGISTIC_SHARE:g} / a for logistic regression, {NETWORK_SHARE:g} / a for a "
+                          "network), "
                           "or the constants of eq. (24): auto (by data set), mnist, femnist, custom"},
     )
     rho_c1: float = field(default=2.0, metadata={"help": "c1 of eq. (24), used when rho-preset=custom"})
@@ -485,7 +493,9 @@ class RunConfig(keys.Keyed):
         """a, the scale of eta^t = a / sqrt(t) (and of ObjT's radius): ``prox-scale``, or with 0 the main
         job's largest, which needs no search:
 
-        - logistic regression: 100 (with rho = 0.001: a learning rate of about 9 at t = 1, see below);
+        - logistic regression: a = LOGISTIC_STEP P / C with rho = LOGISTIC_SHARE / a, the main job's a =
+          100 and rho = 0.001 with its 10 agents at C = 1: by the same argument as below, a learning rate
+          of 10 / (1.1 C) at t = 1 whatever the number of agents;
         - a network: a = NETWORK_STEP (1 + NETWORK_SHARE) P / C. With rho = NETWORK_SHARE / a the local step
           of eq. (8) is z - s (g + xi - lambda_p + rho (z - w)) with s = a / (sqrt(t) + NETWORK_SHARE); g
           is (I_p / I) times the agent's mean clipped gradient (unbiased under Poisson sampling at any q),
@@ -506,17 +516,25 @@ class RunConfig(keys.Keyed):
         if self.prox_scale > 0:
             return self.prox_scale
         if self.model == "logistic":
-            return LOGISTIC_SCALE
+            return LOGISTIC_STEP * self.num_agents / self.clip_norm
         return NETWORK_STEP * (1 + NETWORK_SHARE) * self.num_agents / self.clip_norm
 
-    @property
-    def effective_noise_room(self) -> float:
+    def noise_room_for(self, classes: int) -> float:
         """The most the learning rate times the noise ratio r may be (schedules.noise_damping):
-        ``noise-room``, or with 0 MLP_NOISE_ROOM for the built-in MLP and NOISE_ROOM for every other model,
-        a module given through the Python API included (read off the model study's validation half: the
-        comment above NOISE_ROOM)."""
+        ``noise-room``, or with 0 the model's, read off the model study's validation halves (the comment above
+        NOISE_ROOM): MLP_NOISE_ROOM for the built-in MLP, NOISE_ROOM for every other network (a module given
+        through the Python API included; ``classes`` is then not read), and sqrt(P K) for logistic
+        regression with P agents and K = ``classes``: 10 in the main job, 110 with FEMNIST's 195 writers and
+        62 classes. Two reasons r overstates what a linear model's noise costs, neither in r itself: the
+        server averages the P agents' releases, whose noise shrinks there as 1 / sqrt(P) and whose signal
+        does not; and r counts the noise on all K columns of the weights, where a sample's logit sees one
+        column's (a fraction 1 / sqrt(K) of it) and its clipped gradient falls mostly on the column of its
+        own class. Measured on FEMNIST (docs/results/noise-room, validation half): rooms of 22 to 88 did
+        worse, 199 no better."""
         if self.noise_room > 0:
             return self.noise_room
+        if self.model == "logistic":
+            return math.sqrt(self.num_agents * classes)
         return MLP_NOISE_ROOM if self.model == "mlp" else NOISE_ROOM
 
     @property
@@ -526,7 +544,7 @@ class RunConfig(keys.Keyed):
         if self.rho_preset == "custom":
             return (self.rho_c1, self.rho_c2, self.rho_tc)
         if self.rho_preset == "main":
-            rho = LOGISTIC_RHO if self.model == "logistic" else NETWORK_SHARE / self.scale
+            rho = (LOGISTIC_SHARE if self.model == "logistic" else NETWORK_SHARE) / self.scale
             return (rho, 0.0, self.rho_tc)
         preset = self.rho_preset
         if preset == "auto":

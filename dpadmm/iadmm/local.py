@@ -201,13 +201,14 @@ def _step(config: RunConfig, t: int, rho_t: float, scale: torch.Tensor | None,
     """The elementwise local step of round t: eq. (8) with :func:`dpadmm.iadmm.schedules.local_eta` of this
     step's noise (``scale``, per agent), or ObjT's trust region with a = the configured scale times
     :func:`dpadmm.iadmm.schedules.noise_damping`."""
-    num_params = (sum(v[0].numel() for v in z.values()) if isinstance(z, Mapping)
-                  else z.shape[-2] * z.shape[-1])
+    # logistic regression's weights are [features, K]; a module's room does not read K (0)
+    num_params, classes = ((sum(v[0].numel() for v in z.values()), 0) if isinstance(z, Mapping)
+                           else (z.shape[-2] * z.shape[-1], z.shape[-1]))
     if config.algorithm == "objt":
-        a = config.scale * schedules.noise_damping(config, scale, num_params)
+        a = config.scale * schedules.noise_damping(config, scale, num_params, classes)
         radius = schedules.trust_radius(t, a, config.trust_radius)
         return lambda z_, w_, l_, g_, x_: trust_region_step(z_, w_, l_, g_, x_, rho_t, radius)
-    eta = schedules.local_eta(config, t, scale, num_params)
+    eta = schedules.local_eta(config, t, scale, num_params, classes)
     return lambda z_, w_, l_, g_, x_: proximal_step(z_, w_, l_, g_, x_, rho_t, eta)
 
 

@@ -37,28 +37,34 @@ def rho_at(config: RunConfig, t: int) -> float:
     return rho(t, c1, c2, tc, config.effective_epsilon)
 
 
-def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int) -> float:
+def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int,
+                  classes: int) -> float:
     """The factor on the main job's scale a (``prox-scale`` 0, :attr:`RunConfig.scale`): min(1, room / (R r)),
-    room being :attr:`RunConfig.effective_noise_room`; 1 for a given scale or without noise.
+    room being :meth:`RunConfig.noise_room_for` the model's ``classes`` (logistic regression's K; a network's
+    room does not read it); 1 for a given scale or without noise.
 
     R = a C / ((1 + NETWORK_SHARE) P) is the learning rate (in units of 1 / C) of a network's local step at t
     = 1 on the agent's mean loss (NETWORK_STEP); for logistic regression R = a C / ((1 + LOGISTIC_RATE_SHARE)
-    P), about 8 for its a = 100 (its rho of 0.001, which this ignores, makes it 9). r = noise_scale sqrt(d) P
-    / C is one step's noise over its largest clean gradient, in norm: the noise has scale ``noise_scale`` (per
-    agent: their mean) in each of the d parameters, and g is I_p / I (1 / P on average) times a mean of
-    gradients clipped to C. The damped rate is min(R, room / r): the noise's random walk must not drown what
-    the gradients teach, and a larger model or a smaller budget or batch raises r. On the main job's data
-    (validation half, docs/results/noise-room) the room of 10 suits logistic regression (r from 1.6 at eps 8
-    to 8.5 at eps 1) and the small CNN (r 2.9 at eps 8 to 15 at eps 1), whose errors grow by up to nine points
-    under 15; the MLP (r 4.1 to 22) does best at 15 to 20, up to 2.9 points better than under 10. So r alone
-    does not set the rate: how far the noise of a parameter moves the loss differs from model to model. At
+    P), about 8 for its a = 10 P / C (its rho = 0.1 / a, which this ignores, makes it 9). r = noise_scale
+    sqrt(d) P / C is one step's noise over its largest clean gradient, in norm: the noise has scale
+    ``noise_scale`` (per agent: their mean) in each of the d parameters, and g is I_p / I (1 / P on average)
+    times a mean of gradients clipped to C. The damped rate is min(R, room / r): the noise's random walk
+    must not drown what the gradients teach, and a larger model or a smaller budget or batch raises r. On
+    the main job's data (validation half, docs/results/noise-room) the room of 10 suits logistic regression
+    (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 at eps 8 to 15 at eps 1), whose errors
+    grow by up to nine points under 15; the MLP (r 4.1 to 22) does best at 15 to 20, up to 2.9 points
+    better than under 10; on FEMNIST (195 writers, 62 classes: r from 12 at eps 8 to 64 at eps 1) logistic
+    regression does best at 110 to 199, its room sqrt(P K). So r alone does not set the rate: how far the
+    noise of a parameter moves the loss differs from model to model, and the server's average of P agents
+    holds 1 / sqrt(P) of their noise (:meth:`RunConfig.noise_room_for`). At
     eps 8 no undamped rate tried beside the rule's did better for four networks, the LEAF CNN (r 46)
     included (docs/results/step-rule).
     """
-    return min(1.0, _noise_allowance(config, noise_scale, num_params))
+    return min(1.0, _noise_allowance(config, noise_scale, num_params, classes))
 
 
-def _noise_allowance(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int) -> float:
+def _noise_allowance(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int,
+                     classes: int) -> float:
     """room / (R r) of :func:`noise_damping`, before it is capped at 1 (inf without noise or the rule)."""
     if config.prox_scale > 0 or noise_scale is None:
         return math.inf
@@ -67,10 +73,11 @@ def _noise_allowance(config: RunConfig, noise_scale: torch.Tensor | None, num_pa
         return math.inf
     share = LOGISTIC_RATE_SHARE if config.model == "logistic" else NETWORK_SHARE
     rate = config.scale * config.clip_norm / ((1 + share) * config.num_agents)
-    return config.effective_noise_room / (rate * ratio)
+    return config.noise_room_for(classes) / (rate * ratio)
 
 
-def local_eta(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_params: int) -> float:
+def local_eta(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_params: int,
+              classes: int) -> float:
     """eta^t of round t's local steps (eq. (8) of 003): :func:`eta` of a times :func:`noise_damping`, save
     for a network under the main job's rule (:attr:`RunConfig.network_rule`), whose rate decays only as far
     as its noise needs: min(R, room / (r sqrt(t))), i.e. eta^t = a min(1, D / sqrt(t)) with D = room / (R
@@ -88,8 +95,8 @@ def local_eta(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_p
     without noise)."""
     a = config.scale
     if not config.network_rule:
-        return eta(t, a * noise_damping(config, noise_scale, num_params))
-    allowance = _noise_allowance(config, noise_scale, num_params)
+        return eta(t, a * noise_damping(config, noise_scale, num_params, classes))
+    allowance = _noise_allowance(config, noise_scale, num_params, classes)
     return a if allowance >= math.sqrt(t) else eta(t, a * allowance)
 
 
