@@ -174,8 +174,8 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     docs/results/models-femnist/runs.jsonl as compare_dp's table.md computes it: the former rule's rate at
     t = 1 for 10 and 195 agents and its defaults' validation gap to DP-SGD + FedAvg's best of eight rates;
     the test rows of the former defaults (a = 100, room 10: their runs keep that fingerprint), today's
-    defaults and the tuned DP-SGD + FedAvg; the goal's verdict, the largest gap and the spreads; the
-    seconds per run."""
+    defaults and the tuned DP-SGD + FedAvg (and the README's means); the goal's verdict, the largest gap
+    and the spreads; the seconds per run."""
     setting = "femnist/logistic"
     agents = compare_dp.AGENTS[setting]
     page = _words("docs/families/iadmm.md")
@@ -223,6 +223,10 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
             f"{max(spreads):.2f}") in page
     seconds = {method: [r["seconds"] for cell in cells(method, params) for r in cell]
                for _, method, params in rows[1:]}
+    readme = _words("README.md")
+    assert (f"the defaults end at {', '.join(f'{m:.2f}' for m, _ in ours[:3])} and {ours[3][0]:.2f}% and "
+            f"DP-SGD + FedAvg, tuned, at {', '.join(f'{m:.2f}' for m, _ in theirs[:3])} and "
+            f"{theirs[3][0]:.2f}%") in readme
     ours_s, theirs_s = seconds["dpiadmm-defaults"], seconds["dpsgd"]
     assert (f"A run took {min(ours_s):.0f} to {max(ours_s):.0f} s for the defaults and "
             f"{min(theirs_s):.0f} to {max(theirs_s):.0f} s for DP-SGD") in page
