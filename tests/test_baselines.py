@@ -7,6 +7,7 @@ implements; the Flower app through Flower's own classes, in-process and through 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -223,6 +224,18 @@ def test_dpsgd_fedavg_is_reproducible_and_averages_by_sample_count() -> None:
     blocks = baselines.agent_blocks(data, 3)
     expected = sum(_local(one, x, y, agent=p) for p, (x, y) in enumerate(blocks)) / 3
     torch.testing.assert_close(baselines.dpsgd_fedavg(one, data, 3)["weight"], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_one_agent_holds_every_sample_of_a_data_set_with_its_own_partition() -> None:
+    """Central DP-SGD's one agent: every training sample, also where the data set deals its samples to its
+    own agents (FEMNIST's writers), whose partition refuses any other number of agents."""
+    data = dataclasses.replace(_toy_dataset(), agent_sizes=(20, 30, 40))
+    ((x, y),) = baselines.agent_blocks(data, 1)
+    torch.testing.assert_close(x, data.x_train.float(), rtol=0, atol=0)
+    assert torch.equal(y, data.y_train)
+    assert [len(y) for _, y in baselines.agent_blocks(data, 3)] == [20, 30, 40]
+    with pytest.raises(ValueError, match="num-agents=2 does not match data set 'toy'"):
+        baselines.agent_blocks(data, 2)
 
 
 def test_the_servers_extrapolation_is_the_average_plus_beta_times_its_change() -> None:

@@ -176,9 +176,12 @@ def error_rate(module: nn.Module, params: Params, x: torch.Tensor, y: torch.Tens
 
 def agent_blocks(dataset: Dataset, num_agents: int,
                  dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each agent's (x, y) under the data set's partition, the one DP-IADMM's agents hold."""
+    """Each agent's (x, y) under the data set's partition, the one DP-IADMM's agents hold; one agent (central
+    DP-SGD, a trusted curator) holds every sample, whatever the data set's own partition (FEMNIST's
+    writers)."""
     x = dataset.x_train.to(dtype)
-    return [(x[block], dataset.y_train[block]) for block in dataset.partition(num_agents)]
+    blocks = [slice(None)] if num_agents == 1 else dataset.partition(num_agents)
+    return [(x[block], dataset.y_train[block]) for block in blocks]
 
 
 # ----- local training -----
