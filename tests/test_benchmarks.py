@@ -261,6 +261,7 @@ def test_the_pages_logistic_room_on_femnist_is_what_the_committed_runs_give() ->
     rooms = sorted({r["room"] for r in femnist} - {default})
     eps = sorted({r["epsilon"] for r in femnist})
     assert f"--rooms 0,{','.join(f'{room:.4g}' for room in rooms)}" in page
+    assert f"about {sum(r['seconds'] for r in femnist) / 60:.0f} minutes of one core" in page
     smaller, largest = [room for room in rooms if room < default], max(rooms)
     assert all(paired(room, e)[0] > 0 for room in smaller for e in eps)  # "every smaller room did worse"
     scaled = 10 * math.sqrt(195 / 10)
