@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpadmm.iadmm import engine, schedules
-from dpadmm.iadmm.config import papers
+from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.iadmm.federation import agent_data, load_for
 from dpadmm.runs.results import read_metrics
 
@@ -184,3 +184,23 @@ def test_cpu_and_cuda_give_the_same_w(algorithm: str) -> None:
     cuda = engine.run(dataclasses.replace(config, device="cuda"), write=False, progress=False)
     torch.testing.assert_close(cuda.state.w.cpu(), cpu.state.w, rtol=1e-9, atol=1e-12)
     assert cuda.records[-1]["noise-magnitude"] == pytest.approx(cpu.records[-1]["noise-magnitude"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("model", "classes"), [("logistic", 10), ("mlp", 0)])
+def test_the_step_rule_reads_logistic_regressions_classes_from_its_weights(monkeypatch: pytest.MonkeyPatch,
+                                                                           model: str, classes: int) -> None:
+    """The room sqrt(P K) of logistic regression takes K from the columns of its [F, K] weights (the
+    embedded data's 10 classes); a network's room reads no K (0)."""
+    seen: list[int] = []
+    real = schedules.local_eta
+
+    def recording(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_params: int,
+                  classes: int) -> float:
+        seen.append(classes)
+        return real(config, t, noise_scale, num_params, classes)
+
+    monkeypatch.setattr(schedules, "local_eta", recording)
+    config = dataclasses.replace(main_job(), model=model, num_agents=5, rounds=1, target_epsilon=8.0,
+                                 dtype="float32")
+    engine.run(config, write=False, progress=False)
+    assert seen and set(seen) == {classes}
