@@ -41,20 +41,16 @@ import torch
 
 from benchmarks import ArgumentParser, check_folder, number_list
 from benchmarks.compare_dp import (
-    AGENTS,
     STUDY,
     Context,
     add_data_arguments,
+    defaults_fingerprint,
     errors,
     iadmm_config,
     load_context,
-    model_of,
     require_settings_data,
-    source,
 )
-from dpadmm.data import NUM_CLASSES
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import RunConfig
 from dpadmm.runs import references as bibliography
 
 SETTINGS = ("main/logistic", "main/mlp", "main/small-cnn")  # the defaults' study on the main job's data
@@ -63,8 +59,7 @@ REFERENCES = ("003", "abadi2016")
 
 def default_room(setting: str) -> float:
     """The room DP-IADMM's defaults take on a setting today (its model's, for its agents and classes)."""
-    config = RunConfig(model=model_of(setting), num_agents=AGENTS[setting])
-    return config.noise_room_for(NUM_CLASSES[source(setting)])
+    return defaults_fingerprint(setting)["noise-room"]
 
 
 def measure(ctx: Context, room: float, epsilon: float, seeds: list[int]) -> list[dict[str, Any]]:

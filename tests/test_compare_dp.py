@@ -189,17 +189,18 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     runs = list(compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl").values())
     eps = (1.0, 2.0, 4.0, 8.0)
 
-    def cells(method: str, params: dict[str, object] | None = None) -> list[list[dict[str, object]]]:
+    def kept(method: str, params: dict[str, object] | None) -> list[dict[str, object]]:
         grid = GRIDS[setting][method] if params is None else [{"defaults": params}]
-        found = compare_dp._cells(compare_dp.current_runs(runs, {setting: {method: grid}}))
+        return compare_dp.current_runs(runs, {setting: {method: grid}})
+
+    def cells(method: str, params: dict[str, object] | None = None) -> list[list[dict[str, object]]]:
+        found = compare_dp._cells(kept(method, params))
         assert [[r["seed"] for r in found[(setting, method, e)]] for e in eps] == [[1, 2, 3]] * 4
         return [found[(setting, method, e)] for e in eps]
 
     def tuned(method: str, params: dict[str, object] | None = None) -> list[float]:
-        grid = GRIDS[setting][method] if params is None else [{"defaults": params}]
-        kept = compare_dp.current_runs(runs, {setting: {method: grid}})
-        return [min(100 * r["val-error"] for r in kept if r["phase"] == "tune" and r["epsilon"] == e)
-                for e in eps]
+        return [min(100 * r["val-error"] for r in kept(method, params) if r["phase"] == "tune"
+                    and r["epsilon"] == e) for e in eps]
 
     gaps = [o - t for o, t in zip(tuned("dpiadmm-defaults", former), tuned("dpsgd"), strict=True)]
     assert f"ended {min(gaps):.2f} to {max(gaps):.2f} points behind" in page
