@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from dpadmm.iadmm import schedules
+from benchmarks import compare_dp
+from dpadmm.iadmm import engine, schedules
 from dpadmm.iadmm.config import RunConfig, main_job, papers
+from dpadmm.models.modules import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_rho_eq_24_presets() -> None:
@@ -124,3 +130,76 @@ def test_a_networks_rate_decays_only_as_far_as_its_noise_needs() -> None:
                 t, logistic.scale * schedules.noise_damping(logistic, noisy, d, 10))
             assert schedules.local_eta(given, t, sigma(given, r), d, 10) == schedules.eta(t, 7.0)
         assert schedules.local_eta(logistic, t, None, d, 10) == schedules.eta(t, logistic.scale)
+
+
+class _FirstStep(Exception):
+    """Raised by the recording step rule: r is known at the first local step, and nothing after it runs."""
+
+
+def _noise_ratios(monkeypatch: pytest.MonkeyPatch, setting: str, eps: list[float],
+                  data_dirs: dict[str, Path] | None = None) -> dict[float, tuple[float, float]]:
+    """(r, noise scale) of the first local step of DP-IADMM's defaults on a model study setting at each
+    whole-run eps: r = sigma sqrt(d) P / C from the scale and parameter count the engine hands the step rule,
+    as :func:`dpadmm.iadmm.schedules.noise_damping` reads them."""
+    dirs = {"mnist_dir": "", "femnist_dir": "", "data_root": None} | {k: str(v) for k, v in
+                                                                       (data_dirs or {}).items()}
+    ctx = compare_dp.load_context(setting, argparse.Namespace(**dirs), Path())
+    seen: dict[float, tuple[float, float]] = {}
+
+    def recording(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_params: int,
+                  classes: int) -> float:
+        sigma = float(noise_scale.mean())
+        seen[config.target_epsilon] = (sigma * math.sqrt(num_params) * config.num_agents / config.clip_norm,
+                                       sigma)
+        raise _FirstStep
+
+    monkeypatch.setattr(schedules, "local_eta", recording)
+    for e in eps:
+        with pytest.raises(_FirstStep):
+            engine.run(compare_dp.iadmm_config(ctx, {"defaults": 1}, e), dataset=ctx.data, write=False,
+                       progress=False)
+    return seen
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_noise_ratios_the_pages_give_on_the_main_jobs_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The r of each model the family page and :func:`schedules.noise_damping` give on the main job's data
+    (10 agents of 400 images, T = 10, E = 10, q = 0.2, C = 1), recomputed from what the engine's first step
+    sees; the LEAF CNN's from the same calibrated scale (a network's noise scale does not depend on its
+    size) and its parameter count."""
+    page, rule = _words((ROOT / "docs" / "families" / "iadmm.md").read_text()), _words(
+        schedules.noise_damping.__doc__ or "")
+    eps = [8.0, 4.0, 2.0, 1.0]
+    logistic, cnn, mlp = (_noise_ratios(monkeypatch, f"main/{model}", eps)
+                          for model in ("logistic", "small-cnn", "mlp"))
+    assert {e: s for e, (_, s) in cnn.items()} == {e: s for e, (_, s) in mlp.items()}
+    leaf = cnn[8.0][1] * math.sqrt(sum(p.numel() for p in build_model("cnn", 784, 10).parameters())) * 10
+    assert (f"r is {', '.join(f'{logistic[e][0]:.1f}' for e in eps[:3])} and {logistic[1.0][0]:.1f} for "
+            f"logistic regression at eps 8, 4, 2 and 1") in page
+    assert (f"{cnn[8.0][0]:.1f} and {cnn[2.0][0]:.1f} for the small CNN at eps 8 and 2, {mlp[8.0][0]:.1f} "
+            f"and {mlp[2.0][0]:.1f} for the MLP, and {leaf:.0f} for the LEAF CNN") in page
+    room = RunConfig(model="cnn").noise_room_for(0)
+    assert f"LEAF CNN (r = {leaf:.0f}, rule rate {room / leaf:.2f})" in page
+    assert f"(r from {logistic[8.0][0]:.1f} at eps 8 to {logistic[1.0][0]:.1f} at eps 1)" in rule
+    assert f"(r {cnn[8.0][0]:.1f} at eps 8 to {cnn[1.0][0]:.0f} at eps 1)" in rule
+    assert f"(r {mlp[8.0][0]:.1f} to {mlp[1.0][0]:.0f})" in rule
+    assert f"the LEAF CNN (r {leaf:.0f})" in rule
+
+
+@pytest.mark.slow  # about 30 s: full MNIST's and FEMNIST's first gradients
+def test_the_noise_ratios_the_pages_give_on_full_mnist_and_femnist(
+        monkeypatch: pytest.MonkeyPatch, mnist_dir: Path, femnist_dir: Path) -> None:
+    """Full MNIST's r for the small CNN (10 agents of 6,000 images) and FEMNIST's for logistic regression
+    (195 writers, 62 classes), as the family page and the step rule's docstrings give them."""
+    page = _words((ROOT / "docs" / "families" / "iadmm.md").read_text())
+    rule, decay = (_words(f.__doc__ or "") for f in (schedules.noise_damping, schedules.local_eta))
+    mnist = _noise_ratios(monkeypatch, "mnist/small-cnn", [8.0, 2.0, 1.0], {"mnist_dir": mnist_dir})
+    femnist = _noise_ratios(monkeypatch, "femnist/logistic", [8.0, 1.0], {"femnist_dir": femnist_dir})
+    assert f"r = {mnist[1.0][0]:.2f} at eps 1 and {mnist[8.0][0]:.2f} at eps 8 for the small CNN" in page
+    assert f"(r = {mnist[8.0][0]:.2f} at eps 8)" in page
+    assert f"r is {mnist[2.0][0]:.2f} at eps 2" in decay and f"(r = {mnist[1.0][0]:.2f})" in decay
+    assert f"({femnist[8.0][0]:.0f} to {femnist[1.0][0]:.0f} on FEMNIST)" in page
+    assert f"r from {femnist[8.0][0]:.0f} at eps 8 to {femnist[1.0][0]:.0f} at eps 1" in rule

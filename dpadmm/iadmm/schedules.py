@@ -51,7 +51,7 @@ def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_param
     times a mean of gradients clipped to C. The damped rate is min(R, room / r): the noise's random walk
     must not drown what the gradients teach, and a larger model or a smaller budget or batch raises r. On
     the main job's data (validation half, docs/results/noise-room) the room of 10 suits logistic regression
-    (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 at eps 8 to 15 at eps 1), whose errors
+    (r from 1.6 at eps 8 to 8.5 at eps 1) and the small CNN (r 2.9 at eps 8 to 16 at eps 1), whose errors
     grow by up to nine points under 15; the MLP (r 4.1 to 22) does best at 15 to 20, up to 2.9 points
     better than under 10; on FEMNIST (195 writers, 62 classes: r from 12 at eps 8 to 64 at eps 1) logistic
     regression does best at 110 to 199, its room sqrt(P K). So r alone does not set the rate: how far the
