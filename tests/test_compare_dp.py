@@ -154,6 +154,39 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
         assert f"{min(seconds):.0f} to {max(seconds):.0f} s {words}" in page
 
 
+def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give() -> None:
+    """The family page's sentence on DP-IADMM tuned on full MNIST's small CNN: its grid's largest rate chosen
+    at every eps while the validation error still fell, its test errors over seeds 1-3, and how far behind
+    the defaults on the same seeds."""
+    runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
+    cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
+    page = _words("docs/families/iadmm.md")
+    eps = (1.0, 2.0, 4.0, 8.0)
+    share, agents = compare_dp.GRID_SHARE, compare_dp.AGENTS[FULL_MNIST]
+    rates = sorted(p["prox_scale"] / ((1 + share) * agents) for p in GRIDS[FULL_MNIST]["dpiadmm"])
+    assert (rates[0], rates[-1]) == pytest.approx((1 / 8, NETWORK_STEP))
+    for e in eps:
+        assert [r["seed"] for r in cells[(FULL_MNIST, "dpiadmm", e)]] == [1, 2, 3]
+        chosen = {round(r["params"]["prox_scale"] / ((1 + share) * agents), 9)
+                  for r in cells[(FULL_MNIST, "dpiadmm", e)]}
+        assert chosen == {NETWORK_STEP}
+    tuned = [compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, "dpiadmm", e)]])
+             for e in eps]
+    assert ("ends at " + ", ".join(f"{m:.2f} +- {s:.2f}" for m, s in tuned[:3])
+            + f" and {tuned[3][0]:.2f} +- {tuned[3][1]:.2f}% at eps 1, 2, 4 and 8 (seeds 1-3)") in page
+    defaults = [statistics.fmean(100 * r["test-error"] for r in cells[(FULL_MNIST, "dpiadmm-defaults", e)]
+                                 if r["seed"] <= 3) for e in eps]
+    behind = [m - d for (m, _), d in zip(tuned, defaults, strict=True)]
+    assert f"{min(behind):.1f} to {max(behind):.1f} points behind the defaults on the same seeds" in page
+    tune = {(round(r["params"]["prox_scale"] / ((1 + share) * agents), 9), r["params"].get("local_start")):
+            r["val-error"]
+            for r in runs.values() if (r["dataset"], r["method"], r["phase"], r["epsilon"]) == (
+                FULL_MNIST, "dpiadmm", "tune", 8.0)}
+    top, below = (100 * tune[(rate, "global")] for rate in (NETWORK_STEP, NETWORK_STEP / 2))
+    assert top < below and f"({top:.2f}% at eps 8 against {below:.2f}% at R = 2)" in page
+    assert f"4 / sqrt(10) = {NETWORK_STEP / math.sqrt(10):.2f}" in page
+
+
 def test_more_report_seeds_train_no_second_reference() -> None:
     """A configuration's run without noise is trained once: reporting seeds 4-10 after seeds 1-3 (as the
     full-MNIST eps-8 cell did) adds none for the configuration that has one, and one for a new choice."""
