@@ -220,8 +220,8 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     docs/results/models-femnist/runs.jsonl as compare_dp's table.md computes it: the former rule's rate at
     t = 1 for 10 and 195 agents and its defaults' validation gap to DP-SGD + FedAvg's best of eight rates;
     the test rows of the former defaults (a = 100, room 10: their runs keep that fingerprint), today's
-    defaults and the tuned DP-SGD + FedAvg (and the README's means); the goal's verdict, the largest gap
-    and the spreads; the seconds per run."""
+    defaults, the tuned DP-SGD + FedAvg (and the README's means) and central DP-SGD, with what the local
+    noise costs against it; the goal's verdict, the largest gap and the spreads; the seconds per run."""
     setting = "femnist/logistic"
     agents = compare_dp.AGENTS[setting]
     page = _words("docs/families/iadmm.md")
@@ -253,7 +253,8 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     rows = (("DP-IADMM defaults, former (a = 100, room 10)", "dpiadmm-defaults", former),
             (f"DP-IADMM defaults (a = {today['largest-step'][0]:,.0f}, room {today['noise-room']:.0f})",
              "dpiadmm-defaults", today),
-            ("DP-SGD + FedAvg, Opacus, tuned", "dpsgd", None))
+            ("DP-SGD + FedAvg, Opacus, tuned", "dpsgd", None),
+            ("central DP-SGD, Opacus, tuned (a trusted curator; reference)", "central", None))
     table = {}
     for label, method, params in rows:
         table[label] = [compare_dp._mean_sd([100 * r["test-error"] for r in cell])
@@ -268,6 +269,13 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     assert goal_lines(setting, found)[-1] == "The goal is **met at every eps** here."
     assert (f"within {behind:.2f} points of DP-SGD + FedAvg, the seeds' spread being {min(spreads):.2f} to "
             f"{max(spreads):.2f}") in page
+    central = table[rows[3][0]]
+    cost = [o[0] - c[0] for o, c in zip(ours, central, strict=True)]
+    assert (f"ends at {min(m for m, _ in central):.2f} to {max(m for m, _ in central):.2f}% at every eps"
+            in page)
+    assert f"costs {cost[3]:.2f} points at eps 8 and {cost[0]:.2f} at eps 1" in page
+    assert cost[3] == min(cost) and cost[0] == max(cost)
+    assert GRIDS[setting]["central"] == GRIDS[setting]["dpsgd"] and len(GRIDS[setting]["dpsgd"]) == 8
     seconds = {method: [r["seconds"] for cell in cells(method, params) for r in cell]
                for _, method, params in rows[1:]}
     readme = _words("README.md")
