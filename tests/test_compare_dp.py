@@ -27,16 +27,16 @@ def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
         "femnist", "scatter-cnn", 195)
 
 
-def test_the_goal_settings_grids_are_four_points_each_around_the_ten_round_choices() -> None:
+def test_the_goal_settings_grids_are_five_points_each_around_the_ten_round_choices() -> None:
     """Equal budgets: one step of two either side of what the study's T = 10 grids chose on FEMNIST (R = 2,
-    lr 1/2), then one more step down for both; every point on the 40-round schedule; the R = 2 point is the
-    study's but for its rounds. Central DP-SGD's four points span 2 to 16 times DP-SGD + FedAvg's choice at
-    eps 8 (lr 1/4), the ratio of the two methods' choices on the main job's data for the small CNN being 4
-    to 8 (docs/results/models)."""
+    lr 1/2), then one more step down for both, twice; every point on the 40-round schedule; the R = 2 point
+    is the study's but for its rounds. Central DP-SGD's four points span 2 to 16 times DP-SGD + FedAvg's
+    choice at eps 8 (lr 1/4), the ratio of the two methods' choices on the main job's data for the small CNN
+    being 4 to 8 (docs/results/models)."""
     grids = GRIDS[GOAL]
     assert sorted(grids) == ["central", "dpiadmm", "dpsgd"]
-    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == len(grids["central"]) == 4
-    assert [p["lr"] for p in grids["dpsgd"]] == [0.25, 0.5, 1.0, 0.125]
+    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == 5 and len(grids["central"]) == 4
+    assert [p["lr"] for p in grids["dpsgd"]] == [0.25, 0.5, 1.0, 0.125, 0.0625]
     assert [p["lr"] for p in grids["central"]] == [0.5, 1.0, 2.0, 4.0]
     runs = compare_dp.load_runs(ROOT / "docs/results/models/runs.jsonl")
     study = compare_dp._cells(compare_dp.current_runs(list(runs.values()),
@@ -51,7 +51,7 @@ def test_the_goal_settings_grids_are_four_points_each_around_the_ten_round_choic
     assert all(p["rounds"] == 40 for grid in grids.values() for p in grid)
     agents = compare_dp.AGENTS[GOAL]
     rates = [p["prox_scale"] / ((1 + compare_dp.GRID_SHARE) * agents) for p in grids["dpiadmm"]]
-    assert rates == pytest.approx([1.0, 2.0, 4.0, 0.5])
+    assert rates == pytest.approx([1.0, 2.0, 4.0, 0.5, 0.25])
     study = next(p for p in GRIDS["femnist/scatter-cnn"]["dpiadmm"]
                  if p["prox_scale"] == grids["dpiadmm"][1]["prox_scale"] and p.get("local_start") == "global")
     assert grids["dpiadmm"][1] == {**study, "rounds": 40}
@@ -117,6 +117,12 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     readme = _words("README.md")
     assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
             f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
+    assert len(GRIDS[GOAL]["dpiadmm"]) == len(GRIDS[GOAL]["dpsgd"]) == 5
+    assert "each tuned on five points" in readme
+    seconds = {method: sum(r["seconds"] for r in kept if r["method"] == method
+                           and r["epsilon"] in (8.0, math.inf)) for method in ("dpiadmm", "dpsgd")}
+    assert (f"{seconds['dpiadmm']:,.0f} s of runs for DP-IADMM and {seconds['dpsgd']:,.0f} s for DP-SGD + "
+            "FedAvg") in readme
 
 
 FULL_MNIST = "mnist/small-cnn"
