@@ -45,6 +45,12 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 REQUIRE_DATA = os.environ.get("DPADMM_REQUIRE_DATA") == "1"
 
 
+def words(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces made single spaces: a page's sentence, wrapped
+    anywhere, is searched as one line."""
+    return " ".join(text.split())
+
+
 def missing_data(reason: str) -> NoReturn:
     """Skip a test whose data this machine does not have (fail it under ``DPADMM_REQUIRE_DATA=1``)."""
     if REQUIRE_DATA:

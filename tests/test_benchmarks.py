@@ -33,7 +33,7 @@ import pytest
 from benchmarks import start_local_superlink
 from benchmarks.flower_overhead import flwr_env
 from benchmarks.noise_room import default_room
-from tests.conftest import ROOT, _pids_with_env, stop_flwr_processes
+from tests.conftest import ROOT, _pids_with_env, stop_flwr_processes, words
 
 PROG = "python -m benchmarks.{}"
 
@@ -244,7 +244,7 @@ def test_the_pages_logistic_room_on_femnist_is_what_the_committed_runs_give() ->
     docs/results/noise-room/runs.jsonl: FEMNIST's default room, every smaller room worse at every eps (the
     main job's room scaled by sqrt(P / 10) alone by the range given), the largest within the points and
     standard errors given; the default is what the rule takes there."""
-    page = " ".join((ROOT / "docs" / "families" / "iadmm.md").read_text().split())
+    page = words((ROOT / "docs" / "families" / "iadmm.md").read_text())
     log = ROOT / "docs/results/noise-room/runs.jsonl"
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     femnist = [r for r in runs if r["setting"] == "femnist/logistic"]

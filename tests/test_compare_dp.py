@@ -7,16 +7,15 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from pathlib import Path
 
 import pytest
 
 from benchmarks import compare_dp
 from benchmarks.compare_dp import GRIDS, STUDY_SCHEDULE, TITLES, goal_lines, schedule_of
 from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, LOGISTIC_STEP, NETWORK_STEP
+from tests.conftest import ROOT, words
 
 GOAL = "femnist/scatter-cnn/T40"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
@@ -75,12 +74,6 @@ def test_the_goal_holds_while_dp_iadmm_trails_by_no_more_than_the_spread(ours: l
     assert json.dumps(lines).count("| 8 |") == 1
 
 
-def _words(path: str) -> str:
-    """A committed page's text with its line breaks and runs of spaces made single spaces, as sentences
-    wrapped anywhere are searched."""
-    return " ".join((ROOT / path).read_text().split())
-
-
 def _percent(values: list[float]) -> str:
     return ", ".join(f"{100 * v:.2f}" for v in values)
 
@@ -92,7 +85,7 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     the goal's margin and spread."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
-    page = _words("docs/families/iadmm.md")
+    page = words((ROOT / "docs/families/iadmm.md").read_text())
     means, seconds = {}, {}
     for method, rate in (("dpiadmm", "prox_scale"), ("dpsgd", "lr")):
         ours = [r for r in kept if r["method"] == method and r["epsilon"] in (8.0, math.inf)]  # eps 8 only
@@ -115,7 +108,7 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     assert f"DP-IADMM reaches {100 - ours_mean:.1f}% test accuracy" in page
     assert f"{theirs_mean - ours_mean:.2f} points ahead of DP-SGD + FedAvg" in page
     assert f"is {ours_sd + theirs_sd:.2f}" in page
-    readme = _words("README.md")
+    readme = words((ROOT / "README.md").read_text())
     assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
             f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
     assert len(GRIDS[GOAL]["dpiadmm"]) == len(GRIDS[GOAL]["dpsgd"]) == 5
@@ -135,7 +128,7 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     without noise, and the seconds per run."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
-    page = _words("docs/families/iadmm.md")
+    page = words((ROOT / "docs/families/iadmm.md").read_text())
     eps = (1.0, 2.0, 4.0, 8.0)
     table = {}
     for method, label in (("dpiadmm-defaults", "DP-IADMM defaults"), ("dpsgd", "DP-SGD + FedAvg, tuned")):
@@ -162,14 +155,14 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     plain = {r["params"]["lr"]: 100 * r["test-error"] for r in runs.values()
              if (r["dataset"], r["method"], r["phase"], r["seed"]) == (FULL_MNIST, "dpsgd", "reference", 1)}
     assert f"ends at {plain[8.0]:.2f}% with lr 8 and {plain[4.0]:.2f}% with lr 4" in page
-    readme = _words("README.md")
-    for method, words in (("dpiadmm-defaults", "untuned, end at"), ("dpsgd", "learning rates, at")):
+    readme = words((ROOT / "README.md").read_text())
+    for method, lead in (("dpiadmm-defaults", "untuned, end at"), ("dpsgd", "learning rates, at")):
         errors = [f"{mean:.2f}" for mean, _ in table[method]]
-        assert f"{words} {', '.join(errors[:3])} and {errors[3]}%" in readme
+        assert f"{lead} {', '.join(errors[:3])} and {errors[3]}%" in readme
     assert f"{gap:.1f} points behind at eps 8" in readme
-    for method, words in (("dpiadmm-defaults", "for the defaults"), ("dpsgd", "for DP-SGD + FedAvg")):
+    for method, whose in (("dpiadmm-defaults", "for the defaults"), ("dpsgd", "for DP-SGD + FedAvg")):
         seconds = [statistics.fmean(r["seconds"] for r in cells[(FULL_MNIST, method, e)]) for e in eps]
-        assert f"{min(seconds):.0f} to {max(seconds):.0f} s {words}" in page
+        assert f"{min(seconds):.0f} to {max(seconds):.0f} s {whose}" in page
 
 
 def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give() -> None:
@@ -178,7 +171,7 @@ def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give(
     the defaults on the same seeds."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
-    page = _words("docs/families/iadmm.md")
+    page = words((ROOT / "docs/families/iadmm.md").read_text())
     eps = (1.0, 2.0, 4.0, 8.0)
     share, agents = compare_dp.GRID_SHARE, compare_dp.AGENTS[FULL_MNIST]
     rates = sorted(p["prox_scale"] / ((1 + share) * agents) for p in GRIDS[FULL_MNIST]["dpiadmm"])
@@ -229,7 +222,7 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     noise costs against it; the goal's verdict, the largest gap and the spreads; the seconds per run."""
     setting = "femnist/logistic"
     agents = compare_dp.AGENTS[setting]
-    page = _words("docs/families/iadmm.md")
+    page = words((ROOT / "docs/families/iadmm.md").read_text())
     small, many = (100.0 / ((1 + LOGISTIC_RATE_SHARE) * p) for p in (10, agents))
     assert f"was {small:.2f} with the main job's 10 agents but {many:.2f} with FEMNIST's {agents} writers" \
         in page
@@ -283,7 +276,7 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     assert GRIDS[setting]["central"] == GRIDS[setting]["dpsgd"] and len(GRIDS[setting]["dpsgd"]) == 8
     seconds = {method: [r["seconds"] for cell in cells(method, params) for r in cell]
                for _, method, params in rows[1:]}
-    readme = _words("README.md")
+    readme = words((ROOT / "README.md").read_text())
     assert (f"the defaults end at {', '.join(f'{m:.2f}' for m, _ in ours[:3])} and {ours[3][0]:.2f}% and "
             f"DP-SGD + FedAvg, tuned, at {', '.join(f'{m:.2f}' for m, _ in theirs[:3])} and "
             f"{theirs[3][0]:.2f}%") in readme

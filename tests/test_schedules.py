@@ -14,8 +14,7 @@ from benchmarks import compare_dp
 from dpadmm.iadmm import engine, schedules
 from dpadmm.iadmm.config import RunConfig, main_job, papers
 from dpadmm.models.modules import build_model
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT, words
 
 
 def test_rho_eq_24_presets() -> None:
@@ -148,9 +147,8 @@ def _noise_ratios(monkeypatch: pytest.MonkeyPatch, setting: str, eps: list[float
 
     def recording(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_params: int,
                   classes: int) -> float:
-        sigma = float(noise_scale.mean())
-        seen[config.target_epsilon] = (sigma * math.sqrt(num_params) * config.num_agents / config.clip_norm,
-                                       sigma)
+        seen[config.target_epsilon] = (schedules.noise_ratio(config, noise_scale, num_params),
+                                       float(noise_scale.mean()))
         raise _FirstStep
 
     monkeypatch.setattr(schedules, "local_eta", recording)
@@ -161,16 +159,12 @@ def _noise_ratios(monkeypatch: pytest.MonkeyPatch, setting: str, eps: list[float
     return seen
 
 
-def _words(text: str) -> str:
-    return " ".join(text.split())
-
-
 def test_the_noise_ratios_the_pages_give_on_the_main_jobs_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """The r of each model the family page and :func:`schedules.noise_damping` give on the main job's data
     (10 agents of 400 images, T = 10, E = 10, q = 0.2, C = 1), recomputed from what the engine's first step
     sees; the LEAF CNN's from the same calibrated scale (a network's noise scale does not depend on its
     size) and its parameter count."""
-    page, rule = _words((ROOT / "docs" / "families" / "iadmm.md").read_text()), _words(
+    page, rule = words((ROOT / "docs" / "families" / "iadmm.md").read_text()), words(
         schedules.noise_damping.__doc__ or "")
     eps = [8.0, 4.0, 2.0, 1.0]
     logistic, cnn, mlp = (_noise_ratios(monkeypatch, f"main/{model}", eps)
@@ -194,8 +188,8 @@ def test_the_noise_ratios_the_pages_give_on_full_mnist_and_femnist(
         monkeypatch: pytest.MonkeyPatch, mnist_dir: Path, femnist_dir: Path) -> None:
     """Full MNIST's r for the small CNN (10 agents of 6,000 images) and FEMNIST's for logistic regression
     (195 writers, 62 classes), as the family page and the step rule's docstrings give them."""
-    page = _words((ROOT / "docs" / "families" / "iadmm.md").read_text())
-    rule, decay = (_words(f.__doc__ or "") for f in (schedules.noise_damping, schedules.local_eta))
+    page = words((ROOT / "docs" / "families" / "iadmm.md").read_text())
+    rule, decay = (words(f.__doc__ or "") for f in (schedules.noise_damping, schedules.local_eta))
     mnist = _noise_ratios(monkeypatch, "mnist/small-cnn", [8.0, 2.0, 1.0], {"mnist_dir": mnist_dir})
     femnist = _noise_ratios(monkeypatch, "femnist/logistic", [8.0, 1.0], {"femnist_dir": femnist_dir})
     assert f"r = {mnist[1.0][0]:.2f} at eps 1 and {mnist[8.0][0]:.2f} at eps 8 for the small CNN" in page

@@ -63,12 +63,18 @@ def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_param
     return min(1.0, _noise_allowance(config, noise_scale, num_params, classes))
 
 
+def noise_ratio(config: RunConfig, noise_scale: torch.Tensor, num_params: int) -> float:
+    """r = sigma sqrt(d) P / C of :func:`noise_damping`: one local step's noise over its largest clean
+    gradient, in norm, sigma being ``noise_scale``'s mean over the agents."""
+    return float(noise_scale.mean()) * math.sqrt(num_params) * config.num_agents / config.clip_norm
+
+
 def _noise_allowance(config: RunConfig, noise_scale: torch.Tensor | None, num_params: int,
                      classes: int) -> float:
     """room / (R r) of :func:`noise_damping`, before it is capped at 1 (inf without noise or the rule)."""
     if config.prox_scale > 0 or noise_scale is None:
         return math.inf
-    ratio = float(noise_scale.mean()) * math.sqrt(num_params) * config.num_agents / config.clip_norm
+    ratio = noise_ratio(config, noise_scale, num_params)
     if ratio == 0:
         return math.inf
     share = LOGISTIC_RATE_SHARE if config.model == "logistic" else NETWORK_SHARE
