@@ -864,9 +864,9 @@ def write_table(path: Path, runs: list[Result], facts: dict[str, str]) -> None:
             row = []
             for e in eps:
                 cell = cells.get((dataset, method, e))
-                if cell:
+                if cell:  # one seed has no spread (a cell whose other seeds are still to run, or --quick)
                     mean, sd = _mean_sd([100 * r["test-error"] for r in cell])
-                    row.append(f"{mean:.2f} +- {sd:.2f}")
+                    row.append(f"{mean:.2f} +- {sd:.2f}" if len(cell) > 1 else f"{mean:.2f} (one seed)")
                 else:
                     row.append("-")
             if any(c != "-" for c in row):

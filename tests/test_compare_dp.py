@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,17 @@ def test_the_goal_holds_while_dp_iadmm_trails_by_no_more_than_the_spread(ours: l
     assert lines[0].startswith("Goal, stated before the runs: DP-IADMM at least as accurate as DP-SGD")
     assert lines[-1] == f"The goal is **{verdict}** here."
     assert json.dumps(lines).count("| 8 |") == 1
+
+
+def test_a_cell_of_one_seed_is_shown_without_a_spread(tmp_path: Path) -> None:
+    """table.md shows a cell of one reported seed (its other seeds still to run, or ``--quick``) as that
+    seed's error, not as a mean +- 0: one seed says nothing of the spread."""
+    measured = {"noise": 0.5, "noise-name": "sigma", "epsilon-pld": 8.0, "seconds": 1.0}
+    reported = [*_reported("dpiadmm", [0.40, 0.41, 0.42]), *_reported("dpsgd", [0.38])]
+    runs = [{**r, **measured} for r in reported]
+    compare_dp.write_table(tmp_path / "table.md", runs, {GOAL: "facts"})
+    table = (tmp_path / "table.md").read_text()
+    assert "| 41.00 +- 1.00 |" in table and "| 38.00 (one seed) |" in table and "+- 0.00" not in table
 
 
 def _percent(values: list[float]) -> str:
