@@ -95,14 +95,14 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     docs/results/models-femnist/runs.jsonl as compare_dp's table.md computes them, at every eps whose cell
     is complete (and no other): each method's tuning (by rate), the configuration it chooses, its reported
     seeds, their mean and sd, the run without noise of that configuration, and the goal's margin and
-    spread; the README's seconds are eps 8's tuning, reports and run without noise."""
+    spread."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
     page = words((ROOT / "docs/families/iadmm.md").read_text())
     readme = words((ROOT / "README.md").read_text())
     complete = []
     for eps in (8.0, 4.0, 2.0, 1.0):
-        means, seconds, rows = {}, {}, []
+        means, rows = {}, []
         for method, rate, label in (("dpiadmm", "prox_scale", f"| {eps:g} | DP-IADMM (ours) |"),
                                     ("dpsgd", "lr", "| | DP-SGD + FedAvg |")):
             ours = [r for r in kept if r["method"] == method]
@@ -116,7 +116,6 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
             means[method] = compare_dp._mean_sd([100 * r["test-error"] for r in report])
             (reference,) = [r for r in ours
                             if r["phase"] == "reference" and r["params"] == report[0]["params"]]
-            seconds[method] = sum(r["seconds"] for r in (*tune, *report, reference))
             step = report[0]["params"][rate]
             multiple = step / ((1 + compare_dp.GRID_SHARE) * compare_dp.AGENTS[GOAL])
             chosen = f"R = {multiple:g} (a = {step:g})" if method == "dpiadmm" else f"lr = 1/{1 / step:g}"
@@ -137,8 +136,6 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
             assert f"is {spread:.2f}" in page
             assert (f"ends at {ours_mean:.2f} +- {ours_sd:.2f}% test error under DP-IADMM and at "
                     f"{theirs_mean:.2f} +- {theirs_sd:.2f}% under DP-SGD + FedAvg") in readme
-            assert (f"{seconds['dpiadmm']:,.0f} s of runs for DP-IADMM and {seconds['dpsgd']:,.0f} s for "
-                    "DP-SGD + FedAvg") in readme
         else:
             assert f"at eps {eps:g} it is {gap:.2f} points ahead (spread {spread:.2f})" in page
             assert (f"at ({eps:g}, 1e-5) at {ours_mean:.2f} +- {ours_sd:.2f}% and {theirs_mean:.2f} +- "
