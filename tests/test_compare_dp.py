@@ -86,6 +86,19 @@ def test_a_cell_of_one_seed_is_shown_without_a_spread(tmp_path: Path) -> None:
     assert "| 41.00 +- 1.00 |" in table and "| 38.00 (one seed) |" in table and "+- 0.00" not in table
 
 
+def test_a_goal_is_not_judged_on_one_seed() -> None:
+    """A cell of one seed has no spread, so the goal's row says so and gives no verdict (a spread of 0 would
+    judge it on that seed alone)."""
+    cells = compare_dp._cells([*_reported("dpiadmm", [0.40, 0.41, 0.42]), *_reported("dpsgd", [0.38])])
+    lines = goal_lines(GOAL, cells)
+    assert "| 8 | 41.00 | 38.00 | -3.00 | - | one seed, not judged |" in lines
+    assert lines[-1] == "The goal is **not yet measured** here."
+    eps4 = [{**r, "epsilon": 4.0} for r in (*_reported("dpiadmm", [0.5]), *_reported("dpsgd", [0.6]))]
+    both = compare_dp._cells([*_reported("dpiadmm", [0.40, 0.41, 0.42]),
+                              *_reported("dpsgd", [0.38, 0.39, 0.40]), *eps4])
+    assert goal_lines(GOAL, both)[-1] == "The goal is **met at every eps judged so far** here."
+
+
 def _percent(values: list[float]) -> str:
     return ", ".join(f"{100 * v:.2f}" for v in values)
 
