@@ -51,7 +51,7 @@ per agent) and equal tuning budgets (:func:`_study_grids`). Two more methods run
   reference for what local noise costs, under another trust model (the curator sees the data).
 
 A study setting named DATA/MODEL/T<T> runs the same schedule for T rounds: ``femnist/scatter-cnn/T40``, the
-FEMNIST CNN goal's (400 releases per agent), with DP-IADMM and DP-SGD + FedAvg on seven points each.
+FEMNIST CNN goal's (400 releases per agent), with DP-IADMM and DP-SGD + FedAvg on eight points each.
 
 The three epsilons are not the same promise (``dpfedavg_bench.baselines`` explains): DP-IADMM and DP-SGD
 are sample-level and local (the agent adds the noise); DP-FedAvg is client-level (a whole agent)
@@ -288,13 +288,14 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     from 1/8 to 4 (the rule's 4) from the global model, and at R = 1 and 4 from the agent's chain (the
     papers' start); DP-SGD's lr from 1/8 to 16. Both grids run the papers' release and server update.
 
-    A longer schedule's setting (T = 40 on FEMNIST; a run costs four times a study run's) has seven points
+    A longer schedule's setting (T = 40 on FEMNIST; a run costs four times a study run's) has eight points
     each: first three around what both chose at T = 10 there (R = 2, lr 1/2), one step of two either side,
     R in {1, 2, 4} from the global model and lr in {1/4, 1/2, 1}; both chose their smallest, so each got
     the next step down, R = 1/2 and lr 1/8. At eps 4 DP-SGD + FedAvg chose its smallest again (lr 1/8;
     DP-IADMM R = 1), so both got one more step down, R = 1/4 and lr 1/16. At eps 1 DP-IADMM chose its
     smallest (R = 1/4), so both got a sixth point, R = 1/8 and lr 1/32; there DP-SGD + FedAvg then chose
-    its smallest (lr 1/32), so both got a seventh, R = 1/16 and lr 1/64: seven points each. No defaults
+    its smallest (lr 1/32), so both got a seventh, R = 1/16 and lr 1/64; DP-IADMM then chose that
+    (R = 1/16) at eps 1, so both got an eighth, R = 1/32 and lr 1/128: eight points each. No defaults
     (they keep T = 10). Central DP-SGD, added after those runs and fixed before its own, gets four points of
     its own, lr in {1/2, 1, 2, 4}: a curator's gradient averages every sample, so its noise is far smaller,
     and on the main job's data its tuning chose 4 to 8 times DP-SGD + FedAvg's rate for the small CNN at every
@@ -313,9 +314,10 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
             return _iadmm(rounds, steps, rate, a, GRID_SHARE / a, start)
 
         if schedule is not STUDY_SCHEDULE:
-            return {"dpiadmm": [point(r, "global") for r in (1.0, 2.0, 4.0, 0.5, 0.25, 0.125, 0.0625)],
+            return {"dpiadmm": [point(r, "global") for r in (1.0, 2.0, 4.0, 0.5, 0.25, 0.125, 0.0625,
+                                                             0.03125)],
                     "dpsgd": [{**schedule, "lr": lr} for lr in (0.25, 0.5, 1.0, 0.125, 0.0625, 0.03125,
-                                                                  0.015625)],
+                                                                  0.015625, 0.0078125)],
                     "central": [{**schedule, "lr": lr} for lr in (0.5, 1.0, 2.0, 4.0)]}
         iadmm = ([point(r, "global") for r in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)]
                  + [point(r, "chain") for r in (1.0, 4.0)])
