@@ -255,6 +255,24 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
         assert f"{min(seconds):.0f} to {max(seconds):.0f} s {whose}" in page
 
 
+def test_central_dp_sgd_on_full_mnist_gets_the_rates_dp_sgd_fedavg_chose() -> None:
+    """Central DP-SGD's four points on full MNIST's small CNN span the rates DP-SGD + FedAvg chose there (lr 4
+    and 8) with a step of two either side, lr 16 being where DP-SGD + FedAvg diverged at eps 4 and 8; the
+    one run of DP-SGD's grid that came before (lr 1/8 at eps 1) learnt no more than DP-SGD + FedAvg's at that
+    rate, the noise hardly binding."""
+    grid = GRIDS[FULL_MNIST]
+    assert [p["lr"] for p in grid["central"]] == [2.0, 4.0, 8.0, 16.0]
+    assert all(p == {**grid["dpsgd"][0], "lr": p["lr"]} for p in grid["central"])
+    runs = list(compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl").values())
+    cells = compare_dp._cells(compare_dp.current_runs(runs, {FULL_MNIST: grid}))
+    assert {cells[(FULL_MNIST, "dpsgd", e)][0]["params"]["lr"] for e in (1.0, 2.0, 4.0, 8.0)} == {4.0, 8.0}
+    tuned = {(r["method"], r["epsilon"], r["params"]["lr"]): 100 * r["val-error"] for r in runs
+             if (r["dataset"], r["phase"]) == (FULL_MNIST, "tune") and r["method"] in ("dpsgd", "central")}
+    assert tuned[("dpsgd", 4.0, 16.0)] > 90 and tuned[("dpsgd", 8.0, 16.0)] > 90
+    assert (f"{tuned[('central', 1.0, 0.125)]:.2f}% validation error, DP-SGD + FedAvg's there being "
+            f"{tuned[('dpsgd', 1.0, 0.125)]:.2f}") in words(compare_dp._study_grids.__doc__)
+
+
 def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give() -> None:
     """The family page's sentence on DP-IADMM tuned on full MNIST's small CNN: its grid's largest rate chosen
     at every eps while the validation error still fell, its test errors over seeds 1-3, and how far behind
