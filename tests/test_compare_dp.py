@@ -17,6 +17,8 @@ from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, LOGISTIC_STEP, NETWORK_STEP
 from tests.conftest import ROOT, words
 
 GOAL = "femnist/scatter-cnn/T40"
+# the pages whose figures the tests below recompute from the committed runs
+FAMILY_PAGE, README = ROOT / "docs/families/iadmm.md", ROOT / "README.md"
 
 
 def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
@@ -111,8 +113,8 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     spread."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
-    readme = words((ROOT / "README.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
+    readme = words(README.read_text())
     complete = []
     for eps in (8.0, 4.0, 2.0, 1.0):
         means, rows = {}, []
@@ -167,7 +169,7 @@ def test_the_pages_femnist_cnn_account_of_eps_2_and_1_is_what_the_committed_runs
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
     cells = compare_dp._cells(kept)
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
     (lr,) = {cells[(GOAL, "dpsgd", e)][0]["params"]["lr"] for e in (2.0, 1.0)}
     plain = {r["method"]: 100 * r["test-error"] for r in kept if r["phase"] == "reference"
              and r["params"] in (cells[(GOAL, m, 1.0)][0]["params"] for m in ("dpiadmm", "dpsgd"))}
@@ -188,7 +190,7 @@ def test_the_pages_femnist_cnn_seconds_are_what_the_committed_runs_give() -> Non
     batch)."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
 
     def seconds(method: str, eps: float, phases: tuple[str, ...], first: int | None = None) -> list[float]:
         return [r["seconds"] for r in kept if (r["method"], r["epsilon"]) == (method, eps)
@@ -218,7 +220,7 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     without noise, and the seconds per run."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
     eps = (1.0, 2.0, 4.0, 8.0)
     table = {}
     for method, label in (("dpiadmm-defaults", "DP-IADMM defaults"), ("dpsgd", "DP-SGD + FedAvg, tuned")):
@@ -245,7 +247,7 @@ def test_the_pages_full_mnist_cnn_table_is_what_the_committed_runs_give() -> Non
     plain = {r["params"]["lr"]: 100 * r["test-error"] for r in runs.values()
              if (r["dataset"], r["method"], r["phase"], r["seed"]) == (FULL_MNIST, "dpsgd", "reference", 1)}
     assert f"ends at {plain[8.0]:.2f}% with lr 8 and {plain[4.0]:.2f}% with lr 4" in page
-    readme = words((ROOT / "README.md").read_text())
+    readme = words(README.read_text())
     for method, lead in (("dpiadmm-defaults", "untuned, end at"), ("dpsgd", "learning rates, at")):
         errors = [f"{mean:.2f}" for mean, _ in table[method]]
         assert f"{lead} {', '.join(errors[:3])} and {errors[3]}%" in readme
@@ -279,7 +281,7 @@ def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give(
     the defaults on the same seeds."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {FULL_MNIST: GRIDS[FULL_MNIST]}))
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
     eps = (1.0, 2.0, 4.0, 8.0)
     share, agents = compare_dp.GRID_SHARE, compare_dp.AGENTS[FULL_MNIST]
     rates = sorted(p["prox_scale"] / ((1 + share) * agents) for p in GRIDS[FULL_MNIST]["dpiadmm"])
@@ -330,7 +332,7 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     noise costs against it; the goal's verdict, the largest gap and the spreads; the seconds per run."""
     setting = "femnist/logistic"
     agents = compare_dp.AGENTS[setting]
-    page = words((ROOT / "docs/families/iadmm.md").read_text())
+    page = words(FAMILY_PAGE.read_text())
     small, many = (100.0 / ((1 + LOGISTIC_RATE_SHARE) * p) for p in (10, agents))
     assert f"was {small:.2f} with the main job's 10 agents but {many:.2f} with FEMNIST's {agents} writers" \
         in page
@@ -384,7 +386,7 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
     assert GRIDS[setting]["central"] == GRIDS[setting]["dpsgd"] and len(GRIDS[setting]["dpsgd"]) == 8
     seconds = {method: [r["seconds"] for cell in cells(method, params) for r in cell]
                for _, method, params in rows[1:]}
-    readme = words((ROOT / "README.md").read_text())
+    readme = words(README.read_text())
     assert (f"the defaults end at {', '.join(f'{m:.2f}' for m, _ in ours[:3])} and {ours[3][0]:.2f}% and "
             f"DP-SGD + FedAvg, tuned, at {', '.join(f'{m:.2f}' for m, _ in theirs[:3])} and "
             f"{theirs[3][0]:.2f}%") in readme
