@@ -316,6 +316,7 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     """
     agents, schedule = AGENTS[dataset], schedule_of(dataset)
     rate, steps, rounds = schedule["sample_rate"], schedule["local_steps"], schedule["rounds"]
+    own = [{**schedule, "lr": lr} for lr in CENTRAL_RATES.get(dataset, ())]  # central's, where it has its own
     if model_of(dataset) == "logistic":
         iadmm = [_iadmm(rounds, steps, rate, a * agents / 10, GRID_LOGISTIC_RHO, start)
                  for a in (10.0, 25.0, 100.0, 400.0) for start in ("chain", "global")]
@@ -330,14 +331,13 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
                                                              0.03125)],
                     "dpsgd": [{**schedule, "lr": lr} for lr in (0.25, 0.5, 1.0, 0.125, 0.0625, 0.03125,
                                                                   0.015625, 0.0078125)],
-                    "central": [{**schedule, "lr": lr} for lr in CENTRAL_RATES[dataset]]}
+                    "central": own}
         iadmm = ([point(r, "global") for r in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)]
                  + [point(r, "chain") for r in (1.0, 4.0)])
         lrs = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
     sgd = [{**schedule, "lr": lr} for lr in lrs]
-    central = [{**schedule, "lr": lr} for lr in CENTRAL_RATES[dataset]] if dataset in CENTRAL_RATES else sgd
     return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint(dataset)}], "dpiadmm": iadmm,
-            "dpsgd": sgd, "central": central}
+            "dpsgd": sgd, "central": own or sgd}
 
 
 def _iadmm(rounds: int, local_steps: int, rate: float, prox_scale: float, rho: float,
