@@ -32,14 +32,15 @@ def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
 def test_the_goal_settings_grids_are_eight_points_each_around_the_ten_round_choices() -> None:
     """Equal budgets: one step of two either side of what the study's T = 10 grids chose on FEMNIST (R = 2, lr
     1/2), then one more step down for both, five times; every point on the 40-round schedule; the R = 2 point
-    is the study's but for its rounds. Central DP-SGD's five points span 2 to 32 times DP-SGD + FedAvg's
-    choice at eps 8 (lr 1/4; the fifth came after its own choice at eps 8 was its largest), the ratio of the
-    two methods' choices on the main job's data for the small CNN being 4 to 8 (docs/results/models)."""
+    is the study's but for its rounds. Central DP-SGD's six points span 2 to 64 times DP-SGD + FedAvg's
+    choice at eps 8 (lr 1/4; the fifth and the sixth came each after its own choice at eps 8 was its
+    largest), the ratio of the two methods' choices on the main job's data for the small CNN being 4 to 8
+    (docs/results/models)."""
     grids = GRIDS[GOAL]
     assert sorted(grids) == ["central", "dpiadmm", "dpsgd"]
-    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == 8 and len(grids["central"]) == 5
+    assert len(grids["dpiadmm"]) == len(grids["dpsgd"]) == 8 and len(grids["central"]) == 6
     assert [p["lr"] for p in grids["dpsgd"]] == [0.25, 0.5, 1.0, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125]
-    assert [p["lr"] for p in grids["central"]] == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert [p["lr"] for p in grids["central"]] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]
     runs = compare_dp.load_runs(ROOT / "docs/results/models/runs.jsonl")
     study = compare_dp._cells(compare_dp.current_runs(list(runs.values()),
                                                       {"main/small-cnn": GRIDS["main/small-cnn"]}))
@@ -49,7 +50,12 @@ def test_the_goal_settings_grids_are_eight_points_each_around_the_ten_round_choi
     goal_runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")
     chosen = compare_dp._cells(compare_dp.current_runs(list(goal_runs.values()), {GOAL: grids}))
     federated = chosen[(GOAL, "dpsgd", 8.0)][0]["params"]["lr"]
-    assert [p["lr"] / federated for p in grids["central"]] == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert [p["lr"] / federated for p in grids["central"]] == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    tuned = {r["params"]["lr"]: 100 * r["val-error"] for r in goal_runs.values()
+             if (r["dataset"], r["method"], r["phase"], r["epsilon"]) == (GOAL, "central", "tune", 8.0)}
+    assert min(tuned[lr] for lr in (0.5, 1.0, 2.0, 4.0, 8.0)) == tuned[8.0]
+    assert (f"it chose that too ({tuned[8.0]:.2f}% validation error, lr 4 {tuned[4.0]:.2f})"
+            in words(compare_dp._study_grids.__doc__))
     assert all(p["rounds"] == 40 for grid in grids.values() for p in grid)
     agents = compare_dp.AGENTS[GOAL]
     rates = [p["prox_scale"] / ((1 + compare_dp.GRID_SHARE) * agents) for p in grids["dpiadmm"]]
