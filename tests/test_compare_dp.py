@@ -19,6 +19,7 @@ from tests.conftest import ROOT, words
 GOAL = "femnist/scatter-cnn/T40"
 # the pages whose figures the tests below recompute from the committed runs
 FAMILY_PAGE, README = ROOT / "docs/families/iadmm.md", ROOT / "README.md"
+CENTRAL_ROW = "central DP-SGD, a trusted curator (reference; another trust model) |"
 
 
 def test_the_goal_setting_is_the_study_schedule_run_for_forty_rounds() -> None:
@@ -116,7 +117,8 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
     docs/results/models-femnist/runs.jsonl as compare_dp's table.md computes them, at every eps whose cell
     is complete (and no other): each method's tuning (by rate), the configuration it chooses, its reported
     seeds, their mean and sd, the run without noise of that configuration, and the goal's margin and
-    spread."""
+    spread; and central DP-SGD's row (its tuning, chosen rate and reported seeds; no run without noise) at
+    each of those eps whose central cell is complete, and no other."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")  # a key's latest run
     kept = compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]})
     page = words(FAMILY_PAGE.read_text())
@@ -163,6 +165,21 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
                     f"{theirs_sd:.2f}%") in readme
     eps_list = ",".join(f"{e:g}" for e in complete)
     assert f"--eps {eps_list} --out docs/results/models-femnist" in page
+    central = [r for r in kept if r["method"] == "central"]
+    central_rows = []
+    for eps in complete:
+        tune = sorted((r for r in central if (r["phase"], r["epsilon"]) == ("tune", eps)),
+                      key=lambda r: r["params"]["lr"])
+        report = [r for r in central if (r["phase"], r["epsilon"]) == ("report", eps)]
+        if len(report) < 3:
+            continue
+        assert len(tune) == len(GRIDS[GOAL]["central"]) and [r["seed"] for r in report] == [1, 2, 3]
+        mean, sd = compare_dp._mean_sd([100 * r["test-error"] for r in report])
+        central_rows.append(f"| | {CENTRAL_ROW} {_percent([r['val-error'] for r in tune])} | "
+                            f"lr = {report[0]['params']['lr']:g} | "
+                            f"{_percent([r['test-error'] for r in report])} | {mean:.2f} +- {sd:.2f} | - |")
+    assert [row for row in central_rows if row in page] == central_rows
+    assert page.count(CENTRAL_ROW) == len(central_rows)
     assert f"dpiadmm,dpsgd --eps {eps_list} --out docs/results/models-femnist" in readme
     assert len(GRIDS[GOAL]["dpiadmm"]) == len(GRIDS[GOAL]["dpsgd"]) == 8
     assert "each tuned on eight points" in readme
