@@ -180,6 +180,14 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
                             f"{_percent([r['test-error'] for r in report])} | {mean:.2f} +- {sd:.2f} | - |")
     assert [row for row in central_rows if row in page] == central_rows
     assert page.count(CENTRAL_ROW) == len(central_rows)
+    if central_rows:
+        cells = compare_dp._cells(kept)
+        ours, theirs = (compare_dp._mean_sd([100 * r["test-error"] for r in cells[(GOAL, m, 8.0)]])
+                        for m in ("dpiadmm", "central"))
+        assert (f"ends at {theirs[0]:.2f} +- {theirs[1]:.2f}% at eps 8, {ours[0] - theirs[0]:.2f} points "
+                "ahead of DP-IADMM") in page
+        central_eps = ",".join(f"{e:g}" for e in complete if (GOAL, "central", e) in cells)
+        assert f"--methods central --eps {central_eps} --out docs/results/models-femnist" in page
     assert f"dpiadmm,dpsgd --eps {eps_list} --out docs/results/models-femnist" in readme
     assert len(GRIDS[GOAL]["dpiadmm"]) == len(GRIDS[GOAL]["dpsgd"]) == 8
     assert "each tuned on eight points" in readme
