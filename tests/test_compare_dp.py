@@ -306,6 +306,47 @@ def test_central_dp_sgd_on_full_mnist_gets_the_rates_dp_sgd_fedavg_chose() -> No
             f"{tuned[('dpsgd', 1.0, 0.125)]:.2f}") in words(compare_dp._study_grids.__doc__)
 
 
+def test_the_pages_central_dp_sgd_on_full_mnist_is_what_the_committed_runs_give() -> None:
+    """The family page's central DP-SGD row on full MNIST's small CNN (a mean +- sd over seeds 1-3 at each eps
+    whose cell is complete, a dash elsewhere), its command's eps, its eps-8 figure against the federated
+    methods', and each complete eps where a reported seed diverged, with that eps's tuning around the
+    chosen rate and the rates that diverged in tuning."""
+    runs = list(compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl").values())
+    kept = compare_dp.current_runs(runs, {FULL_MNIST: GRIDS[FULL_MNIST]})
+    cells = compare_dp._cells(kept)
+    page = words(FAMILY_PAGE.read_text())
+    eps = (1.0, 2.0, 4.0, 8.0)
+    done = [e for e in eps if len(cells.get((FULL_MNIST, "central", e), [])) == 3]
+    assert all([r["seed"] for r in cells[(FULL_MNIST, "central", e)]] == [1, 2, 3] for e in done)
+    means = {e: compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, "central", e)]])
+             for e in done}
+    row = " | ".join(f"{means[e][0]:.2f} +- {means[e][1]:.2f}" if e in done else "-" for e in eps)
+    label = "central DP-SGD, a trusted curator (reference; another trust model; seeds 1-3)"
+    assert f"| {label} | {row} |" in page
+    listed = ",".join(f"{e:g}" for e in sorted(done, reverse=True))
+    assert f"--methods central --eps {listed} --out docs/results/models-mnist`" in page
+    rest = [f"{e:g}" for e in sorted(set(eps) - set(done), reverse=True)]
+    if rest:
+        assert (f"eps {', '.join(rest[:-1])} and {rest[-1]} are still to run" if len(rest) > 1
+                else f"eps {rest[0]} is still to run") in page
+    federated = [statistics.fmean(100 * r["test-error"] for r in cells[(FULL_MNIST, m, 8.0)])
+                 for m in ("dpiadmm-defaults", "dpsgd")]
+    assert means[8.0][0] >= max(federated)  # "no better than either federated method"
+    assert f"at eps 8 it ends at {means[8.0][0]:.2f} +- {means[8.0][1]:.2f}%, no better" in page
+    tuned = {(r["epsilon"], r["params"]["lr"]): 100 * r["val-error"] for r in kept
+             if (r["method"], r["phase"]) == ("central", "tune")}
+    assert all(tuned[(e, 16.0)] > 80 for e in done) and tuned[(8.0, 8.0)] > 80
+    for e in done:
+        errors = [100 * r["test-error"] for r in cells[(FULL_MNIST, "central", e)]]
+        if max(errors) < 50:
+            continue
+        lr = cells[(FULL_MNIST, "central", e)][0]["params"]["lr"]
+        assert (f"At eps {e:g} its chosen lr {lr:g} ({tuned[(e, lr)]:.2f}% validation error; lr {lr / 2:g} "
+                f"{tuned[(e, lr / 2)]:.2f}) diverged on one reported seed ({errors[0]:.2f}, {errors[1]:.2f} "
+                f"and {errors[2]:.2f}%)") in page
+        assert sum(error > 50 for error in errors) == 1
+
+
 def test_the_pages_tuned_dp_iadmm_on_full_mnist_is_what_the_committed_runs_give() -> None:
     """The family page's sentence on DP-IADMM tuned on full MNIST's small CNN: its grid's largest rate chosen
     at every eps while the validation error still fell, its test errors over seeds 1-3, and how far behind
