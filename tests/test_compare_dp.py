@@ -313,9 +313,9 @@ def test_central_dp_sgd_on_full_mnist_gets_the_rates_dp_sgd_fedavg_chose() -> No
 
 def test_the_pages_central_dp_sgd_on_full_mnist_is_what_the_committed_runs_give() -> None:
     """The family page's central DP-SGD row on full MNIST's small CNN (a mean +- sd over seeds 1-3 at each eps
-    whose cell is complete, a dash elsewhere), its command's eps, its eps-8 and eps-2 figures against the
-    federated methods', and each complete eps where a reported seed diverged, with that eps's tuning around
-    the chosen rate and the rates that diverged in tuning."""
+    whose cell is complete, a dash elsewhere), its command's eps, its eps-8, eps-2 and eps-1 figures against
+    the federated methods', and each complete eps where a reported seed diverged, with that eps's tuning
+    around the chosen rate and the rates that diverged in tuning."""
     runs = list(compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl").values())
     kept = compare_dp.current_runs(runs, {FULL_MNIST: GRIDS[FULL_MNIST]})
     cells = compare_dp._cells(kept)
@@ -345,6 +345,15 @@ def test_the_pages_central_dp_sgd_on_full_mnist_is_what_the_committed_runs_give(
         assert gaps[0] > 0 and gaps[1] < sd
         assert (f"and at eps 2 at {mean:.2f} +- {sd:.2f}%, {gaps[0]:.2f} to {gaps[1]:.2f} points ahead of "
                 "them, less than its own standard deviation") in page
+    if 1.0 in done:
+        mean, sd = means[1.0]
+        federated = {m: compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, m, 1.0)]])
+                     for m in ("dpiadmm-defaults", "dpsgd")}
+        gaps = sorted(m - mean for m, _ in federated.values())
+        assert all(m - mean > s for m, s in federated.values())  # "more than their standard deviations"
+        lr = cells[(FULL_MNIST, "central", 1.0)][0]["params"]["lr"]
+        assert (f"at eps 1, it ends at {mean:.2f} +- {sd:.2f}% (lr {lr:g}), {gaps[0]:.2f} to {gaps[1]:.2f} "
+                "points ahead of them, more than their standard deviations") in page
     tuned = {(r["epsilon"], r["params"]["lr"]): 100 * r["val-error"] for r in kept
              if (r["method"], r["phase"]) == ("central", "tune")}
     assert all(error > 80 for (_, lr), error in tuned.items() if lr == 16.0) and tuned[(8.0, 8.0)] > 80
