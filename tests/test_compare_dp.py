@@ -181,18 +181,14 @@ def test_the_pages_femnist_cnn_goal_is_what_the_committed_runs_give() -> None:
                             f"{_percent([r['test-error'] for r in report])} | {mean:.2f} +- {sd:.2f} | - |")
     assert [row for row in central_rows if row in page] == central_rows
     assert page.count(CENTRAL_ROW) == len(central_rows)
-    if central_rows:
-        cells = compare_dp._cells(kept)
-        for eps in central_eps:
-            ours, theirs = (compare_dp._mean_sd([100 * r["test-error"] for r in cells[(GOAL, m, float(eps))]])
-                            for m in ("dpiadmm", "central"))
-            assert (f"{theirs[0]:.2f} +- {theirs[1]:.2f}% at eps {eps} ({ours[0] - theirs[0]:.2f} points "
-                    "ahead of DP-IADMM)") in page
-        assert f"--methods central --eps {','.join(central_eps)} --out docs/results/models-femnist" in page
-        rest = [f"{e:g}" for e in complete if f"{e:g}" not in central_eps]
-        if rest:
-            assert (f"(at eps {', '.join(rest[:-1])} and {rest[-1]} it is still to run)" if len(rest) > 1
-                    else f"(at eps {rest[0]} it is still to run)") in page
+    assert central_eps == [f"{e:g}" for e in complete]  # the reference at every eps the goal was measured
+    cells = compare_dp._cells(kept)
+    for eps in central_eps:
+        ours, theirs = (compare_dp._mean_sd([100 * r["test-error"] for r in cells[(GOAL, m, float(eps))]])
+                        for m in ("dpiadmm", "central"))
+        assert (f"{theirs[0]:.2f} +- {theirs[1]:.2f}% at eps {eps} ({ours[0] - theirs[0]:.2f} points "
+                "ahead of DP-IADMM)") in page
+    assert f"--methods central --eps {','.join(central_eps)} --out docs/results/models-femnist" in page
     assert f"dpiadmm,dpsgd --eps {eps_list} --out docs/results/models-femnist" in readme
     assert len(GRIDS[GOAL]["dpiadmm"]) == len(GRIDS[GOAL]["dpsgd"]) == 8
     assert "each tuned on eight points" in readme
@@ -312,52 +308,39 @@ def test_central_dp_sgd_on_full_mnist_gets_the_rates_dp_sgd_fedavg_chose() -> No
 
 
 def test_the_pages_central_dp_sgd_on_full_mnist_is_what_the_committed_runs_give() -> None:
-    """The family page's central DP-SGD row on full MNIST's small CNN (a mean +- sd over seeds 1-3 at each eps
-    whose cell is complete, a dash elsewhere), its command's eps, its eps-8, eps-2 and eps-1 figures against
-    the federated methods', and each complete eps where a reported seed diverged, with that eps's tuning
-    around the chosen rate and the rates that diverged in tuning."""
+    """The family page's central DP-SGD row on full MNIST's small CNN (a mean +- sd over seeds 1-3 at each
+    eps), its command's eps, its eps-8, eps-2 and eps-1 figures against the federated methods', and each
+    eps where a reported seed diverged, with that eps's tuning around the chosen rate and the rates that
+    diverged in tuning."""
     runs = list(compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl").values())
     kept = compare_dp.current_runs(runs, {FULL_MNIST: GRIDS[FULL_MNIST]})
     cells = compare_dp._cells(kept)
     page = words(FAMILY_PAGE.read_text())
     eps = (1.0, 2.0, 4.0, 8.0)
-    done = [e for e in eps if len(cells.get((FULL_MNIST, "central", e), [])) == 3]
-    assert all([r["seed"] for r in cells[(FULL_MNIST, "central", e)]] == [1, 2, 3] for e in done)
-    means = {e: compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, "central", e)]])
-             for e in done}
-    row = " | ".join(f"{means[e][0]:.2f} +- {means[e][1]:.2f}" if e in done else "-" for e in eps)
+    assert all([r["seed"] for r in cells[(FULL_MNIST, "central", e)]] == [1, 2, 3] for e in eps)
+    means = {(m, e): compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, m, e)]])
+             for m in ("central", "dpiadmm-defaults", "dpsgd") for e in eps}
+    row = " | ".join(f"{means['central', e][0]:.2f} +- {means['central', e][1]:.2f}" for e in eps)
     label = "central DP-SGD, a trusted curator (reference; another trust model; seeds 1-3)"
     assert f"| {label} | {row} |" in page
-    listed = ",".join(f"{e:g}" for e in sorted(done, reverse=True))
-    assert f"--methods central --eps {listed} --out docs/results/models-mnist`" in page
-    rest = [f"{e:g}" for e in sorted(set(eps) - set(done), reverse=True)]
-    if rest:
-        assert (f"eps {', '.join(rest[:-1])} and {rest[-1]} are still to run" if len(rest) > 1
-                else f"eps {rest[0]} is still to run") in page
-    federated = [statistics.fmean(100 * r["test-error"] for r in cells[(FULL_MNIST, m, 8.0)])
-                 for m in ("dpiadmm-defaults", "dpsgd")]
-    assert means[8.0][0] >= max(federated)  # "no better than either federated method"
-    assert f"at eps 8 it ends at {means[8.0][0]:.2f} +- {means[8.0][1]:.2f}%, no better" in page
-    if 2.0 in done:
-        mean, sd = means[2.0]
-        gaps = sorted(statistics.fmean(100 * r["test-error"] for r in cells[(FULL_MNIST, m, 2.0)]) - mean
-                      for m in ("dpiadmm-defaults", "dpsgd"))
-        assert gaps[0] > 0 and gaps[1] < sd
-        assert (f"and at eps 2 at {mean:.2f} +- {sd:.2f}%, {gaps[0]:.2f} to {gaps[1]:.2f} points ahead of "
-                "them, less than its own standard deviation") in page
-    if 1.0 in done:
-        mean, sd = means[1.0]
-        federated = {m: compare_dp._mean_sd([100 * r["test-error"] for r in cells[(FULL_MNIST, m, 1.0)]])
-                     for m in ("dpiadmm-defaults", "dpsgd")}
-        gaps = sorted(m - mean for m, _ in federated.values())
-        assert all(m - mean > s for m, s in federated.values())  # "more than their standard deviations"
-        lr = cells[(FULL_MNIST, "central", 1.0)][0]["params"]["lr"]
-        assert (f"at eps 1, it ends at {mean:.2f} +- {sd:.2f}% (lr {lr:g}), {gaps[0]:.2f} to {gaps[1]:.2f} "
-                "points ahead of them, more than their standard deviations") in page
+    assert "--methods central --eps 8,4,2,1 --out docs/results/models-mnist`" in page
+    federated = {e: [means[m, e] for m in ("dpiadmm-defaults", "dpsgd")] for e in eps}
+    (mean, sd), gaps = means["central", 8.0], [m - means["central", 8.0][0] for m, _ in federated[8.0]]
+    assert max(gaps) <= 0  # "no better than either federated method"
+    assert f"at eps 8 it ends at {mean:.2f} +- {sd:.2f}%, no better" in page
+    (mean, sd), gaps = means["central", 2.0], sorted(m - means["central", 2.0][0] for m, _ in federated[2.0])
+    assert gaps[0] > 0 and gaps[1] < sd
+    assert (f"and at eps 2 at {mean:.2f} +- {sd:.2f}%, {gaps[0]:.2f} to {gaps[1]:.2f} points ahead of "
+            "them, less than its own standard deviation") in page
+    (mean, sd), gaps = means["central", 1.0], sorted(m - means["central", 1.0][0] for m, _ in federated[1.0])
+    assert all(m - mean > s for m, s in federated[1.0])  # "more than their standard deviations"
+    lr = cells[(FULL_MNIST, "central", 1.0)][0]["params"]["lr"]
+    assert (f"at eps 1, it ends at {mean:.2f} +- {sd:.2f}% (lr {lr:g}), {gaps[0]:.2f} to {gaps[1]:.2f} "
+            "points ahead of them, more than their standard deviations") in page
     tuned = {(r["epsilon"], r["params"]["lr"]): 100 * r["val-error"] for r in kept
              if (r["method"], r["phase"]) == ("central", "tune")}
     assert all(error > 80 for (_, lr), error in tuned.items() if lr == 16.0) and tuned[(8.0, 8.0)] > 80
-    for e in done:
+    for e in eps:
         errors = [100 * r["test-error"] for r in cells[(FULL_MNIST, "central", e)]]
         if max(errors) < 50:
             continue
