@@ -132,7 +132,7 @@ from benchmarks.flower_overhead import flwr_env
 from dpadmm.data import NUM_CLASSES, Dataset
 from dpadmm.data.libsvm import load_binary, normalise_rows
 from dpadmm.iadmm import engine
-from dpadmm.iadmm.config import NETWORK_SHARE, NETWORK_STEP, RunConfig
+from dpadmm.iadmm.config import NETWORK_STEP, PULL_SHARE, RunConfig
 from dpadmm.iadmm.federation import load_for
 from dpadmm.models.modules import build_model
 from dpadmm.runs import references as bibliography  # write_table has its own `references`
@@ -255,14 +255,11 @@ def defaults_fingerprint(dataset: str) -> dict[str, Any]:
     so that runs of earlier defaults are never counted as these (they stay in runs.jsonl)."""
     defaults = RunConfig(model=model_of(dataset), num_agents=AGENTS[dataset])
     largest = ([defaults.scale, defaults.rho_constants[0]] if defaults.model == "logistic"
-               else [NETWORK_STEP, NETWORK_SHARE])
-    fingerprint = {"local-start": defaults.local_start, "release": defaults.release,
-                   "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
-                   "largest-step": largest,
-                   "noise-room": defaults.noise_room_for(NUM_CLASSES[source(dataset)])}
-    if defaults.network_rule:  # its rate decays only as its noise needs (schedules.local_eta)
-        fingerprint["rate-decay"] = "noise"
-    return fingerprint
+               else [NETWORK_STEP, PULL_SHARE])
+    return {"local-start": defaults.local_start, "release": defaults.release,
+            "server-update": defaults.server_update, "rho-preset": defaults.rho_preset,
+            "largest-step": largest, "noise-room": defaults.noise_room_for(NUM_CLASSES[source(dataset)]),
+            "rate-decay": "noise"}  # every model's private rate decays only as far as its noise needs
 
 
 def partition(dataset: str) -> str:

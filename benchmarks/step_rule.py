@@ -16,7 +16,7 @@ of E = 10 steps) with the rule and with a few other (a, rho), and writes what ea
   cores; ``--models`` leaves it out).
 
 Rows: ``rule`` (seeds 0, 1, 2), and with seed 0: ``rate R`` for R = 1 and 16 (a = R (1 + s) P / C, rho =
-s / a with the rule's share s = ``NETWORK_SHARE``: the rule's form at another rate, without the damping).
+s / a with the rule's share s = ``PULL_SHARE``: the rule's form at another rate, without the damping).
 The CNN: ``rule`` and ``rate 4`` (the rule's largest rate, without its damping), seed 0. Every run is
 appended to ``runs.jsonl`` in ``--out`` and skipped by a later call; ``table.md`` is written from all of
 them. The model study (``python -m benchmarks.compare_dp``, docs/results/models) measures the rule at eps
@@ -49,7 +49,7 @@ from torch import nn
 from benchmarks import ArgumentParser, check_folder
 from dpadmm.data import Dataset, load_dataset
 from dpadmm.iadmm import engine, schedules
-from dpadmm.iadmm.config import NETWORK_SHARE, RunConfig, main_job
+from dpadmm.iadmm.config import PULL_SHARE, RunConfig, main_job
 from dpadmm.runs import references as bibliography
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,8 +90,8 @@ def choices(model: str, config: RunConfig) -> list[tuple[str, dict[str, Any], tu
     if model == "logistic":
         return rows
     for rate in ((4.0,) if large else RATES):
-        a = rate * (1 + NETWORK_SHARE) * config.num_agents / config.clip_norm
-        rows.append((f"rate {rate:g}", {"prox_scale": a, "rho_preset": "custom", "rho_c1": NETWORK_SHARE / a,
+        a = rate * (1 + PULL_SHARE) * config.num_agents / config.clip_norm
+        rows.append((f"rate {rate:g}", {"prox_scale": a, "rho_preset": "custom", "rho_c1": PULL_SHARE / a,
                                         "rho_c2": 0.0}, (0,)))
     return rows
 

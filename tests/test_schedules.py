@@ -12,7 +12,7 @@ import torch
 
 from benchmarks import compare_dp
 from dpadmm.iadmm import engine, schedules
-from dpadmm.iadmm.config import RunConfig, main_job, papers
+from dpadmm.iadmm.config import LOGISTIC_RATE_SHARE, RunConfig, main_job, papers
 from dpadmm.models.modules import build_model
 from tests.conftest import ROOT, words
 
@@ -100,35 +100,36 @@ def test_the_main_jobs_rate_follows_the_noise() -> None:
         assert schedules.noise_damping(given, torch.full((agents,), 1e3), d, classes) == 1.0
 
 
-def test_a_networks_rate_decays_only_as_far_as_its_noise_needs() -> None:
-    """local_eta: a network under the main job's rule takes min(R, room / (r sqrt(t))), eq. (8)'s eta^t =
-    a / sqrt(t) times the damping where the noise binds from t = 1 (as before, to the bit), a constant a
-    without noise; logistic regression and a given prox-scale keep eq. (8)'s decay."""
+def test_the_main_jobs_rate_decays_only_as_far_as_its_noise_needs() -> None:
+    """local_eta: under the main job's rule a private run of any model takes min(R, room / (r sqrt(t))), eq.
+    (8)'s eta^t = a / sqrt(t) times the damping where the noise binds from t = 1 (as before, to the bit); a
+    network without noise a constant a; logistic regression without noise (unclipped) and a given
+    prox-scale keep eq. (8)'s decay."""
     d = 10_000
 
     def sigma(config: RunConfig, r: float) -> torch.Tensor:
         return torch.full((10,), r * config.clip_norm / (math.sqrt(d) * config.num_agents))
 
     network = dataclasses.replace(main_job(), model="small-cnn", num_agents=10, clip_norm=2.0)
-    a, rate, room = network.scale, 4.0, 10.0
-    for t in (1, 2, 5, 50):
-        assert schedules.local_eta(network, t, None, d, 10) == a  # no noise: DP-SGD's constant rate
-        binds = sigma(network, 5.0)  # R r = 20 > room: damped from the first round
-        assert schedules.local_eta(network, t, binds, d, 10) == schedules.eta(
-            t, a * schedules.noise_damping(network, binds, d, 10))
-        damped = room / (5.0 * math.sqrt(t))
-        assert schedules.local_eta(network, t, binds, d, 10) * rate / a == pytest.approx(damped)
-        free = sigma(network, 0.5)  # R r = 2: D = 5, the rate stays R while t <= 25
-        assert schedules.local_eta(network, t, free, d, 10) == pytest.approx(a * min(1.0, 5.0 / math.sqrt(t)))
     logistic = dataclasses.replace(network, model="logistic")
+    for config, rate, room in ((network, 4.0, 10.0), (logistic, 10.0 / 1.2, 10.0)):
+        a = config.scale
+        for t in (1, 2, 5, 50):
+            binds = sigma(config, 5.0)  # R r > room: damped from the first round
+            assert schedules.local_eta(config, t, binds, d, 10) == schedules.eta(
+                t, a * schedules.noise_damping(config, binds, d, 10))
+            damped = room / (5.0 * math.sqrt(t))
+            assert schedules.local_eta(config, t, binds, d, 10) * rate / a == pytest.approx(damped)
+            free = sigma(config, room / (5.0 * rate))  # D = 5: the rate stays R while t <= 25
+            expected = a * min(1.0, 5.0 / math.sqrt(t))
+            assert schedules.local_eta(config, t, free, d, 10) == pytest.approx(expected)
+    for t in (1, 2, 5, 50):
+        assert schedules.local_eta(network, t, None, d, 10) == network.scale  # DP-SGD's constant rate
+        assert schedules.local_eta(logistic, t, None, d, 10) == schedules.eta(t, logistic.scale)
     given = dataclasses.replace(network, prox_scale=7.0)
     for t in (1, 4, 9):
         for r in (0.01, 0.5, 5.0):
-            noisy = sigma(logistic, r)
-            assert schedules.local_eta(logistic, t, noisy, d, 10) == schedules.eta(
-                t, logistic.scale * schedules.noise_damping(logistic, noisy, d, 10))
             assert schedules.local_eta(given, t, sigma(given, r), d, 10) == schedules.eta(t, 7.0)
-        assert schedules.local_eta(logistic, t, None, d, 10) == schedules.eta(t, logistic.scale)
 
 
 class _FirstStep(Exception):
@@ -186,11 +187,23 @@ def test_the_noise_ratios_the_pages_give_on_the_main_jobs_data(monkeypatch: pyte
 @pytest.mark.slow  # about 30 s: full MNIST's and FEMNIST's first gradients
 def test_the_noise_ratios_the_pages_give_on_full_mnist_and_femnist(
         monkeypatch: pytest.MonkeyPatch, mnist_dir: Path, femnist_dir: Path) -> None:
-    """Full MNIST's r for the small CNN (10 agents of 6,000 images) and FEMNIST's for logistic regression
-    (195 writers, 62 classes), as the family page and the step rule's docstrings give them."""
+    """Full MNIST's r for the small CNN and logistic regression (10 agents of 6,000 images) and FEMNIST's for
+    logistic regression (195 writers, 62 classes), as the family page and the step rule's docstrings give
+    them."""
     page = words((ROOT / "docs" / "families" / "iadmm.md").read_text())
     rule, decay = (words(f.__doc__ or "") for f in (schedules.noise_damping, schedules.local_eta))
     mnist = _noise_ratios(monkeypatch, "mnist/small-cnn", [8.0, 2.0, 1.0], {"mnist_dir": mnist_dir})
+    linear = _noise_ratios(monkeypatch, "mnist/logistic", [8.0, 4.0, 2.0, 1.0], {"mnist_dir": mnist_dir})
+    assert max(linear.values()) == linear[1.0]
+    assert f"there (r = {linear[1.0][0]:.2f} at eps 1, less at larger eps)" in decay
+    assert page.count(f"(r = {linear[1.0][0]:.2f} at eps 1 and less above)") == 2
+    # "stays for all ten rounds at eps 2, 4 and 8 and for the first four at eps 1": while sqrt(t) <= D =
+    # room / (R r)
+    config = RunConfig(num_agents=10)  # R = a C / ((1 + LOGISTIC_RATE_SHARE) P), as noise_damping reads it
+    rate = config.scale * config.clip_norm / ((1 + LOGISTIC_RATE_SHARE) * config.num_agents)
+    allowance = {e: config.noise_room_for(10) / (rate * r) for e, (r, _) in linear.items()}
+    assert min(allowance[e] for e in (2.0, 4.0, 8.0)) >= math.sqrt(10)
+    assert math.floor(allowance[1.0] ** 2) == 4
     femnist = _noise_ratios(monkeypatch, "femnist/logistic", [8.0, 1.0], {"femnist_dir": femnist_dir})
     assert f"r = {mnist[1.0][0]:.2f} at eps 1 and {mnist[8.0][0]:.2f} at eps 8 for the small CNN" in page
     assert f"(r = {mnist[8.0][0]:.2f} at eps 8)" in page
