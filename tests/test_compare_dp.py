@@ -475,12 +475,13 @@ def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> N
 
 
 def test_the_pages_full_mnist_logistic_table_is_what_the_committed_runs_give() -> None:
-    """docs/families/iadmm.md's full-MNIST logistic regression: each method's mean +- sd over seeds 1-3 per
-    eps, the defaults before the rate that follows the noise and PULL_SHARE (their runs keep that
-    fingerprint) among them; the goal's verdict per eps (met at 1, 2 and 4, not at 8) and the eps-8 gap;
-    the former defaults' gaps and flatness in eps; what the change bought (test and validation error, the
-    latter in local_eta's docstring); the tuned grid behind the defaults; DP-SGD + FedAvg's chosen rates;
-    central DP-SGD's range; the README's figures."""
+    """docs/families/iadmm.md's full-MNIST logistic regression: each method's mean +- sd per eps over seeds
+    1-3 (1-10 for the defaults and DP-SGD + FedAvg at eps 8), the defaults before the rate that follows the
+    noise and PULL_SHARE (their runs keep that fingerprint) among them; the goal's verdict per eps (met at 1,
+    2 and 4, not at 8) and the eps-8 gap against its standard error; the former defaults' gaps and
+    flatness in eps; what the change bought on the same seeds (test and validation error, the latter in
+    local_eta's docstring); the tuned grid behind the defaults; DP-SGD + FedAvg's chosen rates; central
+    DP-SGD's range; the README's figures."""
     setting = "mnist/logistic"
     runs = list(compare_dp.load_runs(ROOT / "docs/results/models-mnist/runs.jsonl").values())
     cells = compare_dp._cells(compare_dp.current_runs(runs, {setting: GRIDS[setting]}))
@@ -496,35 +497,43 @@ def test_the_pages_full_mnist_logistic_table_is_what_the_committed_runs_give() -
             ("DP-SGD + FedAvg, tuned", cells, "dpsgd"),
             ("central DP-SGD, a trusted curator (reference; another trust model; seeds 1-3)", cells,
              "central"))
-    means = {}
+    ten = {"DP-IADMM defaults", "DP-SGD + FedAvg, tuned"}  # ten seeds at eps 8, where the goal is closest
+    means, first = {}, {}
     for label, found, method in rows:
-        assert all([r["seed"] for r in found[(setting, method, e)]] == [1, 2, 3] for e in eps)
+        seeds = [[r["seed"] for r in found[(setting, method, e)]] for e in eps]
+        assert seeds == [[1, 2, 3]] * 3 + [list(range(1, 11 if label in ten else 4))], label
         table = [compare_dp._mean_sd([100 * r["test-error"] for r in found[(setting, method, e)]])
                  for e in eps]
         assert f"| {label} | " + " | ".join(f"{m:.2f} +- {s:.2f}" for m, s in table) + " |" in page, label
         means[label] = [m for m, _ in table]
+        first[label] = [statistics.fmean(100 * r["test-error"] for r in found[(setting, method, e)]
+                                         if r["seed"] <= 3) for e in eps]
     ours, old, tuned, theirs, central = means.values()
     verdicts = [line for line in goal_lines(setting, cells) if line.startswith("| ") and line[2].isdigit()]
     assert [line.endswith("| met |") for line in verdicts] == [True, True, True, False]
     for line in verdicts:
         assert line in page, line
-    spread = sum(compare_dp._mean_sd([100 * r["test-error"] for r in cells[(setting, m, 8.0)]])[1]
-                 for m in ("dpiadmm-defaults", "dpsgd"))
-    assert (f"they end {ours[3] - theirs[3]:.2f} points behind DP-SGD + FedAvg, more than the seeds' "
-            f"spread of {spread:.2f}") in page
+    at8 = [[100 * r["test-error"] for r in cells[(setting, m, 8.0)]] for m in ("dpiadmm-defaults", "dpsgd")]
+    spread = sum(statistics.stdev(errors) for errors in at8)
+    error = math.sqrt(sum(statistics.variance(errors) / len(errors) for errors in at8))
+    gap = ours[3] - theirs[3]
+    assert (f"they end {gap:.2f} points behind DP-SGD + FedAvg, more than the seeds' spread of {spread:.2f} "
+            f"and six times the standard error of the difference ({error:.2f})") in page
+    assert gap > spread and round(gap / error) == 6
     assert all(o < t for o, t in zip(ours, tuned, strict=True))  # "ahead of DP-IADMM tuned ... at every eps"
-    gaps = [o - t for o, t in zip(old, theirs, strict=True)]
-    assert f"they ended {min(gaps):.2f} to {max(gaps):.2f} points behind DP-SGD + FedAvg at every eps" in page
+    gaps = [o - t for o, t in zip(old, first["DP-SGD + FedAvg, tuned"], strict=True)]
+    assert (f"they ended {min(gaps):.2f} to {max(gaps):.2f} points behind DP-SGD + FedAvg at every eps "
+            "(seeds 1-3)") in page
     assert f"their error moving by {old[0] - old[3]:.2f} points from eps 8 to eps 1" in page
-    bought = [o - n for o, n in zip(old, ours, strict=True)]
+    bought = [o - n for o, n in zip(old, first["DP-IADMM defaults"], strict=True)]  # the same seeds, 1-3
     assert f"had cost the defaults {min(bought):.2f} to {max(bought):.2f} points of test error" in page
 
     def validation(found: list[dict[str, object]], e: float) -> float:  # seeds 0-3: tuning and reports
-        return statistics.fmean(100 * r["val-error"] for r in found if r["epsilon"] == e)
+        return statistics.fmean(100 * r["val-error"] for r in found if r["epsilon"] == e and r["seed"] <= 3)
 
     new_runs, old_runs = ([r for r in runs if r["dataset"] == setting and r["method"] == "dpiadmm-defaults"
                            and r["params"] == {"defaults": f}] for f in (today, before))
-    assert sorted(r["seed"] for r in new_runs if r["epsilon"] == 8.0) == [0, 1, 2, 3]
+    assert sorted(r["seed"] for r in old_runs if r["epsilon"] == 8.0) == [0, 1, 2, 3]
     fell = [validation(old_runs, e) - validation(new_runs, e) for e in eps]
     assert f"its validation error fell by {min(fell):.1f} to {max(fell):.1f} points (seeds 0-3)" in words(
         local_eta.__doc__ or "")
@@ -535,4 +544,4 @@ def test_the_pages_full_mnist_logistic_table_is_what_the_committed_runs_give() -
     assert all(central[i] > theirs[i] for i in (2, 3))  # "no better than DP-SGD + FedAvg at eps 4 and 8"
     listed = [", ".join(f"{m:.2f}" for m in ms[:3]) + f" and {ms[3]:.2f}%" for ms in (ours, theirs)]
     assert f"the defaults end at {listed[0]} against DP-SGD + FedAvg's {listed[1]}" in readme
-    assert f"and {ours[3] - theirs[3]:.2f} points behind at eps 8, more than the spread" in readme
+    assert f"and {gap:.2f} points behind at eps 8 (ten seeds), more than the spread" in readme
