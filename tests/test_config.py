@@ -106,19 +106,19 @@ def test_derived_values() -> None:
 
 
 def test_the_main_jobs_largest_step_follows_a_rule() -> None:
-    """prox-scale 0 and rho-preset main: logistic regression's largest step is a = 10 P / C with rho = 0.02 /
-    a (the main job's a = 100 and rho = 0.0002 with its 10 agents at C = 1), a rate of 10 / (1.02 C) at t =
-    1 whatever P and C; a network's is a = 4 (1 + 0.02) P / C with the same pull share, rho = 0.02 / a, so
-    that its agents take DP-SGD steps of rate 4 / C on their mean loss at t = 1, whatever P and C (the noise
-    may shrink either: tests/test_schedules.py); a given prox-scale is used as given."""
+    """prox-scale 0 and rho-preset main: logistic regression's largest step is a = 13 P / C with rho = 0.005 /
+    a (the main job's a = 130 and rho = 3.8e-5 with its 10 agents at C = 1), a rate of 13 / (1.005 C) at t =
+    1 whatever P and C; a network's is a = 4 (1 + 0.02) P / C with rho = 0.02 / a, so that its agents take
+    DP-SGD steps of rate 4 / C on their mean loss at t = 1, whatever P and C (the noise may shrink either:
+    tests/test_schedules.py); a given prox-scale is used as given."""
     logistic = main_job()
-    assert (logistic.scale, logistic.rho_constants) == (100.0, (pytest.approx(2e-4), 0.0, 10000))
+    assert (logistic.scale, logistic.rho_constants) == (130.0, (pytest.approx(0.005 / 130), 0.0, 10000))
     for agents, clip in ((10, 1.0), (5, 3.0), (195, 1.0)):
         many = dataclasses.replace(main_job(), num_agents=agents, clip_norm=clip)
-        assert many.scale == pytest.approx(10.0 * agents / clip)
-        assert many.rho_constants == (pytest.approx(0.02 / many.scale), 0.0, 10000)
+        assert many.scale == pytest.approx(13.0 * agents / clip)
+        assert many.rho_constants == (pytest.approx(0.005 / many.scale), 0.0, 10000)
         rate = many.scale / (1 + many.scale * many.rho_constants[0]) / agents  # eta^1 (I_p / I)
-        assert rate * clip == pytest.approx(10.0 / 1.02)
+        assert rate * clip == pytest.approx(13.0 / 1.005)
         network = dataclasses.replace(main_job(), model="mlp", num_agents=agents, clip_norm=clip)
         assert network.scale == pytest.approx(4.08 * agents / clip)
         assert network.rho_constants == (pytest.approx(0.02 / network.scale), 0.0, 10000)

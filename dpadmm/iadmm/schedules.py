@@ -45,7 +45,8 @@ def noise_damping(config: RunConfig, noise_scale: torch.Tensor | None, num_param
 
     R = a C / ((1 + PULL_SHARE) P) is the learning rate (in units of 1 / C) of a network's local step at t
     = 1 on the agent's mean loss (NETWORK_STEP); for logistic regression R = a C / ((1 + LOGISTIC_RATE_SHARE)
-    P), about 8 for its a = 10 P / C (its pull makes it 9.8; the room was fitted with this R). r = noise_scale
+    P), 8.3 for the a = 10 P / C its room was fitted with (10.8 for today's 13 P / C, whose pull makes it
+    12.9; where the noise binds, the damped step a room / (R r) is the same for any a). r = noise_scale
     sqrt(d) P / C is one step's noise over its largest clean gradient, in norm: the noise has scale
     ``noise_scale`` (per agent: their mean) in each of the d parameters, and g is I_p / I (1 / P on average)
     times a mean of gradients clipped to C. The damped rate is min(R, room / r): the noise's random walk
@@ -97,12 +98,12 @@ def local_eta(config: RunConfig, t: int, noise_scale: torch.Tensor | None, num_p
     at eps 3 ended at 6.36% test error under a / sqrt(t) and at 4.53% under this rule (r is 0.56 at eps 2 and
     less at eps 3, so the rate stays 4 / C throughout); at eps 1 (r = 1.04), 6.35%. Logistic regression
     there (r = 0.57 at eps 1, less at larger eps) ended 0.81 to 1.73 points of test error behind a tuned
-    DP-SGD + FedAvg at eps 1 to 8 under eq. (8)'s decay (docs/families/iadmm.md); under this rule and
-    PULL_SHARE its validation error fell by 0.7 to 1.4 points (seeds 0-3). The same steps without noise,
-    clipped (:attr:`RunConfig.clipped`), end at 4.5% (small CNN) and 9.5% (MLP) on the main job's data (seeds
-    0-2) under the constant rate, 5.7% and 10.3% under a / sqrt(t). Logistic regression without noise is not
-    clipped and keeps eq. (8)'s decay: its rate of about 9 without it ends 1.5 points behind (9.4 -> 10.9% on
-    the main job's data, full batch)."""
+    DP-SGD + FedAvg at eps 1 to 8 under eq. (8)'s decay (docs/families/iadmm.md); under this rule,
+    LOGISTIC_STEP and LOGISTIC_PULL_SHARE its validation error fell by 0.8 to 1.7 points (seeds 0-3). The
+    same steps without noise, clipped (:attr:`RunConfig.clipped`), end at 4.5% (small CNN) and 9.5% (MLP) on
+    the main job's data (seeds 0-2) under the constant rate, 5.7% and 10.3% under a / sqrt(t). Logistic
+    regression without noise is not clipped and keeps eq. (8)'s decay, the papers' schedule: its gradients
+    have no bound from which a constant rate could be set."""
     a = config.scale
     if not (config.network_rule or (config.prox_scale == 0 and noise_scale is not None)):
         return eta(t, a * noise_damping(config, noise_scale, num_params, classes))
