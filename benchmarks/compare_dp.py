@@ -45,7 +45,7 @@ schedule (T = 10 rounds of K = E = 10 steps, Poisson rate q = 0.2, C = 1: 100 su
 per agent) and equal tuning budgets (:func:`_study_grids`). Two more methods run there:
 
 - ``dpiadmm-defaults``: DP-IADMM with nothing tuned, ``dpadmm train --target-epsilon E`` on the setting's
-  data and model (float32, per-sample gradients as the defaults pick them): what a user gets.
+  data, model and rounds (float32, per-sample gradients as the defaults pick them): what a user gets.
   The study's goal is that it is at least as accurate as the tuned DP-SGD + FedAvg;
 - ``central``: central DP-SGD (Opacus), one trusted curator holding every sample, on the same schedule: a
   reference for what local noise costs, under another trust model (the curator sees the data).
@@ -297,8 +297,9 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     DP-IADMM R = 1), so both got one more step down, R = 1/4 and lr 1/16. At eps 1 DP-IADMM chose its
     smallest (R = 1/4), so both got a sixth point, R = 1/8 and lr 1/32; there DP-SGD + FedAvg then chose
     its smallest (lr 1/32), so both got a seventh, R = 1/16 and lr 1/64; DP-IADMM then chose that
-    (R = 1/16) at eps 1, so both got an eighth, R = 1/32 and lr 1/128: eight points each. No defaults
-    (they keep T = 10). Central DP-SGD, added after those runs and fixed before its own, gets four points of
+    (R = 1/16) at eps 1, so both got an eighth, R = 1/32 and lr 1/128: eight points each. The defaults,
+    added after those runs, run the setting's T (`--rounds 40`). Central DP-SGD, added after those runs and
+    fixed before its own, gets four points of
     its own, lr in {1/2, 1, 2, 4}: a curator's gradient averages every sample, so its noise is far smaller,
     and on the main job's data its tuning chose 4 to 8 times DP-SGD + FedAvg's rate for the small CNN at every
     eps (DP-SGD + FedAvg chose 1/4 here at eps 8); DP-SGD's own points would leave the reference at their
@@ -325,7 +326,8 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
             return _iadmm(rounds, steps, rate, a, GRID_SHARE / a, start)
 
         if schedule is not STUDY_SCHEDULE:
-            return {"dpiadmm": [point(r, "global") for r in (1.0, 2.0, 4.0, 0.5, 0.25, 0.125, 0.0625,
+            return {"dpiadmm-defaults": [{"defaults": defaults_fingerprint(dataset)}],
+                    "dpiadmm": [point(r, "global") for r in (1.0, 2.0, 4.0, 0.5, 0.25, 0.125, 0.0625,
                                                              0.03125)],
                     "dpsgd": [{**schedule, "lr": lr} for lr in (0.25, 0.5, 1.0, 0.125, 0.0625, 0.03125,
                                                                   0.015625, 0.0078125)],
@@ -503,10 +505,11 @@ def iadmm_config(ctx: Context, params: dict[str, Any], epsilon: float) -> RunCon
     so for them it keeps the default and ``num_agents`` says P.
     """
     p, private = params, math.isfinite(epsilon)
-    if "defaults" in p:  # `dpadmm train --target-epsilon E` on the setting's data and model, in float32
-        return RunConfig(model=ctx.model, target_epsilon=epsilon,
+    if "defaults" in p:  # `dpadmm train --target-epsilon E` on the setting's data, model and T, in float32
+        rounds = schedule_of(ctx.dataset)["rounds"]
+        return RunConfig(model=ctx.model, target_epsilon=epsilon, rounds=rounds,
                          dtype="float32", dataset=source(ctx.dataset), data_dir=ctx.data_dir,
-                         num_agents=ctx.num_agents, eval_every=RunConfig().rounds)
+                         num_agents=ctx.num_agents, eval_every=rounds)
     named = ctx.dataset not in BINARY
     algorithm = ("objp" if p["local_steps"] == 1 else "objpm") if private else "iadmm"
     return RunConfig(

@@ -544,7 +544,7 @@ class RunConfig(keys.Keyed):
         does not; and r counts the noise on all K columns of the weights, where a sample's logit sees one
         column's (a fraction 1 / sqrt(K) of it) and its clipped gradient falls mostly on the column of its
         own class. Measured on FEMNIST (docs/results/noise-room, validation half): rooms of 22 to 88 did
-        worse, 199 within 0.25 points at every eps (at most 2.0 standard errors of the paired difference)."""
+        worse, 199 within 0.23 points at every eps (at most 1.6 standard errors of the paired difference)."""
         if self.noise_room > 0:
             return self.noise_room
         if self.model == "logistic":
