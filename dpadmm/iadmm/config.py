@@ -52,12 +52,13 @@ OBJPM_DEFAULT_LOCAL_STEPS = 10
 # (docs/families/iadmm.md, "Many agents"). The rate is read where it binds, where the noise does not: on
 # full MNIST (10 agents of 6,000 images, r below 0.6) a private run keeps it for most rounds. There, on the
 # validation half (seeds 0-3, before any report run), 12 to 14 P / C did better than 10 at every eps and
-# tied among themselves, 16 came near the edge (a seed in four ended well behind) and DP-SGD + FedAvg's
-# tuning chose lr 16; the committed runs of the defaults before and after keep what it bought (the family
-# page's full-MNIST table). Where the noise binds from round 1 (the main job's data, FEMNIST) the damped rate
-# room / (R r) does not depend on a: a moves only rho there. Without noise (unclipped, eq. (8)'s decay) a
-# = 100 had been the best of 50, 100, 200 and 400 on the embedded data: the main job without noise ends at
-# 10.5% test error under a = 130 where it ended at 10.1% (docs/getting-started.md).
+# tied among themselves; 16 and 20 did a little better at eps 2 and worse at 4 and 8 (at 16 a seed in four
+# ended well behind), and DP-SGD + FedAvg's tuning chose lr 16; the committed runs of the defaults before
+# and after keep what it bought (the family page's full-MNIST table). Where the noise binds from round 1
+# (the main job's data, FEMNIST) the damped rate room / (R r) does not depend on a: a moves only rho there.
+# Without noise (unclipped, eq. (8)'s decay) a = 100 had been the best of 50, 100, 200 and 400 on the
+# embedded data: the main job without noise ends at 10.5% test error under a = 130 where it ended at 10.1%
+# (docs/getting-started.md).
 LOGISTIC_STEP = 13.0
 # The main job's rule for a network (RunConfig.scale and rho_constants): an agent's local step is DP-SGD on
 # its own mean loss with learning rate at most NETWORK_STEP / C.
