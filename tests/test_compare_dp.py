@@ -420,7 +420,8 @@ def test_the_pages_femnist_cnn_defaults_are_what_the_committed_runs_give() -> No
     """docs/families/iadmm.md's, the README's and the changelog's sentences on the defaults on the FEMNIST
     CNN's 40-round schedule, recomputed from docs/results/models-femnist/runs.jsonl: measured at eps 8, 4, 2
     and 1, their test error over seeds 1-3 and validation error (seed 0), their gap to DP-SGD + FedAvg tuned
-    (within the seeds' spread, or ahead) and to DP-IADMM tuned, and the seconds a reported run took."""
+    (within the seeds' spread, or ahead) and to DP-IADMM tuned, the seconds a reported run took, and the
+    pull of each."""
     runs = compare_dp.load_runs(ROOT / "docs/results/models-femnist/runs.jsonl")
     cells = compare_dp._cells(compare_dp.current_runs(list(runs.values()), {GOAL: GRIDS[GOAL]}))
     measured = sorted((e for (s, m, e) in cells if (s, m) == (GOAL, "dpiadmm-defaults")), reverse=True)
@@ -460,6 +461,8 @@ def test_the_pages_femnist_cnn_defaults_are_what_the_committed_runs_give() -> No
         assert f"{theirs:.2f} +- {theirs_sd:.2f}" in changelog
     assert f"a reported run took {min(seconds)} to {max(seconds)} s here, three seeds batched" in page
     assert "`--methods dpiadmm-defaults --eps 8,4,2,1` above" in page
+    assert (f"in the pull (rho = {PULL_SHARE:g} / a, where the tuned grid's is {compare_dp.GRID_SHARE:g} / a)"
+            in page)
 
 
 def test_the_pages_femnist_logistic_rows_are_what_the_committed_runs_give() -> None:
