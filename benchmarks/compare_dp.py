@@ -299,13 +299,12 @@ def _study_grids(dataset: str) -> dict[str, list[dict[str, Any]]]:
     its smallest (lr 1/32), so both got a seventh, R = 1/16 and lr 1/64; DP-IADMM then chose that
     (R = 1/16) at eps 1, so both got an eighth, R = 1/32 and lr 1/128: eight points each. The defaults,
     added after those runs, run the setting's T (`--rounds 40`). Central DP-SGD, added after those runs and
-    fixed before its own, gets four points of
-    its own, lr in {1/2, 1, 2, 4}: a curator's gradient averages every sample, so its noise is far smaller,
-    and on the main job's data its tuning chose 4 to 8 times DP-SGD + FedAvg's rate for the small CNN at every
-    eps (DP-SGD + FedAvg chose 1/4 here at eps 8); DP-SGD's own points would leave the reference at their
-    edge, flattering the federated methods. At eps 8 it chose its largest (lr 4), so it got a fifth point,
-    lr 8, at every eps, before its reports; it chose that too (14.62% validation error, lr 4 17.30), so it
-    got a sixth, lr 16.
+    fixed before its own, gets four points of its own, lr in {1/2, 1, 2, 4}: a curator's gradient averages
+    every sample, so its noise is far smaller, and on the main job's data its tuning chose 4 to 8 times
+    DP-SGD + FedAvg's rate for the small CNN at every eps (DP-SGD + FedAvg chose 1/4 here at eps 8);
+    DP-SGD's own points would leave the reference at their edge, flattering the federated methods. At eps 8
+    it chose its largest (lr 4), so it got a fifth point, lr 8, at every eps, before its reports; it chose
+    that too (14.62% validation error, lr 4 17.30), so it got a sixth, lr 16.
 
     Central DP-SGD on full MNIST's small CNN gets four points of its own too, lr in {2, 4, 8, 16}, fixed
     after one run of DP-SGD's grid (lr 1/8 at eps 1: 30.02% validation error, DP-SGD + FedAvg's there being
